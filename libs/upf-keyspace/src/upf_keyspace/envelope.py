@@ -1,0 +1,52 @@
+"""The stored message: what a publish puts in Q and a pusher turns into a frame.
+
+Evolution rules (the store outlives any one release, and old and new roles read the same rows):
+- The envelope is encoded as a msgpack *array* (``array_like=True``): fields are positional, so new
+  fields go last, always with a default, and no field is ever removed, renamed or retyped.
+- ``ENVELOPE_VERSION`` goes up by one with every appended field; a reader ignores trailing fields it
+  does not know (msgspec does this for array_like structs with defaults) and fills defaults for
+  fields an older writer did not write.
+- A change that cannot follow these rules needs a new FormatVersion (see format.py), not an edit here.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+__all__ = ["ENVELOPE_VERSION", "Envelope", "decode_envelope", "encode_envelope"]
+
+ENVELOPE_VERSION = 1
+
+
+class Envelope(msgspec.Struct, frozen=True, array_like=True, omit_defaults=False):
+    """One published message, stored verbatim; the id is not stored, it is the Q key's versionstamp."""
+
+    time: int
+    """Unix seconds at ingest (the ntfy ``time`` field)."""
+    expires: int
+    """Unix seconds after which the janitor may delete it."""
+    message: str
+    """Text, or standard base64 of a binary body when ``encoding == "base64"``."""
+    encoding: str = ""
+    title: str = ""
+    priority: int = 0
+    tags: tuple[str, ...] = ()
+    click: str = ""
+    icon: str = ""
+    content_type: str = ""
+    traceparent: str = ""
+    """W3C trace context of the publish, so a delivery span can link to it across processes."""
+    idem: str = ""
+    """The publisher's idempotency key, kept so the janitor can clear its marker on expiry."""
+
+
+_encoder = msgspec.msgpack.Encoder()
+_decoder = msgspec.msgpack.Decoder(Envelope)
+
+
+def encode_envelope(env: Envelope) -> bytes:
+    return _encoder.encode(env)
+
+
+def decode_envelope(raw: bytes) -> Envelope:
+    return _decoder.decode(raw)

@@ -1,0 +1,280 @@
+"""Every UPF key, built and parsed here and nowhere else.
+
+All keys are tuple-encoded (FoundationDB's tuple layer, so byte order equals tuple order) under the
+root subspace ``("upf",)``. A constant string level stands before every variable level, so two kinds
+of key can never collide::
+
+    ("upf",)
+    ├── "META" / "format"                              -> FormatVersion (LE i64)
+    ├── "Q"   / topic:str / stamp:Versionstamp          -> Envelope (msgpack)     durable queue, source of truth
+    ├── "X"   / expiry:int / topic:str / stamp:Versionstamp -> idem key (utf-8) TTL index, janitor scans it
+    ├── "C"   / topic:str / node:str                    -> ""                     affinity (soft): node holds topic
+    ├── "CN"  / node:str / topic:str                    -> ""                     reverse affinity, for dead-node sweeps
+    ├── "IN"  / node:str / shard:int / stamp:Versionstamp -> topic (utf-8)      per-node inbox (advisory poke)
+    ├── "SIG" / node:str / shard:int                    -> counter (LE i64)       watched bell, one per shard
+    ├── "L"   / node:str                                -> heartbeat unix secs (LE i64)   liveness
+    └── "ID"  / topic:str / idem:str / stamp:Versionstamp -> ""                   idempotent-publish marker
+
+Stamps are 12 bytes: 10 commit bytes assigned at commit plus a 2-byte user version, so one
+transaction's Q, X, IN and ID entries of one message share one stamp: one message, one id.
+"""
+
+from __future__ import annotations
+
+import enum
+import struct
+import types
+
+import fdb
+import fdb.tuple as fdbtuple
+from fdb.tuple import Versionstamp
+
+__all__ = [
+    "Prefix",
+    "ROOT",
+    "format_key",
+    "queue_key",
+    "queue_key_incomplete",
+    "queue_range",
+    "queue_after",
+    "unpack_queue_key",
+    "expiry_key_incomplete",
+    "expiry_range",
+    "unpack_expiry_key",
+    "expiry_key",
+    "affinity_key",
+    "affinity_range",
+    "unpack_affinity_key",
+    "reverse_affinity_key",
+    "reverse_affinity_range",
+    "unpack_reverse_affinity_key",
+    "inbox_key_incomplete",
+    "inbox_range",
+    "node_inbox_range",
+    "bell_key",
+    "node_bell_range",
+    "liveness_key",
+    "liveness_range",
+    "unpack_liveness_key",
+    "idem_key_incomplete",
+    "idem_range",
+    "idem_key",
+    "unpack_idem_key",
+    "shard_of",
+    "pack_i64",
+    "unpack_i64",
+    "strinc",
+    "stamp_of",
+]
+
+# The tuple layer packs a Versionstamp through fdb.impl.Value, which only exists once libfdb_c is
+# loaded. With no library (the embedded store), a stand-in class is enough; a later successful
+# fdb.api_version() replaces it with the real module (fdb-facts.md §1).
+if not hasattr(fdb, "impl"):
+    fdb.impl = types.SimpleNamespace(Value=type("_NoValue", (), {}))  # type: ignore[attr-defined]
+
+
+class Prefix(str, enum.Enum):
+    """The constant first level under the root; named once, parsed back through this enum."""
+
+    META = "META"
+    QUEUE = "Q"
+    EXPIRY = "X"
+    AFFINITY = "C"
+    AFFINITY_BY_NODE = "CN"
+    INBOX = "IN"
+    BELL = "SIG"
+    LIVENESS = "L"
+    IDEMPOTENCY = "ID"
+
+
+ROOT = fdbtuple.pack(("upf",))
+_I64 = struct.Struct("<q")
+
+
+def _pack(*items: object) -> bytes:
+    return fdbtuple.pack(items, prefix=ROOT)
+
+
+def _pack_vs(*items: object) -> bytes:
+    return fdbtuple.pack_with_versionstamp(items, prefix=ROOT)
+
+
+def _unpack(key: bytes, prefix: Prefix, arity: int) -> tuple:
+    if not key.startswith(ROOT):
+        raise ValueError("key is outside the upf root")
+    items = fdbtuple.unpack(key, prefix_len=len(ROOT))
+    if len(items) != arity + 1 or Prefix(items[0]) is not prefix:
+        raise ValueError("key is not of the expected kind")
+    return items[1:]
+
+
+def _range(*items: object) -> tuple[bytes, bytes]:
+    """Every key strictly inside the tuple prefix ``items`` (the tuple layer's range)."""
+    p = _pack(*items)
+    return p + b"\x00", p + b"\xff"
+
+
+def strinc(key: bytes) -> bytes:
+    """The first key after every key that starts with ``key`` (FoundationDB's strinc)."""
+    key = key.rstrip(b"\xff")
+    if not key:
+        raise ValueError("key must contain a byte other than 0xff")
+    return key[:-1] + bytes([key[-1] + 1])
+
+
+def stamp_of(vs: Versionstamp) -> bytes:
+    """12 raw bytes of a complete versionstamp."""
+    return vs.tr_version + struct.pack(">H", vs.user_version)
+
+
+def _vs(stamp: bytes) -> Versionstamp:
+    return Versionstamp(stamp[:10], struct.unpack(">H", stamp[10:12])[0])
+
+
+def pack_i64(n: int) -> bytes:
+    return _I64.pack(n)
+
+
+def unpack_i64(raw: bytes | None) -> int:
+    if not raw:
+        return 0
+    return _I64.unpack(raw[:8].ljust(8, b"\x00"))[0]
+
+
+def shard_of(topic: str, shard_count: int) -> int:
+    """fnv1a-32 of the topic, so writers and pushers of any language agree on the shard."""
+    h = 0x811C9DC5
+    for b in topic.encode("utf-8"):
+        h = ((h ^ b) * 0x01000193) & 0xFFFFFFFF
+    return h % shard_count
+
+
+# --- META -------------------------------------------------------------------------------------------
+def format_key() -> bytes:
+    return _pack(Prefix.META.value, "format")
+
+
+# --- Q ----------------------------------------------------------------------------------------------
+def queue_key(topic: str, stamp: bytes) -> bytes:
+    return _pack(Prefix.QUEUE.value, topic, _vs(stamp))
+
+
+def queue_key_incomplete(topic: str, user_version: int) -> bytes:
+    return _pack_vs(Prefix.QUEUE.value, topic, Versionstamp.incomplete(user_version))
+
+
+def queue_range(topic: str) -> tuple[bytes, bytes]:
+    return _range(Prefix.QUEUE.value, topic)
+
+
+def queue_after(topic: str, stamp: bytes | None) -> tuple[bytes, bytes]:
+    """The range of a topic's queue strictly after ``stamp`` (all of it when None)."""
+    begin, end = queue_range(topic)
+    if stamp is not None:
+        begin = queue_key(topic, stamp) + b"\x00"
+    return begin, end
+
+
+def unpack_queue_key(key: bytes) -> tuple[str, bytes]:
+    topic, vs = _unpack(key, Prefix.QUEUE, 2)
+    return topic, stamp_of(vs)
+
+
+# --- X ----------------------------------------------------------------------------------------------
+def expiry_key(expiry: int, topic: str, stamp: bytes) -> bytes:
+    return _pack(Prefix.EXPIRY.value, expiry, topic, _vs(stamp))
+
+
+def expiry_key_incomplete(expiry: int, topic: str, user_version: int) -> bytes:
+    return _pack_vs(Prefix.EXPIRY.value, expiry, topic, Versionstamp.incomplete(user_version))
+
+
+def expiry_range(until: int) -> tuple[bytes, bytes]:
+    """Every X entry with expiry < until."""
+    return _pack(Prefix.EXPIRY.value), _pack(Prefix.EXPIRY.value, until)
+
+
+def unpack_expiry_key(key: bytes) -> tuple[int, str, bytes]:
+    expiry, topic, vs = _unpack(key, Prefix.EXPIRY, 3)
+    return expiry, topic, stamp_of(vs)
+
+
+# --- C / CN -----------------------------------------------------------------------------------------
+def affinity_key(topic: str, node: str) -> bytes:
+    return _pack(Prefix.AFFINITY.value, topic, node)
+
+
+def affinity_range(topic: str) -> tuple[bytes, bytes]:
+    return _range(Prefix.AFFINITY.value, topic)
+
+
+def unpack_affinity_key(key: bytes) -> tuple[str, str]:
+    topic, node = _unpack(key, Prefix.AFFINITY, 2)
+    return topic, node
+
+
+def reverse_affinity_key(node: str, topic: str) -> bytes:
+    return _pack(Prefix.AFFINITY_BY_NODE.value, node, topic)
+
+
+def reverse_affinity_range(node: str) -> tuple[bytes, bytes]:
+    return _range(Prefix.AFFINITY_BY_NODE.value, node)
+
+
+def unpack_reverse_affinity_key(key: bytes) -> tuple[str, str]:
+    node, topic = _unpack(key, Prefix.AFFINITY_BY_NODE, 2)
+    return node, topic
+
+
+# --- IN / SIG ---------------------------------------------------------------------------------------
+def inbox_key_incomplete(node: str, shard: int, user_version: int) -> bytes:
+    return _pack_vs(Prefix.INBOX.value, node, shard, Versionstamp.incomplete(user_version))
+
+
+def inbox_range(node: str, shard: int) -> tuple[bytes, bytes]:
+    return _range(Prefix.INBOX.value, node, shard)
+
+
+def node_inbox_range(node: str) -> tuple[bytes, bytes]:
+    return _range(Prefix.INBOX.value, node)
+
+
+def bell_key(node: str, shard: int) -> bytes:
+    return _pack(Prefix.BELL.value, node, shard)
+
+
+def node_bell_range(node: str) -> tuple[bytes, bytes]:
+    return _range(Prefix.BELL.value, node)
+
+
+# --- L ----------------------------------------------------------------------------------------------
+def liveness_key(node: str) -> bytes:
+    return _pack(Prefix.LIVENESS.value, node)
+
+
+def liveness_range() -> tuple[bytes, bytes]:
+    return _range(Prefix.LIVENESS.value)
+
+
+def unpack_liveness_key(key: bytes) -> str:
+    (node,) = _unpack(key, Prefix.LIVENESS, 1)
+    return node
+
+
+# --- ID ---------------------------------------------------------------------------------------------
+def idem_key_incomplete(topic: str, idem: str, user_version: int) -> bytes:
+    return _pack_vs(Prefix.IDEMPOTENCY.value, topic, idem, Versionstamp.incomplete(user_version))
+
+
+def idem_key(topic: str, idem: str, stamp: bytes) -> bytes:
+    return _pack(Prefix.IDEMPOTENCY.value, topic, idem, _vs(stamp))
+
+
+def idem_range(topic: str, idem: str) -> tuple[bytes, bytes]:
+    return _range(Prefix.IDEMPOTENCY.value, topic, idem)
+
+
+def unpack_idem_key(key: bytes) -> tuple[str, str, bytes]:
+    topic, idem, vs = _unpack(key, Prefix.IDEMPOTENCY, 3)
+    return topic, idem, stamp_of(vs)

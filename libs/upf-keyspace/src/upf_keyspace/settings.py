@@ -1,0 +1,108 @@
+"""UPF_* settings, shared by every role so that one environment file configures a whole fleet.
+
+Validated once at start: a bad value stops the process with a message naming the variable, instead of
+surfacing later as a confusing runtime error.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Mapping
+
+import msgspec
+
+__all__ = ["Settings", "SettingsError", "load_settings", "ROLES"]
+
+ROLES = ("writer", "pusher", "janitor")
+
+
+class SettingsError(ValueError):
+    """A UPF_* variable has a value the process cannot start with."""
+
+
+class Settings(msgspec.Struct, frozen=True, kw_only=True):
+    bind_host: str = "0.0.0.0"
+    bind_port: int = 8080
+    roles: tuple[str, ...] = ROLES
+    node_id: str = ""
+    shard_count: int = 64
+    max_message_bytes: int = 4096
+    default_ttl_secs: int = 2_419_200
+    safety_poll_secs: float = 60.0
+    keepalive_secs: float = 45.0
+    heartbeat_secs: float = 10.0
+    janitor_interval_secs: float = 30.0
+    public_url: str = "http://localhost:8080"
+    store_path: str = "data/upf.db"
+    """The embedded store's file; ignored when fdb_cluster_file is set."""
+    fdb_cluster_file: str = ""
+    """Use FoundationDB (the real bindings) through this cluster file instead of the embedded store."""
+    slow_subscriber_timeout_secs: float = 60.0
+    """A subscriber whose socket stays above its high-water mark this long is closed (it resumes with since=)."""
+
+
+def _int(env: Mapping[str, str], name: str, default: int, lo: int, hi: int) -> int:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise SettingsError(f"{name} must be an integer, got {raw!r}") from None
+    if not lo <= value <= hi:
+        raise SettingsError(f"{name} must be between {lo} and {hi}, got {value}")
+    return value
+
+
+def _float(env: Mapping[str, str], name: str, default: float, lo: float, hi: float) -> float:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise SettingsError(f"{name} must be a number of seconds, got {raw!r}") from None
+    if not lo <= value <= hi:
+        raise SettingsError(f"{name} must be between {lo} and {hi}, got {value}")
+    return value
+
+
+def load_settings(env: Mapping[str, str] | None = None) -> Settings:
+    env = os.environ if env is None else env
+    bind = env.get("UPF_BIND", "0.0.0.0:8080")
+    host, sep, port_text = bind.rpartition(":")
+    if not sep or not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
+        raise SettingsError(f"UPF_BIND must be HOST:PORT, got {bind!r}")
+    host = host.strip("[]") or "0.0.0.0"
+    roles = tuple(r.strip() for r in env.get("UPF_ROLES", ",".join(ROLES)).split(",") if r.strip())
+    unknown = [r for r in roles if r not in ROLES]
+    if unknown or not roles:
+        raise SettingsError(f"UPF_ROLES must be a comma list of {', '.join(ROLES)}, got {env.get('UPF_ROLES')!r}")
+    node_id = env.get("UPF_NODE_ID", "") or uuid.uuid4().hex[:16]
+    if len(node_id) > 64 or not all(c.isalnum() or c in "-_." for c in node_id):
+        raise SettingsError(f"UPF_NODE_ID must be 1-64 of [A-Za-z0-9._-], got {node_id!r}")
+    cluster_file = env.get("FDB_CLUSTER_FILE", "")
+    if cluster_file and not os.path.isfile(cluster_file):
+        raise SettingsError(f"FDB_CLUSTER_FILE names no file: {cluster_file!r}")
+    public_url = env.get("UPF_PUBLIC_URL", "http://localhost:8080").rstrip("/")
+    if not public_url.startswith(("http://", "https://")):
+        raise SettingsError(f"UPF_PUBLIC_URL must start with http:// or https://, got {public_url!r}")
+    settings = Settings(
+        bind_host=host,
+        bind_port=int(port_text),
+        roles=roles,
+        node_id=node_id,
+        shard_count=_int(env, "UPF_SHARD_COUNT", 64, 1, 4096),
+        max_message_bytes=_int(env, "UPF_MAX_MESSAGE_BYTES", 4096, 1, 65536),
+        default_ttl_secs=_int(env, "UPF_DEFAULT_TTL_SECS", 2_419_200, 1, 10 * 365 * 86400),
+        safety_poll_secs=_float(env, "UPF_SAFETY_POLL_SECS", 60.0, 0.05, 86400),
+        keepalive_secs=_float(env, "UPF_KEEPALIVE_SECS", 45.0, 0.05, 3600),
+        heartbeat_secs=_float(env, "UPF_HEARTBEAT_SECS", 10.0, 0.05, 3600),
+        janitor_interval_secs=_float(env, "UPF_JANITOR_INTERVAL_SECS", 30.0, 0.05, 86400),
+        public_url=public_url,
+        store_path=env.get("UPF_STORE_PATH", "data/upf.db"),
+        fdb_cluster_file=cluster_file,
+        slow_subscriber_timeout_secs=_float(env, "UPF_SLOW_SUBSCRIBER_TIMEOUT_SECS", 60.0, 0.05, 86400),
+    )
+    return settings

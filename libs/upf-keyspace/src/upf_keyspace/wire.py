@@ -1,0 +1,69 @@
+"""The ntfy message object as it goes on the wire, shared by the writer (publish reply) and the pusher
+(stream frames). Field order is ntfy's; empty fields are omitted as ntfy omits them, except the
+fields ntfy always sends (id, time, event, topic).
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from .envelope import Envelope
+from .msgid import encode_id
+
+__all__ = ["Message", "ErrorBody", "message_from_envelope", "encode_json", "decode_json"]
+
+
+class Message(msgspec.Struct, frozen=True, omit_defaults=True, kw_only=True):
+    id: str
+    time: int
+    expires: int = 0
+    event: str
+    topic: str
+    title: str = ""
+    message: str = ""
+    priority: int = 0
+    tags: tuple[str, ...] = ()
+    click: str = ""
+    icon: str = ""
+    content_type: str = ""
+    encoding: str = ""
+
+
+
+class ErrorBody(msgspec.Struct, frozen=True, omit_defaults=True):
+    """ntfy's error JSON: ``{"code":40009,"http":400,"error":"invalid request: topic invalid"}``."""
+
+    code: int
+    http: int
+    error: str
+    link: str = ""
+
+
+def message_from_envelope(stamp: bytes, topic: str, env: Envelope) -> Message:
+    return Message(
+        id=encode_id(stamp),
+        time=env.time,
+        expires=env.expires,
+        event="message",
+        topic=topic,
+        title=env.title,
+        message=env.message,
+        priority=env.priority,
+        tags=env.tags,
+        click=env.click,
+        icon=env.icon,
+        content_type=env.content_type,
+        encoding=env.encoding,
+    )
+
+
+_json_encoder = msgspec.json.Encoder()
+_message_decoder = msgspec.json.Decoder(Message)
+
+
+def encode_json(obj: msgspec.Struct) -> bytes:
+    return _json_encoder.encode(obj)
+
+
+def decode_json(raw: bytes) -> Message:
+    return _message_decoder.decode(raw)
