@@ -1,0 +1,100 @@
+"""The one transaction contract, with FoundationDB's semantics, that both drivers implement.
+
+Everything above the drivers (ops/, the roles) is written against these two protocols only, so the
+embedded single host and a FoundationDB fleet run the same code paths.
+
+Semantics every driver keeps (and the contract tests check):
+- Serializable transactions: reads see one snapshot; a commit fails with NOT_COMMITTED (1020,
+  retryable) if anything it read (non-snapshot) was changed by a transaction that committed after
+  its read version.
+- ``set_versionstamped_key``: the key holds a 10-byte placeholder and ends with a 4-byte
+  little-endian offset to it (the tuple layer's ``pack_with_versionstamp``); at commit the placeholder
+  becomes the commit's 10-byte stamp (8-byte big-endian commit version + 2-byte batch order), the same
+  for every versionstamped op of the transaction. Reading such a key back before commit is refused.
+- ``add``: 64-bit little-endian two's-complement add, missing values count as zero.
+- ``watch``: created in a transaction, armed at commit; fires once the key's committed value differs
+  from the value the transaction saw. It may miss an A->B->A change. Always await it with a timeout.
+- Limits, checked before commit with a clear error: key 10,000 bytes, value 100,000 bytes,
+  transaction 10,000,000 bytes, lifetime 5 s.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol, TypeVar
+
+__all__ = ["Transaction", "Database", "Watch", "KEY_LIMIT", "VALUE_LIMIT", "TRANSACTION_LIMIT", "LIFETIME_SECS"]
+
+KEY_LIMIT = 10_000
+VALUE_LIMIT = 100_000
+TRANSACTION_LIMIT = 10_000_000
+LIFETIME_SECS = 5.0
+
+T = TypeVar("T")
+
+
+class Watch(Protocol):
+    """An awaitable that completes when the watched key's committed value changed."""
+
+    def __await__(self) -> Any: ...
+
+    def cancel(self) -> None: ...
+
+    def done(self) -> bool: ...
+
+
+class Transaction(Protocol):
+    async def get(self, key: bytes, *, snapshot: bool = False) -> bytes | None: ...
+
+    async def get_range(
+        self,
+        begin: bytes,
+        end: bytes,
+        *,
+        limit: int = 0,
+        reverse: bool = False,
+        snapshot: bool = False,
+    ) -> list[tuple[bytes, bytes]]: ...
+
+    def set(self, key: bytes, value: bytes) -> None: ...
+
+    def clear(self, key: bytes) -> None: ...
+
+    def clear_range(self, begin: bytes, end: bytes) -> None: ...
+
+    def add(self, key: bytes, param: bytes) -> None: ...
+
+    def set_versionstamped_key(self, key: bytes, value: bytes) -> None: ...
+
+    def add_read_conflict_range(self, begin: bytes, end: bytes) -> None: ...
+
+    def get_versionstamp(self) -> Awaitable[bytes]:
+        """The 10-byte commit stamp; resolves after a successful commit. Call before commit."""
+        ...
+
+    def watch(self, key: bytes) -> Watch: ...
+
+    def next_user_version(self) -> int:
+        """A 16-bit counter, reset on every attempt, to tell a transaction's stamped entries apart."""
+        ...
+
+    async def commit(self) -> None: ...
+
+    async def on_error(self, exc: BaseException) -> None:
+        """Reset for another attempt if ``exc`` is retryable (with backoff), else re-raise it."""
+        ...
+
+    def cancel(self) -> None: ...
+
+
+class Database(Protocol):
+    name: str
+
+    def create_transaction(self) -> Transaction: ...
+
+    async def transact(self, fn: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> T:
+        """Run ``fn(tr, *args)`` and commit, retrying by FoundationDB's rules. ``fn`` may run more than
+        once, so it must have no side effects outside the transaction."""
+        ...
+
+    async def close(self) -> None: ...

@@ -1,0 +1,84 @@
+"""Errors of the transaction contract. Codes are FoundationDB's, so callers and the retry loop treat
+both drivers alike; messages are static and details go in attributes."""
+
+from __future__ import annotations
+
+__all__ = [
+    "StoreError",
+    "NOT_COMMITTED",
+    "COMMIT_UNKNOWN_RESULT",
+    "TRANSACTION_TOO_OLD",
+    "FUTURE_VERSION",
+    "TRANSACTION_TIMED_OUT",
+    "TRANSACTION_CANCELLED",
+    "ACCESSED_UNREADABLE",
+    "TOO_MANY_WATCHES",
+    "USED_DURING_COMMIT",
+    "NO_COMMIT_VERSION",
+    "KEY_TOO_LARGE",
+    "VALUE_TOO_LARGE",
+    "TRANSACTION_TOO_LARGE",
+    "CLIENT_INVALID_OPERATION",
+    "DATABASE_LOCKED",
+    "FormatVersionError",
+]
+
+NOT_COMMITTED = 1020
+COMMIT_UNKNOWN_RESULT = 1021
+TRANSACTION_TOO_OLD = 1007
+FUTURE_VERSION = 1009
+TRANSACTION_CANCELLED = 1025
+TRANSACTION_TIMED_OUT = 1031
+TOO_MANY_WATCHES = 1032
+ACCESSED_UNREADABLE = 1036
+DATABASE_LOCKED = 1038
+USED_DURING_COMMIT = 2017
+NO_COMMIT_VERSION = 2021
+CLIENT_INVALID_OPERATION = 2000
+TRANSACTION_TOO_LARGE = 2101
+KEY_TOO_LARGE = 2102
+VALUE_TOO_LARGE = 2103
+
+_RETRYABLE = frozenset({NOT_COMMITTED, COMMIT_UNKNOWN_RESULT, TRANSACTION_TOO_OLD, FUTURE_VERSION, DATABASE_LOCKED})
+
+_DESCRIPTIONS = {
+    NOT_COMMITTED: "transaction not committed due to conflict with another transaction",
+    COMMIT_UNKNOWN_RESULT: "transaction may or may not have committed",
+    TRANSACTION_TOO_OLD: "transaction is too old to perform reads or be committed",
+    FUTURE_VERSION: "request for future version",
+    TRANSACTION_CANCELLED: "operation aborted because the transaction was cancelled",
+    TRANSACTION_TIMED_OUT: "operation aborted because the transaction timed out",
+    TOO_MANY_WATCHES: "too many watches currently set",
+    ACCESSED_UNREADABLE: "read or wrote an unreadable key",
+    DATABASE_LOCKED: "database is locked",
+    USED_DURING_COMMIT: "operation issued while a commit was outstanding",
+    NO_COMMIT_VERSION: "transaction is read-only and therefore does not have a commit version",
+    CLIENT_INVALID_OPERATION: "invalid API call",
+    TRANSACTION_TOO_LARGE: "transaction exceeds byte limit",
+    KEY_TOO_LARGE: "key length exceeds limit",
+    VALUE_TOO_LARGE: "value length exceeds limit",
+}
+
+
+class StoreError(Exception):
+    """An error with FoundationDB's code; ``retryable`` says whether the retry loop runs the body again."""
+
+    def __init__(self, code: int, detail: str = "") -> None:
+        self.code = code
+        self.detail = detail
+        super().__init__(_DESCRIPTIONS.get(code, "store error"))
+
+    @property
+    def retryable(self) -> bool:
+        return self.code in _RETRYABLE
+
+    @property
+    def maybe_committed(self) -> bool:
+        return self.code == COMMIT_UNKNOWN_RESULT
+
+    def __repr__(self) -> str:
+        return f"StoreError({self.code}, {self.detail!r})"
+
+
+class FormatVersionError(RuntimeError):
+    """The store was written by a newer format than this role understands; refusing to start."""

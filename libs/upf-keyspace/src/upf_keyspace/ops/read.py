@@ -1,0 +1,68 @@
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import msgspec
+
+from .. import keys
+from ..contract import Transaction
+from ..envelope import Envelope, decode_envelope
+
+
+class Stored(msgspec.Struct, frozen=True):
+    stamp: bytes
+    envelope: Envelope
+
+
+class Since(msgspec.Struct, frozen=True):
+    """A resolved ``since=``: kind is all, none, latest, stamp (a message id) or time (unix secs, inclusive)."""
+
+    kind: str
+    stamp: bytes = b""
+    time: int = 0
+
+
+SINCE_ALL = Since("all")
+SINCE_NONE = Since("none")
+SINCE_LATEST = Since("latest")
+
+_SCAN_BATCH = 512
+
+
+async def read_after(tr: Transaction, topic: str, after: bytes | None, limit: int) -> list[Stored]:
+    """A topic's messages strictly after ``after`` (a stamp), oldest first. Snapshot: a pure read."""
+    rows = await tr.get_range(*keys.queue_after(topic, after), limit=limit, snapshot=True)
+    return [Stored(keys.unpack_queue_key(k)[1], decode_envelope(v)) for k, v in rows]
+
+
+async def position(tr: Transaction, topic: str, since: Since) -> bytes | None:
+    """The cursor (read strictly after it; None = from the start) that ``since`` means for ``topic``."""
+    if since.kind == "all":
+        return None
+    if since.kind == "stamp":
+        return since.stamp
+    begin, end = keys.queue_range(topic)
+    if since.kind in ("none", "latest"):
+        # Not a snapshot read: a publish committing concurrently either lands before this cursor or
+        # conflicts with it and sees the affinity written in the same transaction.
+        newest = await tr.get_range(begin, end, limit=2, reverse=True)
+        skip = 0 if since.kind == "none" else 1
+        if len(newest) <= skip:
+            return None
+        return keys.unpack_queue_key(newest[skip][0])[1]
+    if since.kind == "time":
+        cursor: bytes | None = None
+        while True:
+            rows = await tr.get_range(begin, end, limit=_SCAN_BATCH, snapshot=True)
+            for k, v in rows:
+                if decode_envelope(v).time >= since.time:
+                    return cursor
+                cursor = keys.unpack_queue_key(k)[1]
+            if len(rows) < _SCAN_BATCH:
+                return cursor
+            begin = rows[-1][0] + b"\x00"
+    raise ValueError("unknown since kind")
+
+
+async def positions(tr: Transaction, topics: Sequence[str], since: Since) -> dict[str, bytes | None]:
+    return {t: await position(tr, t, since) for t in topics}

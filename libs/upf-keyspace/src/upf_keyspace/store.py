@@ -1,0 +1,120 @@
+"""The facade every role uses: one method per UPF operation, each one retried transaction.
+
+Picks the driver once at open (FoundationDB when a cluster file is configured, else the embedded
+file), checks the format version, and keeps retry policy in one place (the driver's ``transact``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import msgspec
+
+from . import ops
+from .contract import Database, Watch
+from .envelope import Envelope
+from .msgid import encode_id
+from .ops.read import Since, Stored
+from .settings import Settings
+
+__all__ = ["Store", "Published", "Drained", "open_store", "open_database"]
+
+
+class Published(msgspec.Struct, frozen=True):
+    stamp: bytes
+    envelope: Envelope
+    duplicate: bool
+    """True when an idempotency key matched an earlier publish: nothing new was stored."""
+    poked: int = 0
+
+    @property
+    def id(self) -> str:
+        return encode_id(self.stamp)
+
+
+class Drained(msgspec.Struct):
+    topics: set[str]
+    bell: Watch
+    more: bool
+
+
+async def open_database(settings: Settings) -> Database:
+    if settings.fdb_cluster_file:
+        from .drivers.foundation import open_foundationdb
+
+        return await open_foundationdb(settings.fdb_cluster_file)
+    from .drivers.embedded import open_embedded
+
+    return await open_embedded(settings.store_path)
+
+
+async def open_store(settings: Settings) -> Store:
+    db = await open_database(settings)
+    try:
+        await db.transact(ops.meta.check_format)
+    except BaseException:
+        await db.close()
+        raise
+    return Store(db, shard_count=settings.shard_count)
+
+
+class Store:
+    def __init__(self, db: Database, *, shard_count: int) -> None:
+        self.db = db
+        self.shard_count = shard_count
+
+    async def close(self) -> None:
+        await self.db.close()
+
+    async def publish(self, topic: str, envelope: Envelope, *, idem: str = "") -> Published:
+        pending = await self.db.transact(ops.publish.publish, topic, envelope, shard_count=self.shard_count, idem=idem)
+        if pending.duplicate_of is not None:
+            return Published(pending.duplicate_of, pending.envelope, True)
+        assert pending.commit_stamp is not None
+        stamp = await pending.commit_stamp + pending.user_version.to_bytes(2, "big")
+        return Published(stamp, pending.envelope, False, pending.poked)
+
+    async def read_after(self, topic: str, after: bytes | None, limit: int = 256) -> list[Stored]:
+        return await self.db.transact(ops.read.read_after, topic, after, limit)
+
+    async def subscribe(self, topics: Sequence[str], node: str, since: Since) -> dict[str, bytes | None]:
+        """Hold ``topics`` for ``node`` and resolve ``since`` to a cursor per topic, atomically: any
+        publish either lands at or before the cursor or sees the affinity and pokes ``node``."""
+
+        async def body(tr):  # type: ignore[no-untyped-def]
+            ops.affinity.hold(tr, topics, node)
+            return await ops.read.positions(tr, topics, since)
+
+        return await self.db.transact(body)
+
+    async def positions(self, topics: Sequence[str], since: Since) -> dict[str, bytes | None]:
+        """Resolve ``since`` without holding the topics (``poll=1`` reads and leaves)."""
+        return await self.db.transact(ops.read.positions, topics, since)
+
+    async def hold(self, topics: Sequence[str], node: str) -> None:
+        async def body(tr):  # type: ignore[no-untyped-def]
+            ops.affinity.hold(tr, topics, node)
+
+        await self.db.transact(body)
+
+    async def release(self, topics: Sequence[str], node: str) -> None:
+        async def body(tr):  # type: ignore[no-untyped-def]
+            ops.affinity.release(tr, topics, node)
+
+        await self.db.transact(body)
+
+    async def drain_inbox(self, node: str, shard: int) -> Drained:
+        d = await self.db.transact(ops.inbox.drain, node, shard)
+        return Drained(d.topics, d.bell, d.more)
+
+    async def heartbeat(self, node: str, now: int) -> bool:
+        return await self.db.transact(ops.inbox.heartbeat, node, now)
+
+    async def expire(self, now: int, limit: int = 500) -> int:
+        return await self.db.transact(ops.janitor.expire, now, limit)
+
+    async def dead_nodes(self, now: int, max_age: int) -> list[str]:
+        return await self.db.transact(ops.janitor.dead_nodes, now, max_age)
+
+    async def sweep_node(self, node: str, now: int, max_age: int, limit: int = 500) -> int | None:
+        return await self.db.transact(ops.janitor.sweep_node, node, now, max_age, limit)
