@@ -1,0 +1,79 @@
+"""Disjoint sorted key intervals: the conflict-checking core shared by the embedded driver's
+transaction (its reads) and committer (recent commits' writes)."""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Iterable
+
+import msgspec
+
+
+def point(key: bytes) -> tuple[bytes, bytes]:
+    return key, key + b"\x00"
+
+
+class IntervalSet:
+    """Half-open [begin, end) byte intervals, coalesced so that both begins and ends stay sorted."""
+
+    __slots__ = ("begins", "ends")
+
+    def __init__(self, ranges: Iterable[tuple[bytes, bytes]] = ()) -> None:
+        merged: list[list[bytes]] = []
+        for b, e in sorted(r for r in ranges if r[0] < r[1]):
+            if merged and b <= merged[-1][1]:
+                if e > merged[-1][1]:
+                    merged[-1][1] = e
+            else:
+                merged.append([b, e])
+        self.begins = [m[0] for m in merged]
+        self.ends = [m[1] for m in merged]
+
+    def __bool__(self) -> bool:
+        return bool(self.begins)
+
+    def overlaps(self, begin: bytes, end: bytes) -> bool:
+        i = bisect.bisect_right(self.ends, begin)  # first interval whose end is past ``begin``
+        return i < len(self.begins) and self.begins[i] < end
+
+    def overlaps_any(self, ranges: Iterable[tuple[bytes, bytes]]) -> bool:
+        return any(self.overlaps(b, e) for b, e in ranges)
+
+    def encode(self) -> bytes:
+        return msgspec.msgpack.encode([self.begins, self.ends])
+
+    @classmethod
+    def decode(cls, raw: bytes) -> IntervalSet:
+        s = cls()
+        s.begins, s.ends = msgspec.msgpack.decode(raw, type=tuple[list[bytes], list[bytes]])
+        return s
+
+
+class BatchWrites:
+    """Writes of the transactions accepted so far in one physical commit, checked against each later
+    transaction's reads. Point writes stay in a sorted list, so the check is a bisect, not a rebuild."""
+
+    __slots__ = ("points", "ranges")
+
+    def __init__(self) -> None:
+        self.points: list[bytes] = []
+        self.ranges: list[tuple[bytes, bytes]] = []
+
+    def add(self, begin: bytes, end: bytes) -> None:
+        if end == begin + b"\x00":
+            bisect.insort(self.points, begin)
+        else:
+            self.ranges.append((begin, end))
+
+    def overlaps_any(self, reads: Iterable[tuple[bytes, bytes]]) -> bool:
+        points, ranges = self.points, self.ranges
+        for b, e in reads:
+            i = bisect.bisect_left(points, b)
+            if i < len(points) and points[i] < e:
+                return True
+            if ranges and any(rb < e and b < re for rb, re in ranges):
+                return True
+        return False
+
+    def to_set(self) -> IntervalSet:
+        return IntervalSet([(p, p + b"\x00") for p in self.points] + self.ranges)

@@ -1,0 +1,666 @@
+"""The embedded store: FoundationDB's transaction contract on one SQLite file (WAL mode) that several
+processes on one host share.
+
+How it keeps FoundationDB's meaning:
+- Keys are the same tuple-encoded bytes in a ``WITHOUT ROWID`` table with a BLOB primary key, which
+  SQLite orders by memcmp: FoundationDB's byte order.
+- Optimistic serializable transactions. A transaction's read version is the store's commit counter
+  when it first reads. Each read is one SQLite snapshot; if the counter moved since the read version,
+  the read is checked against the write log and the transaction fails with NOT_COMMITTED (1020,
+  retryable) if anything it has seen changed, so every transaction sees one snapshot. At commit the
+  committer fails it the same way if a commit after its read version wrote anything it read (the
+  resolver's rule), including earlier transactions of the same batch.
+- Group commit: one committer thread per process takes every waiting transaction, and applies them in
+  one SQLite write transaction (BEGIN IMMEDIATE, so processes serialise on the file lock), each with
+  its own batch order, then commits with ``synchronous=FULL``: a commit returns only once the WAL is
+  fsynced. The 10-byte stamp is the 8-byte big-endian commit counter (kept in the file, so strictly
+  increasing across processes) plus the 2-byte batch order.
+- The write log (``wlog``) keeps each physical commit's coalesced write ranges for 10 s (longer than
+  the 5 s transaction lifetime), so any process can check conflicts against any other's commits.
+- Watches: armed at commit with the value the transaction saw; a poller notices other connections'
+  commits through ``PRAGMA data_version`` (every 2 ms while watches exist) and this process's own
+  commits directly, then compares the watched keys' values.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import queue
+import random
+import sqlite3
+import struct
+import threading
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+from .. import errors
+from ..contract import KEY_LIMIT, LIFETIME_SECS, TRANSACTION_LIMIT, VALUE_LIMIT
+from ._ranges import BatchWrites, IntervalSet, point
+
+__all__ = ["EmbeddedDatabase", "EmbeddedTransaction", "open_embedded"]
+
+log = logging.getLogger("upf.store.embedded")
+T = TypeVar("T")
+
+_SCHEMA = (
+    "CREATE TABLE IF NOT EXISTS kv (k BLOB PRIMARY KEY, v BLOB NOT NULL) WITHOUT ROWID",
+    "CREATE TABLE IF NOT EXISTS meta (id INTEGER PRIMARY KEY CHECK (id = 0), version INTEGER NOT NULL)",
+    "INSERT OR IGNORE INTO meta VALUES (0, 0)",
+    "CREATE TABLE IF NOT EXISTS wlog (version INTEGER PRIMARY KEY, t REAL NOT NULL, writes BLOB NOT NULL)",
+    "CREATE INDEX IF NOT EXISTS wlog_t ON wlog (t)",
+)
+_CHANGED = object()  # a watched value no committed value equals: the watch fires when armed
+_WLOG_KEEP_SECS = 10.0
+_MAX_BATCH = 2048
+_MAX_WATCHES = 10_000
+_RETRY_LIMIT = 100
+_I64 = struct.Struct("<q")
+
+# Mutation kinds, in a transaction's ordered mutation list.
+_SET, _CLEAR, _CLEAR_RANGE, _ADD, _VS_KEY = range(5)
+
+
+def _connect(path: str) -> sqlite3.Connection:
+    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=30.0)
+    conn.execute("PRAGMA busy_timeout = 30000")
+    conn.execute("PRAGMA synchronous = FULL")
+    return conn
+
+
+def _add_le(base: bytes | None, param: bytes) -> bytes:
+    """FoundationDB's ADD: little-endian, the existing value zero-extended or truncated to the param's length."""
+    n = len(param)
+    a = int.from_bytes((base or b"")[:n].ljust(n, b"\x00"), "little")
+    b = int.from_bytes(param, "little")
+    return ((a + b) % (1 << (8 * n))).to_bytes(n, "little") if n else b""
+
+
+def _stamp_key(raw: bytes, stamp10: bytes) -> bytes:
+    key, off = raw[:-4], int.from_bytes(raw[-4:], "little")
+    return key[:off] + stamp10 + key[off + 10 :]
+
+
+class _Watch:
+    """One registered watch; awaiting it waits for the change. ``cancel`` unregisters it."""
+
+    __slots__ = ("key", "value", "future", "_db")
+
+    def __init__(self, db: EmbeddedDatabase, key: bytes, value: bytes | None) -> None:
+        self._db = db
+        self.key = key
+        self.value = value
+        self.future: asyncio.Future[None] = db._loop.create_future()
+        self.future.add_done_callback(lambda _f: db._unregister(self))
+
+    def __await__(self) -> Any:
+        # Not shielded: a waiter that gives up (a timeout) cancels the watch, as destroying an FDB
+        # watch future does, so abandoned watches never pile up.
+        return self.future.__await__()
+
+    def done(self) -> bool:
+        return self.future.done()
+
+    def cancel(self) -> None:
+        if not self.future.done():
+            self.future.cancel()
+
+
+class _Pending:
+    """A transaction handed to the committer thread, with what it needs to resolve and check."""
+
+    __slots__ = ("read_version", "reads", "writes", "mutations", "started", "future", "stamp")
+
+    def __init__(self, tr: EmbeddedTransaction, future: asyncio.Future[bytes]) -> None:
+        self.read_version = tr._read_version
+        self.reads = tr._reads
+        self.writes = tr._writes
+        self.mutations = tr._mutations
+        self.started = tr._started
+        self.future = future
+        self.stamp: bytes | BaseException | None = None
+
+
+class EmbeddedTransaction:
+    __slots__ = (
+        "_db",
+        "_read_version",
+        "_reads",
+        "_seen",
+        "_writes",
+        "_mutations",
+        "_overlay",
+        "_cleared",
+        "_adds",
+        "_unreadable",
+        "_watches",
+        "_stamp_future",
+        "_user_version",
+        "_size",
+        "_started",
+        "_attempts",
+        "_committing",
+    )
+
+    def __init__(self, db: EmbeddedDatabase) -> None:
+        self._db = db
+        self._attempts = 0
+        self._reset()
+
+    def _reset(self) -> None:
+        self._read_version: int | None = None
+        self._reads: list[tuple[bytes, bytes]] = []  # conflict ranges (non-snapshot reads)
+        self._seen: list[tuple[bytes, bytes]] = []  # everything read, for snapshot consistency
+        self._writes: list[tuple[bytes, bytes]] = []
+        self._mutations: list[tuple[int, bytes, bytes]] = []
+        self._overlay: dict[bytes, bytes | None] = {}
+        self._cleared: list[tuple[bytes, bytes]] = []
+        self._adds: dict[bytes, list[bytes]] = {}
+        self._unreadable: list[tuple[bytes, bytes]] = []
+        self._watches: list[tuple[bytes, bytes | None]] = []
+        self._stamp_future: asyncio.Future[bytes] | None = None
+        self._user_version = 0
+        self._size = 0
+        self._started = time.monotonic()
+        self._committing = False
+
+    # --- reads -------------------------------------------------------------------------------------
+    def _check_alive(self) -> None:
+        if self._committing:
+            raise errors.StoreError(errors.USED_DURING_COMMIT)
+        if time.monotonic() - self._started > LIFETIME_SECS:
+            raise errors.StoreError(errors.TRANSACTION_TOO_OLD)
+
+    def _check_readable(self, begin: bytes, end: bytes) -> None:
+        for b, e in self._unreadable:
+            if b < end and begin < e:
+                raise errors.StoreError(errors.ACCESSED_UNREADABLE)
+
+    def _note_read(self, begin: bytes, end: bytes, snapshot: bool, version: int) -> None:
+        """Record a read and keep the transaction on one snapshot (see the module docstring)."""
+        if self._read_version is None:
+            self._read_version = version
+        self._seen.append((begin, end))
+        if not snapshot:
+            self._reads.append((begin, end))
+            self._size += len(begin) + len(end)
+        if version != self._read_version and self._db._changed_since(self._read_version, version, self._seen):
+            raise errors.StoreError(errors.NOT_COMMITTED, "snapshot moved")
+
+    def _local_value(self, key: bytes, base: bytes | None) -> bytes | None:
+        if key in self._overlay:
+            value = self._overlay[key]
+        elif any(b <= key < e for b, e in self._cleared):
+            value = None
+        else:
+            value = base
+        for param in self._adds.get(key, ()):
+            value = _add_le(value, param)
+        return value
+
+    def _touched(self, begin: bytes, end: bytes) -> bool:
+        return (
+            any(begin <= k < end for k in self._overlay)
+            or any(b < end and begin < e for b, e in self._cleared)
+            or any(begin <= k < end for k in self._adds)
+        )
+
+    def _get_sync(self, key: bytes, snapshot: bool) -> bytes | None:
+        self._check_alive()
+        self._check_readable(key, key + b"\x00")
+        version, base = self._db._read_point(key)
+        self._note_read(*point(key), snapshot, version)
+        return self._local_value(key, base)
+
+    async def get(self, key: bytes, *, snapshot: bool = False) -> bytes | None:
+        return self._get_sync(key, snapshot)
+
+    async def get_range(
+        self,
+        begin: bytes,
+        end: bytes,
+        *,
+        limit: int = 0,
+        reverse: bool = False,
+        snapshot: bool = False,
+    ) -> list[tuple[bytes, bytes]]:
+        self._check_alive()
+        if begin >= end:
+            return []
+        self._check_readable(begin, end)
+        local = self._touched(begin, end)
+        version, rows = self._db._read_range(begin, end, 0 if local else limit, reverse)
+        if local:
+            merged = {k: v for k, v in rows}
+            for k in list(merged) + [k for k in self._overlay if begin <= k < end] + [
+                k for k in self._adds if begin <= k < end
+            ]:
+                value = self._local_value(k, merged.get(k))
+                if value is None:
+                    merged.pop(k, None)
+                else:
+                    merged[k] = value
+            rows = sorted(merged.items(), reverse=reverse)
+            if limit:
+                rows = rows[:limit]
+        # Like FoundationDB, a read that stopped at its limit only conflicts on what it covered.
+        lo, hi = begin, end
+        if limit and len(rows) >= limit:
+            if reverse:
+                lo = rows[-1][0]
+            else:
+                hi = rows[-1][0] + b"\x00"
+        self._note_read(lo, hi, snapshot, version)
+        return rows
+
+    # --- writes ------------------------------------------------------------------------------------
+    def _check_write(self, key: bytes, value: bytes) -> None:
+        if self._committing:
+            raise errors.StoreError(errors.USED_DURING_COMMIT)
+        if len(key) > KEY_LIMIT:
+            raise errors.StoreError(errors.KEY_TOO_LARGE, f"{len(key)} bytes")
+        if len(value) > VALUE_LIMIT:
+            raise errors.StoreError(errors.VALUE_TOO_LARGE, f"{len(value)} bytes")
+        self._size += len(key) + len(value)
+
+    def set(self, key: bytes, value: bytes) -> None:
+        self._check_write(key, value)
+        self._mutations.append((_SET, key, value))
+        self._writes.append(point(key))
+        self._overlay[key] = value
+        self._adds.pop(key, None)
+
+    def clear(self, key: bytes) -> None:
+        self._check_write(key, b"")
+        self._mutations.append((_CLEAR, key, b""))
+        self._writes.append(point(key))
+        self._overlay[key] = None
+        self._adds.pop(key, None)
+
+    def clear_range(self, begin: bytes, end: bytes) -> None:
+        self._check_write(begin, end)
+        if begin >= end:
+            return
+        self._mutations.append((_CLEAR_RANGE, begin, end))
+        self._writes.append((begin, end))
+        for k in [k for k in self._overlay if begin <= k < end]:
+            del self._overlay[k]
+        for k in [k for k in self._adds if begin <= k < end]:
+            del self._adds[k]
+        self._cleared.append((begin, end))
+
+    def add(self, key: bytes, param: bytes) -> None:
+        self._check_write(key, param)
+        self._mutations.append((_ADD, key, param))
+        self._writes.append(point(key))
+        if key in self._overlay and self._overlay[key] is not None:
+            self._overlay[key] = _add_le(self._overlay[key], param)
+        else:
+            self._adds.setdefault(key, []).append(param)
+
+    def set_versionstamped_key(self, key: bytes, value: bytes) -> None:
+        if len(key) < 14:
+            raise errors.StoreError(errors.CLIENT_INVALID_OPERATION, "versionstamped key shorter than 14 bytes")
+        offset = int.from_bytes(key[-4:], "little")
+        if offset + 10 > len(key) - 4:
+            raise errors.StoreError(errors.CLIENT_INVALID_OPERATION, "versionstamp offset past the key")
+        self._check_write(key[:-4], value)
+        self._mutations.append((_VS_KEY, key, value))
+        prefix = key[:offset]
+        self._unreadable.append((prefix, prefix + b"\xff" * 11))
+
+    def add_read_conflict_range(self, begin: bytes, end: bytes) -> None:
+        self._reads.append((begin, end))
+
+    def next_user_version(self) -> int:
+        uv = self._user_version
+        if uv > 0xFFFF:
+            raise errors.StoreError(errors.CLIENT_INVALID_OPERATION, "more than 65536 stamped entries")
+        self._user_version += 1
+        return uv
+
+    def get_versionstamp(self) -> Awaitable[bytes]:
+        if self._stamp_future is None:
+            self._stamp_future = self._db._loop.create_future()
+        return self._stamp_future
+
+    def watch(self, key: bytes) -> _Watch:
+        if self._db._watch_count() + len(self._watches) >= _MAX_WATCHES:
+            raise errors.StoreError(errors.TOO_MANY_WATCHES)
+        self._check_alive()
+        version, base = self._db._read_point(key)
+        value: Any = self._local_value(key, base)
+        if self._read_version is None:
+            self._read_version = version
+        elif version != self._read_version and self._db._changed_since(self._read_version, version, [point(key)]):
+            value = _CHANGED  # changed after our snapshot: FoundationDB's watch would fire at once
+        w = _Watch(self._db, key, value)
+        self._watches.append(w)  # type: ignore[arg-type]
+        return w
+
+    # --- commit ------------------------------------------------------------------------------------
+    async def commit(self) -> None:
+        self._check_alive()
+        if self._size > TRANSACTION_LIMIT:
+            raise errors.StoreError(errors.TRANSACTION_TOO_LARGE, f"{self._size} bytes")
+        watches = self._watches
+        if not self._mutations:
+            if self._stamp_future is not None and not self._stamp_future.done():
+                self._stamp_future.set_exception(errors.StoreError(errors.NO_COMMIT_VERSION))
+                self._stamp_future.exception()  # retrieved: a read-only caller may never await it
+            self._db._arm(watches)  # type: ignore[arg-type]
+            return
+        if self._read_version is None:
+            self._read_version = self._db._committed_version()
+        self._committing = True
+        future: asyncio.Future[bytes] = self._db._loop.create_future()
+        self._db._submit(_Pending(self, future))
+        try:
+            stamp = await asyncio.shield(future)
+        finally:
+            self._committing = False
+        if self._stamp_future is not None and not self._stamp_future.done():
+            self._stamp_future.set_result(stamp)
+        self._db._arm(watches)  # type: ignore[arg-type]
+
+    async def on_error(self, exc: BaseException) -> None:
+        if not isinstance(exc, errors.StoreError) or not exc.retryable or self._attempts >= _RETRY_LIMIT:
+            raise exc
+        self.cancel()
+        self._attempts += 1
+        await asyncio.sleep(min(1.0, 0.002 * (2 ** min(self._attempts, 9))) * random.random())
+        self._reset()
+
+    def cancel(self) -> None:
+        for w in self._watches:
+            w.future.cancel()  # type: ignore[attr-defined]
+        if self._stamp_future is not None and not self._stamp_future.done():
+            self._stamp_future.cancel()
+
+
+class EmbeddedDatabase:
+    name = "embedded"
+
+    def __init__(self, path: str, loop: asyncio.AbstractEventLoop) -> None:
+        self.path = path
+        self._loop = loop
+        self._reader = _connect(path)
+        self._watches: dict[bytes, set[_Watch]] = {}
+        self._wlog_cache: dict[int, IntervalSet] = {}
+        self._queue: queue.SimpleQueue[_Pending | None] = queue.SimpleQueue()
+        self._closed = False
+        self._check_scheduled = False
+        self._last_prune = 0.0
+        self._committer = threading.Thread(target=self._commit_loop, name="upf-store-committer", daemon=True)
+        self._poller = threading.Thread(target=self._poll_loop, name="upf-store-watches", daemon=True)
+        self._stop = threading.Event()
+        self._committer.start()
+        self._poller.start()
+
+    # --- reads (on the loop thread) -----------------------------------------------------------------
+    def _read_point(self, key: bytes) -> tuple[int, bytes | None]:
+        cur = self._reader.cursor()
+        cur.execute("BEGIN")
+        try:
+            version = cur.execute("SELECT version FROM meta").fetchone()[0]
+            row = cur.execute("SELECT v FROM kv WHERE k = ?", (key,)).fetchone()
+        finally:
+            cur.execute("COMMIT")
+        return version, row[0] if row else None
+
+    def _read_range(self, begin: bytes, end: bytes, limit: int, reverse: bool) -> tuple[int, list[tuple[bytes, bytes]]]:
+        sql = "SELECT k, v FROM kv WHERE k >= ? AND k < ? ORDER BY k " + ("DESC" if reverse else "ASC")
+        args: tuple[Any, ...] = (begin, end)
+        if limit:
+            sql += " LIMIT ?"
+            args += (limit,)
+        cur = self._reader.cursor()
+        cur.execute("BEGIN")
+        try:
+            version = cur.execute("SELECT version FROM meta").fetchone()[0]
+            rows = cur.execute(sql, args).fetchall()
+        finally:
+            cur.execute("COMMIT")
+        return version, rows
+
+    def _committed_version(self) -> int:
+        return self._reader.execute("SELECT version FROM meta").fetchone()[0]
+
+    def _write_sets(self, conn: sqlite3.Connection, after: int, upto: int) -> list[IntervalSet]:
+        """The write sets of commits after..upto: from this process's cache, else from the file."""
+        cache = self._wlog_cache
+        sets = [cache.get(v) for v in range(after + 1, upto + 1)]
+        if all(s is not None for s in sets):
+            return sets  # type: ignore[return-value]
+        loaded = {
+            v: IntervalSet.decode(raw)
+            for v, raw in conn.execute("SELECT version, writes FROM wlog WHERE version > ? AND version <= ?", (after, upto))
+        }
+        cache.update(loaded)
+        out = []
+        for v in range(after + 1, upto + 1):
+            s = loaded.get(v) or cache.get(v)
+            if s is None:
+                # Pruned: the transaction outlived the write log, so it is too old to check.
+                raise errors.StoreError(errors.TRANSACTION_TOO_OLD)
+            out.append(s)
+        return out
+
+    def _changed_since(self, after: int, upto: int, ranges: list[tuple[bytes, bytes]]) -> bool:
+        return any(s.overlaps_any(ranges) for s in self._write_sets(self._reader, after, upto))
+
+    # --- commits (on the committer thread) ----------------------------------------------------------
+    def _submit(self, pending: _Pending) -> None:
+        self._queue.put(pending)
+
+    def _commit_loop(self) -> None:
+        conn = _connect(self.path)
+        try:
+            while True:
+                first = self._queue.get()
+                if first is None:
+                    return
+                batch = [first]
+                while len(batch) < _MAX_BATCH:
+                    try:
+                        nxt = self._queue.get_nowait()
+                    except queue.Empty:
+                        break
+                    if nxt is None:
+                        self._queue.put(None)
+                        break
+                    batch.append(nxt)
+                try:
+                    self._commit_batch(conn, batch)
+                except Exception as exc:  # a failed physical commit fails every transaction in it
+                    log.exception("embedded commit failed")
+                    with contextlib.suppress(sqlite3.Error):
+                        conn.execute("ROLLBACK")
+                    for p in batch:
+                        if p.stamp is None or isinstance(p.stamp, bytes):
+                            p.stamp = errors.StoreError(errors.NOT_COMMITTED, type(exc).__name__)
+                try:
+                    self._loop.call_soon_threadsafe(self._resolve, batch)
+                except RuntimeError:  # the loop is gone: nobody is waiting any more
+                    return
+        finally:
+            conn.close()
+
+    def _commit_batch(self, conn: sqlite3.Connection, batch: list[_Pending]) -> None:
+        conn.execute("BEGIN IMMEDIATE")
+        version = conn.execute("SELECT version FROM meta").fetchone()[0]
+        new_version = version + 1
+        prefix = new_version.to_bytes(8, "big")
+        now = time.monotonic()
+        in_batch = BatchWrites()
+        order = 0
+        for p in batch:
+            if now - p.started > LIFETIME_SECS:
+                p.stamp = errors.StoreError(errors.TRANSACTION_TOO_OLD)
+                continue
+            if p.reads:
+                try:
+                    sets = self._write_sets(conn, p.read_version or 0, version)
+                except errors.StoreError as exc:
+                    p.stamp = exc
+                    continue
+                if in_batch.overlaps_any(p.reads) or any(s.overlaps_any(p.reads) for s in sets):
+                    p.stamp = errors.StoreError(errors.NOT_COMMITTED)
+                    continue
+            stamp = prefix + order.to_bytes(2, "big")
+            order += 1
+            for b, e in self._apply(conn, p.mutations, stamp):
+                in_batch.add(b, e)
+            for b, e in p.writes:
+                in_batch.add(b, e)
+            p.stamp = stamp
+        if order:
+            wall = time.time()
+            written = in_batch.to_set()
+            conn.execute("UPDATE meta SET version = ?", (new_version,))
+            conn.execute("INSERT INTO wlog VALUES (?, ?, ?)", (new_version, wall, written.encode()))
+            if wall - self._last_prune > 1.0:
+                self._last_prune = wall
+                conn.execute("DELETE FROM wlog WHERE t < ?", (wall - _WLOG_KEEP_SECS,))
+            conn.execute("COMMIT")
+            self._wlog_cache[new_version] = written
+            if len(self._wlog_cache) > 65536:
+                for v in sorted(self._wlog_cache)[:32768]:
+                    self._wlog_cache.pop(v, None)
+        else:
+            conn.execute("ROLLBACK")
+
+    @staticmethod
+    def _apply(conn: sqlite3.Connection, mutations: list[tuple[int, bytes, bytes]], stamp: bytes) -> list[tuple[bytes, bytes]]:
+        stamped: list[tuple[bytes, bytes]] = []
+        for kind, a, b in mutations:
+            if kind == _SET:
+                conn.execute("INSERT OR REPLACE INTO kv VALUES (?, ?)", (a, b))
+            elif kind == _VS_KEY:
+                key = _stamp_key(a, stamp)
+                conn.execute("INSERT OR REPLACE INTO kv VALUES (?, ?)", (key, b))
+                stamped.append(point(key))
+            elif kind == _CLEAR:
+                conn.execute("DELETE FROM kv WHERE k = ?", (a,))
+            elif kind == _CLEAR_RANGE:
+                conn.execute("DELETE FROM kv WHERE k >= ? AND k < ?", (a, b))
+            elif kind == _ADD:
+                row = conn.execute("SELECT v FROM kv WHERE k = ?", (a,)).fetchone()
+                conn.execute("INSERT OR REPLACE INTO kv VALUES (?, ?)", (a, _add_le(row[0] if row else None, b)))
+        return stamped
+
+    def _resolve(self, batch: list[_Pending]) -> None:
+        for p in batch:
+            if p.future.done():
+                continue
+            if isinstance(p.stamp, BaseException):
+                p.future.set_exception(p.stamp)
+            else:
+                p.future.set_result(p.stamp)  # type: ignore[arg-type]
+        self._schedule_watch_check()
+
+    # --- watches ------------------------------------------------------------------------------------
+    def _watch_count(self) -> int:
+        return sum(len(s) for s in self._watches.values())
+
+    def _arm(self, watches: list[_Watch]) -> None:
+        for w in watches:
+            if not w.future.done():
+                self._watches.setdefault(w.key, set()).add(w)
+        if watches:
+            self._schedule_watch_check()
+
+    def _unregister(self, w: _Watch) -> None:
+        s = self._watches.get(w.key)
+        if s is not None:
+            s.discard(w)
+            if not s:
+                del self._watches[w.key]
+
+    def _schedule_watch_check(self) -> None:
+        if self._watches and not self._check_scheduled and not self._closed:
+            self._check_scheduled = True
+            self._loop.call_soon(self._check_watches)
+
+    def _check_watches(self) -> None:
+        self._check_scheduled = False
+        if not self._watches or self._closed:
+            return
+        keys = list(self._watches)
+        current: dict[bytes, bytes] = {}
+        for i in range(0, len(keys), 500):
+            chunk = keys[i : i + 500]
+            marks = ",".join("?" * len(chunk))
+            current.update(self._reader.execute(f"SELECT k, v FROM kv WHERE k IN ({marks})", chunk).fetchall())
+        for key in keys:
+            value = current.get(key)
+            for w in list(self._watches.get(key, ())):
+                if w.value != value and not w.future.done():
+                    w.future.set_result(None)
+
+    def _poll_loop(self) -> None:
+        conn = _connect(self.path)
+        try:
+            last = conn.execute("PRAGMA data_version").fetchone()[0]
+            while not self._stop.wait(0.002 if self._watches else 0.05):
+                dv = conn.execute("PRAGMA data_version").fetchone()[0]
+                if dv != last:
+                    last = dv
+                    if self._watches:
+                        with contextlib.suppress(RuntimeError):  # the loop closed under us
+                            self._loop.call_soon_threadsafe(self._schedule_watch_check)
+        finally:
+            conn.close()
+
+    # --- the contract -------------------------------------------------------------------------------
+    def create_transaction(self) -> EmbeddedTransaction:
+        if self._closed:
+            raise errors.StoreError(errors.CLIENT_INVALID_OPERATION, "database closed")
+        return EmbeddedTransaction(self)
+
+    async def transact(self, fn: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> T:
+        tr = self.create_transaction()
+        while True:
+            try:
+                result = await fn(tr, *args, **kwargs)
+                await tr.commit()
+                return result
+            except errors.StoreError as exc:
+                await tr.on_error(exc)
+            except BaseException:
+                tr.cancel()
+                raise
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._queue.put(None)
+        self._stop.set()
+        await asyncio.to_thread(self._committer.join)
+        await asyncio.to_thread(self._poller.join)
+        for s in list(self._watches.values()):
+            for w in list(s):
+                w.cancel()
+        self._reader.close()
+
+
+async def open_embedded(path: str) -> EmbeddedDatabase:
+    """Open (creating if needed) the store file; the schema is created idempotently by any process."""
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    conn = _connect(path)
+    try:
+        mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+        if mode.lower() != "wal":
+            raise RuntimeError("the embedded store needs SQLite's WAL mode")
+        conn.execute("BEGIN IMMEDIATE")
+        for stmt in _SCHEMA:
+            conn.execute(stmt)
+        conn.execute("COMMIT")
+    finally:
+        conn.close()
+    return EmbeddedDatabase(path, asyncio.get_running_loop())
