@@ -1,0 +1,134 @@
+"""``create_app``: the writer as a Litestar ASGI app.
+
+Two ways to run it:
+- standalone (``upf-writer``, granian): ``create_app(settings)`` -- the store is opened in the app's
+  lifespan, i.e. inside granian's worker process, and closed at shutdown;
+- inside the all-in-one program: ``create_app(settings, store)`` with an already-open store, which the
+  app then neither opens nor closes (its owner does).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+
+from litestar import Litestar, Request, Response
+from litestar.types import ASGIApp, Receive, Scope, Send
+from litestar.exceptions import HTTPException, MethodNotAllowedException, NotFoundException
+from upf_keyspace import Settings, Store, open_store
+
+from . import ingest
+from .context import WriterContext
+from .httpio import problem_body
+from .ingest import Problem, PublishError
+from .routes import build_route_handlers
+from .routes.publish import build_topic_endpoint, failure_problem
+
+__all__ = ["create_app", "StoreFactory", "WriterApp"]
+
+log = logging.getLogger("upf_writer")
+
+StoreFactory = Callable[[Settings], Awaitable[Store]]
+
+_HTTP_PROBLEMS = {
+    400: Problem(40000, 400, "invalid request"),
+    404: ingest.NOT_FOUND,
+    405: ingest.METHOD_NOT_ALLOWED,
+    413: ingest.MESSAGE_TOO_LARGE,
+}
+
+
+def _problem_response(problem: Problem, headers: dict[str, str] | None = None) -> Response[bytes]:
+    return Response(problem_body(problem), status_code=problem.http, media_type="application/json", headers=headers)
+
+
+def _on_publish_error(_: Request, exc: PublishError) -> Response[bytes]:
+    return _problem_response(exc.problem)
+
+
+def _on_not_found(_: Request, exc: NotFoundException) -> Response[bytes]:
+    return _problem_response(ingest.NOT_FOUND)
+
+
+def _on_method_not_allowed(_: Request, exc: MethodNotAllowedException) -> Response[bytes]:
+    allow = (exc.headers or {}).get("Allow") or (exc.headers or {}).get("allow")
+    return _problem_response(ingest.METHOD_NOT_ALLOWED, {"allow": allow} if allow else None)
+
+
+def _on_http_exception(_: Request, exc: HTTPException) -> Response[bytes]:
+    problem = _HTTP_PROBLEMS.get(exc.status_code)
+    if problem is None:
+        problem = Problem(exc.status_code * 100 + 1, exc.status_code, "request failed")
+    return _problem_response(problem)
+
+
+def _on_exception(_: Request, exc: Exception) -> Response[bytes]:
+    return _problem_response(failure_problem(exc, "litestar"))
+
+
+class WriterApp(Litestar):
+    """The Litestar app plus one routing shortcut in front of Litestar's router: an HTTP request for a
+    one-segment path (``/{topic}``) that is not one of Litestar's own plain routes goes straight to
+    the lean topic endpoint. Everything else (lifespan, other routes, 404/405) is plain Litestar."""
+
+    def __init__(self, *, topic_endpoint: ASGIApp, **kwargs: object) -> None:
+        super().__init__(**kwargs)  # type: ignore[arg-type]
+        self.topic_endpoint = topic_endpoint
+        self.litestar_paths = frozenset(
+            r.path for r in self.routes if "{" not in r.path and r.path.rfind("/") == 0 and r.path != "/"
+        )
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:  # type: ignore[override]
+        if scope["type"] == "http":
+            path = scope["path"]
+            if len(path) > 1 and path.rfind("/") == 0 and path not in self.litestar_paths:
+                await self.topic_endpoint(scope, receive, send)
+                return
+        await super().__call__(scope, receive, send)
+
+
+def create_app(
+    settings: Settings,
+    store: Store | None = None,
+    *,
+    store_factory: StoreFactory = open_store,
+    clock: Callable[[], int] | None = None,
+) -> WriterApp:
+    """The writer app. With ``store`` given, the caller owns it; otherwise ``store_factory(settings)``
+    opens one at lifespan startup and the app closes it at shutdown. ``clock`` (unix seconds) is for tests."""
+    ctx = WriterContext(settings, store) if clock is None else WriterContext(settings, store, clock)
+
+    @asynccontextmanager
+    async def store_lifespan(_: Litestar) -> AsyncIterator[None]:
+        if ctx.store is not None:
+            log.info("writer started with a store it does not own")
+            yield
+            return
+        ctx.store = await store_factory(settings)
+        log.info("writer store opened", extra={"driver": "foundationdb" if settings.fdb_cluster_file else "embedded"})
+        try:
+            yield
+        finally:
+            opened, ctx.store = ctx.store, None
+            await opened.close()
+            log.info("writer store closed")
+
+    app = WriterApp(
+        topic_endpoint=build_topic_endpoint(ctx),
+        route_handlers=build_route_handlers(ctx),
+        lifespan=[store_lifespan],
+        exception_handlers={
+            PublishError: _on_publish_error,
+            NotFoundException: _on_not_found,
+            MethodNotAllowedException: _on_method_not_allowed,
+            HTTPException: _on_http_exception,
+            Exception: _on_exception,
+        },
+        openapi_config=None,
+        logging_config=None,
+        debug=False,
+        request_max_body_size=4 * settings.max_message_bytes,
+    )
+    app.state.writer = ctx
+    return app

@@ -1,0 +1,549 @@
+"""The writer's pure core: from what an app server sent to the envelope UPF stores, or to an ntfy error.
+
+No I/O here. The HTTP layer (``routes/``) decodes the request into plain values -- a mapping of
+lower-case header names to their first value, a mapping of query keys to their first value, the body
+bytes, the current unix time -- calls one function of this module and stores what it returns.
+Every rejection is a :class:`PublishError` carrying one :class:`Problem` of :data:`CATALOG`, so the
+set of errors a publisher can see is closed and documented in one place.
+
+Parameters follow ntfy's ``parsePublishParams``/``readParam``: each meaning has a list of names;
+every name is tried as a header first (case-insensitive, RFC 2047 encoded-words decoded), then every
+name, lower-cased, as a query key; the first non-empty value wins and is trimmed the way Go's
+``strings.TrimSpace`` trims.
+
+Where UPF differs from ntfy on purpose (see ntfy-protocol.md, "Where this project differs"):
+- an invalid topic in the path is 400 40009, not 404;
+- a body over ``max_message_bytes`` is 413 41301, in UnifiedPush mode too (ntfy truncates);
+- a binary or oversized plain body never becomes an attachment (UPF has none): binary bodies up to
+  the limit are stored as base64, exactly as UnifiedPush bodies are;
+- title, tags, click, icon and a message given as a parameter are each capped at
+  ``max_message_bytes`` (413 41301), so an envelope stays far below the store's value limit;
+- the RFC 8030 ``TTL`` header sets the message's expiry (ntfy ignores it); a malformed one is 400;
+- ``Idempotency-Key``/``X-Idempotency-Key`` make a retried publish return the original message.
+Parameters ntfy has and UPF does not implement (delay, actions, attach, filename, email, call, cache,
+firebase, template, poll id) are accepted and ignored.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import re
+from collections.abc import Mapping
+from typing import NamedTuple
+
+import msgspec
+from upf_keyspace import Envelope, ErrorBody, Settings
+
+__all__ = [
+    "Problem",
+    "PublishError",
+    "CATALOG",
+    "Limits",
+    "Params",
+    "Ingested",
+    "MatrixOutcome",
+    "DISALLOWED_TOPICS",
+    "TRIGGERED",
+    "validate_topic",
+    "validate_topic_list",
+    "parse_params",
+    "unifiedpush_requested",
+    "build_envelope",
+    "ingest_publish",
+    "ingest_json",
+    "ingest_matrix",
+    "check_content_length",
+    "go_trim",
+]
+
+
+class Problem(NamedTuple):
+    """One documented error: ntfy's ``code``, the HTTP status and a static message."""
+
+    code: int
+    http: int
+    error: str
+
+    def body(self) -> ErrorBody:
+        return ErrorBody(self.code, self.http, self.error)
+
+
+# ntfy's own codes and messages (server/errors.go), plus UPF's few additions (marked UPF).
+PRIORITY_INVALID = Problem(40007, 400, "invalid request: priority invalid")
+TOPIC_INVALID = Problem(40009, 400, "invalid request: topic invalid")
+TOPIC_DISALLOWED = Problem(40010, 400, "invalid request: topic name is not allowed")
+MATRIX_INVALID = Problem(40019, 400, "invalid request: Matrix JSON invalid")
+ICON_INVALID = Problem(40021, 400, "invalid request: icon URL is invalid")
+JSON_INVALID = Problem(40024, 400, "invalid request: request body must be message JSON")
+IDEMPOTENCY_KEY_INVALID = Problem(40091, 400, "invalid request: idempotency key invalid")  # UPF
+TTL_INVALID = Problem(40092, 400, "invalid request: TTL header invalid")  # UPF
+NOT_FOUND = Problem(40401, 404, "page not found")
+METHOD_NOT_ALLOWED = Problem(40501, 405, "method not allowed")  # UPF (ntfy answers 404)
+MESSAGE_TOO_LARGE = Problem(41301, 413, "message too large")  # ntfy's "entity too large" code
+MATRIX_TOO_LARGE = Problem(41302, 413, "Matrix request is larger than the max allowed length")
+JSON_TOO_LARGE = Problem(41303, 413, "JSON body too large")
+INTERNAL_ERROR = Problem(50001, 500, "internal server error")
+STORE_UNAVAILABLE = Problem(50301, 503, "service unavailable: store not responding")  # UPF
+
+CATALOG: tuple[Problem, ...] = (
+    PRIORITY_INVALID,
+    TOPIC_INVALID,
+    TOPIC_DISALLOWED,
+    MATRIX_INVALID,
+    ICON_INVALID,
+    JSON_INVALID,
+    IDEMPOTENCY_KEY_INVALID,
+    TTL_INVALID,
+    NOT_FOUND,
+    METHOD_NOT_ALLOWED,
+    MESSAGE_TOO_LARGE,
+    MATRIX_TOO_LARGE,
+    JSON_TOO_LARGE,
+    INTERNAL_ERROR,
+    STORE_UNAVAILABLE,
+)
+
+
+class PublishError(Exception):
+    """The one exception of the ingest core: a request rejected with a documented :class:`Problem`."""
+
+    def __init__(self, problem: Problem) -> None:
+        super().__init__(problem.error)
+        self.problem = problem
+
+    @property
+    def code(self) -> int:
+        return self.problem.code
+
+    @property
+    def http(self) -> int:
+        return self.problem.http
+
+
+class Limits(msgspec.Struct, frozen=True):
+    """The settings the core needs; build once from ``upf_keyspace.Settings``."""
+
+    max_message_bytes: int = 4096
+    default_ttl_secs: int = 2_419_200
+    public_url: str = "http://localhost:8080"
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> Limits:
+        return cls(
+            max_message_bytes=settings.max_message_bytes,
+            default_ttl_secs=settings.default_ttl_secs,
+            public_url=settings.public_url.rstrip("/"),
+        )
+
+
+# --- topics -----------------------------------------------------------------------------------------
+_TOPIC_RE = re.compile(r"[-_A-Za-z0-9]{1,64}")
+DISALLOWED_TOPICS = frozenset({"docs", "static", "file", "app", "metrics", "account", "settings", "signup", "login", "v1"})
+
+
+def validate_topic(topic: str) -> str:
+    """A publishable topic, or 400 40009 (bad name) / 40010 (reserved name; exact, case-sensitive)."""
+    if _TOPIC_RE.fullmatch(topic) is None:
+        raise PublishError(TOPIC_INVALID)
+    if topic in DISALLOWED_TOPICS:
+        raise PublishError(TOPIC_DISALLOWED)
+    return topic
+
+
+def validate_topic_list(topics: str) -> list[str]:
+    """A comma list of topics as ``/{t1,t2}/auth`` takes; every one must match (else 40009)."""
+    out = topics.split(",")
+    for t in out:
+        if _TOPIC_RE.fullmatch(t) is None:
+            raise PublishError(TOPIC_INVALID)
+    return out
+
+
+# --- parameters -------------------------------------------------------------------------------------
+# Go's unicode.IsSpace (what strings.TrimSpace trims); Python's str.strip() also strips \x1c-\x1f.
+_GO_SPACE = "\t\n\v\f\r \x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009\u200a\u2028\u2029\u202f\u205f\u3000"
+
+
+def go_trim(text: str) -> str:
+    return text.strip(_GO_SPACE)
+
+
+_TITLE = ("x-title", "title", "t")
+_MESSAGE = ("x-message", "message", "m")
+_PRIORITY = ("x-priority", "priority", "prio", "p")
+_TAGS = ("x-tags", "tags", "tag", "ta")
+_CLICK = ("x-click", "click")
+_ICON = ("x-icon", "icon")
+_MARKDOWN = ("x-markdown", "markdown", "md")
+_UNIFIEDPUSH = ("x-unifiedpush", "unifiedpush", "up")
+_CONTENT_TYPE = ("content-type",)
+_IDEMPOTENCY = ("idempotency-key", "x-idempotency-key")
+
+# RFC 9218's Priority header (``u=3, i``), which proxies such as Cloudflare add; ntfy ignores it.
+_RFC9218_MEMBER = r"(?:u=[0-7]|i(?:=\?[01])?)"
+_RFC9218_RE = re.compile(rf"{_RFC9218_MEMBER}(?:[ \t]*,[ \t]*{_RFC9218_MEMBER})*")
+_PRIORITIES = {
+    "1": 1, "min": 1,
+    "2": 2, "low": 2,
+    "3": 3, "default": 3,
+    "4": 4, "high": 4,
+    "5": 5, "max": 5, "urgent": 5,
+}  # fmt: skip
+_URL_RE = re.compile(r"^https?://")
+_IDEM_RE = re.compile(r"[\x20-\x7e]{1,200}")
+_TTL_RE = re.compile(r"[0-9]+")
+TRIGGERED = "triggered"
+
+
+_EWORD_RE = re.compile(r"=\?([^?\s]+)\?([BbQq])\?([^?\s]*)\?=")
+_Q_HEX_RE = re.compile(rb"=([0-9A-Fa-f]{2})")
+
+
+def _decode_word(charset: str, kind: str, text: str) -> str | None:
+    try:
+        if kind in "Bb":
+            raw = base64.b64decode(text, validate=True)
+        else:
+            raw = _Q_HEX_RE.sub(lambda m: bytes.fromhex(m.group(1).decode()), text.replace("_", " ").encode("ascii"))
+    except (binascii.Error, ValueError, UnicodeEncodeError):
+        return None
+    charset = charset.lower()
+    if charset == "utf-8":
+        return raw.decode("utf-8", "replace")
+    if charset == "iso-8859-1":
+        return raw.decode("latin-1")
+    if charset == "us-ascii":
+        return raw.decode("ascii", "replace")
+    return None
+
+
+def _decode_header_value(value: str) -> str:
+    """RFC 2047 encoded-words (``=?UTF-8?B?...?=``) decoded as Go's mime.WordDecoder does: charsets
+    utf-8, iso-8859-1 and us-ascii; whitespace between two encoded words dropped; a word that does
+    not decode is kept as it came."""
+    if "=?" not in value:
+        return value
+    out: list[str] = []
+    pos = 0
+    previous_was_word = False
+    for m in _EWORD_RE.finditer(value):
+        between = value[pos : m.start()]
+        if not (previous_was_word and between.strip(" \t") == ""):
+            out.append(between)
+        decoded = _decode_word(m.group(1), m.group(2), m.group(3))
+        out.append(m.group(0) if decoded is None else decoded)
+        previous_was_word = decoded is not None
+        pos = m.end()
+    out.append(value[pos:])
+    return "".join(out)
+
+
+def _header(headers: Mapping[str, str], name: str) -> str:
+    raw = headers.get(name)
+    if not raw:
+        return ""
+    value = go_trim(_decode_header_value(raw))
+    if name == "priority" and _RFC9218_RE.fullmatch(value):
+        return ""
+    return value
+
+
+def read_param(headers: Mapping[str, str], query: Mapping[str, str], names: tuple[str, ...]) -> str:
+    """ntfy's readParam: every name as a header, then every name as a lower-case query key."""
+    for name in names:
+        value = _header(headers, name)
+        if value:
+            return value
+    for name in names:
+        raw = query.get(name)
+        if raw:
+            value = go_trim(raw)
+            if value:
+                return value
+    return ""
+
+
+def _read_bool(headers: Mapping[str, str], query: Mapping[str, str], names: tuple[str, ...]) -> bool:
+    return read_param(headers, query, names).lower() in ("1", "yes", "true")
+
+
+def unifiedpush_requested(headers: Mapping[str, str], query: Mapping[str, str]) -> bool:
+    """``up``/``unifiedpush``/``x-unifiedpush`` as a header or query parameter (the GET discovery check)."""
+    return _read_bool(headers, query, _UNIFIEDPUSH)
+
+
+def _is_unifiedpush_publish(headers: Mapping[str, str], query: Mapping[str, str]) -> bool:
+    if unifiedpush_requested(headers, query):
+        return True
+    return go_trim(headers.get("content-encoding", "")).lower() == "aes128gcm"
+
+
+def _parse_priority(text: str) -> int:
+    if not text:
+        return 0
+    found = _PRIORITIES.get(text.lower())
+    if found is None:
+        raise PublishError(PRIORITY_INVALID)
+    return found
+
+
+def _parse_ttl(headers: Mapping[str, str], default_ttl: int) -> int:
+    raw = headers.get("ttl")
+    if raw is None:
+        return default_ttl
+    text = go_trim(raw)
+    if _TTL_RE.fullmatch(text) is None:
+        raise PublishError(TTL_INVALID)
+    if len(text) > 18:  # beyond any sane retention: don't even build the int
+        return default_ttl
+    return min(int(text), default_ttl)
+
+
+def _parse_idempotency_key(headers: Mapping[str, str]) -> str:
+    for name in _IDEMPOTENCY:
+        raw = headers.get(name)
+        if raw is None:
+            continue
+        key = go_trim(raw)
+        if not key:
+            continue
+        if _IDEM_RE.fullmatch(key) is None:
+            raise PublishError(IDEMPOTENCY_KEY_INVALID)
+        return key
+    return ""
+
+
+class Params(msgspec.Struct, frozen=True, kw_only=True):
+    """Everything a publish said besides its topic and body."""
+
+    unifiedpush: bool = False
+    message: str = ""
+    """The message given as a parameter (X-Message/m); a non-empty body overrides it."""
+    title: str = ""
+    priority: int = 0
+    tags: tuple[str, ...] = ()
+    click: str = ""
+    icon: str = ""
+    content_type: str = ""
+    ttl: int = 0
+    idem: str = ""
+
+
+def _split_tags(text: str) -> tuple[str, ...]:
+    if not text:
+        return ()
+    return tuple(t for t in (go_trim(s) for s in text.split(",")) if t)
+
+
+def _capped(text: str, limits: Limits) -> str:
+    if len(text) > limits.max_message_bytes // 4 and len(text.encode("utf-8", "surrogatepass")) > limits.max_message_bytes:
+        raise PublishError(MESSAGE_TOO_LARGE)
+    return text
+
+
+def parse_params(
+    headers: Mapping[str, str],
+    query: Mapping[str, str],
+    limits: Limits,
+    overrides: Mapping[str, str] | None = None,
+) -> Params:
+    """Read every publish parameter. ``overrides`` (by header name, e.g. ``x-title``) win over the
+    request, as the fields of a JSON publish do in ntfy (which sets them as headers)."""
+    if overrides:
+        headers = {**headers, **overrides}
+    icon = read_param(headers, query, _ICON)
+    if icon and _URL_RE.match(icon) is None:
+        raise PublishError(ICON_INVALID)
+    markdown = _read_bool(headers, query, _MARKDOWN)
+    media_type = read_param(headers, query, _CONTENT_TYPE).split(";", 1)[0]
+    if go_trim(media_type).lower() == "text/markdown":
+        markdown = True
+    tags_text = _capped(read_param(headers, query, _TAGS), limits)
+    return Params(
+        unifiedpush=_is_unifiedpush_publish(headers, query),
+        message=_capped(read_param(headers, query, _MESSAGE).replace("\\n", "\n"), limits),
+        title=_capped(read_param(headers, query, _TITLE), limits),
+        priority=_parse_priority(read_param(headers, query, _PRIORITY)),
+        tags=_split_tags(tags_text),
+        click=_capped(read_param(headers, query, _CLICK), limits),
+        icon=_capped(icon, limits),
+        content_type="text/markdown" if markdown else "",
+        ttl=_parse_ttl(headers, limits.default_ttl_secs),
+        idem=_parse_idempotency_key(headers),
+    )
+
+
+# --- body -> envelope -------------------------------------------------------------------------------
+def _as_text_or_base64(body: bytes) -> tuple[str, str]:
+    try:
+        return body.decode("utf-8"), ""
+    except UnicodeDecodeError:
+        return base64.b64encode(body).decode("ascii"), "base64"
+
+
+def build_envelope(params: Params, body: bytes, *, now: int, limits: Limits) -> Envelope:
+    """The stored message. UnifiedPush mode: the body verbatim (text untrimmed, else base64), even an
+    empty one overriding a message parameter (ntfy's auto-detect). Plain mode: a non-empty body
+    overrides the message parameter, UTF-8 text trimmed, anything else base64. Empty -> "triggered"."""
+    if len(body) > limits.max_message_bytes:
+        raise PublishError(MESSAGE_TOO_LARGE)
+    if params.unifiedpush:
+        message, encoding = _as_text_or_base64(body)
+    elif body:
+        message, encoding = _as_text_or_base64(body)
+        if not encoding:
+            message = go_trim(message)
+    else:
+        message, encoding = params.message, ""
+    if not message:
+        message, encoding = TRIGGERED, ""
+    return Envelope(
+        time=now,
+        expires=now + params.ttl,
+        message=message,
+        encoding=encoding,
+        title=params.title,
+        priority=params.priority,
+        tags=params.tags,
+        click=params.click,
+        icon=params.icon,
+        content_type=params.content_type,
+        idem=params.idem,
+    )
+
+
+class Ingested(msgspec.Struct, frozen=True):
+    """A publish ready for ``Store.publish(topic, envelope, idem=idem)``."""
+
+    topic: str
+    envelope: Envelope
+    idem: str = ""
+
+
+def check_content_length(headers: Mapping[str, str], limit: int, problem: Problem) -> None:
+    """Refuse before reading when the declared length is already over ``limit``."""
+    raw = headers.get("content-length")
+    if raw is None:
+        return
+    text = raw.strip()
+    if text.isascii() and text.isdigit() and (len(text) > 18 or int(text) > limit):
+        raise PublishError(problem)
+
+
+def ingest_publish(
+    topic: str, headers: Mapping[str, str], query: Mapping[str, str], body: bytes, *, now: int, limits: Limits
+) -> Ingested:
+    """``POST``/``PUT /{topic}``."""
+    validate_topic(topic)
+    params = parse_params(headers, query, limits)
+    return Ingested(topic, build_envelope(params, body, now=now, limits=limits), params.idem)
+
+
+# --- JSON publish (POST/PUT /) ---------------------------------------------------------------------
+class _JsonPublish(msgspec.Struct):
+    """ntfy's ``publishMessage``; fields UPF does not implement are ignored; ``null`` means unset."""
+
+    topic: str | None = None
+    message: str | None = None
+    title: str | None = None
+    priority: int | None = None
+    tags: list[str] | None = None
+    click: str | None = None
+    icon: str | None = None
+    markdown: bool | None = None
+
+
+_json_publish_decoder = msgspec.json.Decoder(_JsonPublish)
+
+
+def json_body_limit(limits: Limits) -> int:
+    return 2 * limits.max_message_bytes
+
+
+def ingest_json(
+    headers: Mapping[str, str], query: Mapping[str, str], body: bytes, *, now: int, limits: Limits
+) -> Ingested:
+    """``POST``/``PUT /`` with ntfy's JSON body: its fields act as headers that win over the request's,
+    its message acts as the body (so it is trimmed unless the request asked for UnifiedPush mode)."""
+    if len(body) > json_body_limit(limits):
+        raise PublishError(JSON_TOO_LARGE)
+    try:
+        m = _json_publish_decoder.decode(body)
+    except msgspec.DecodeError:
+        raise PublishError(JSON_INVALID) from None
+    topic = validate_topic(m.topic or "")
+    overrides: dict[str, str] = {}
+    if m.title:
+        overrides["x-title"] = m.title
+    if m.priority is not None and m.priority > 0:
+        overrides["x-priority"] = str(m.priority) if m.priority <= 5 else "invalid"
+    if m.tags:
+        overrides["x-tags"] = ",".join(m.tags)
+    if m.click:
+        overrides["x-click"] = m.click
+    if m.icon:
+        overrides["x-icon"] = m.icon
+    if m.markdown:
+        overrides["x-markdown"] = "yes"
+    params = parse_params(headers, query, limits, overrides)
+    message = (m.message or "").encode("utf-8", "surrogatepass")
+    return Ingested(topic, build_envelope(params, message, now=now, limits=limits), params.idem)
+
+
+# --- Matrix push gateway (POST /_matrix/push/v1/notify) ---------------------------------------------
+class _Device(msgspec.Struct):
+    pushkey: str | None = None
+
+
+class _Notification(msgspec.Struct):
+    devices: list[_Device | None] | None = None
+
+
+class _MatrixBody(msgspec.Struct):
+    notification: _Notification | None = None
+
+
+_matrix_decoder = msgspec.json.Decoder(_MatrixBody)
+
+
+class MatrixOutcome(msgspec.Struct, frozen=True):
+    """Either a publish (``ingested``) or a pushkey to reject (answered 200 ``{"rejected":[key]}``)."""
+
+    pushkey: str
+    ingested: Ingested | None = None
+
+    @property
+    def rejected(self) -> bool:
+        return self.ingested is None
+
+
+_PATH_END_RE = re.compile(r"[/?#]")
+
+
+def ingest_matrix(body: bytes, *, now: int, limits: Limits) -> MatrixOutcome:
+    """Only ``devices[0].pushkey`` is used (as ntfy does). A pushkey under ``public_url + "/"`` names the
+    topic in its first path segment; the whole original body becomes the message, UnifiedPush mode.
+    A pushkey elsewhere, or naming no valid topic, is rejected so the homeserver drops the pusher."""
+    if len(body) >= limits.max_message_bytes:
+        raise PublishError(MATRIX_TOO_LARGE)
+    try:
+        m = _matrix_decoder.decode(body)
+    except msgspec.DecodeError:
+        raise PublishError(MATRIX_INVALID) from None
+    devices = m.notification.devices if m.notification is not None else None
+    device = devices[0] if devices else None
+    if device is None or not device.pushkey:
+        raise PublishError(MATRIX_INVALID)
+    pushkey = device.pushkey
+    prefix = limits.public_url + "/"
+    if not pushkey.startswith(prefix):
+        return MatrixOutcome(pushkey)
+    topic = _PATH_END_RE.split(pushkey[len(prefix) :], maxsplit=1)[0]
+    try:
+        validate_topic(topic)
+    except PublishError:
+        return MatrixOutcome(pushkey)
+    params = Params(unifiedpush=True, ttl=limits.default_ttl_secs)
+    envelope = build_envelope(params, body, now=now, limits=limits)
+    return MatrixOutcome(pushkey, Ingested(topic, envelope))

@@ -1,0 +1,84 @@
+"""HTTP response bodies of the writer as msgspec Structs, and their one shared JSON encoder.
+
+The ntfy message (``upf_keyspace.wire.Message``) and error (``upf_keyspace.wire.ErrorBody``) objects
+come from the library, since the pusher emits the same shapes; the rest are writer-only.
+"""
+
+from __future__ import annotations
+
+import msgspec
+from upf_keyspace import ErrorBody, Message
+
+__all__ = [
+    "UnifiedPushInfo",
+    "UnifiedPushDiscovery",
+    "MatrixGatewayInfo",
+    "MatrixDiscovery",
+    "MatrixResponse",
+    "AuthResponse",
+    "HealthResponse",
+    "HeartbeatResponse",
+    "VersionResponse",
+    "encode",
+    "UP_DISCOVERY",
+    "MATRIX_DISCOVERY",
+]
+
+
+class UnifiedPushInfo(msgspec.Struct, frozen=True):
+    version: int = 1
+
+
+class UnifiedPushDiscovery(msgspec.Struct, frozen=True):
+    """``GET /{topic}?up=1``: ``{"unifiedpush":{"version":1}}``."""
+
+    unifiedpush: UnifiedPushInfo
+
+
+class MatrixGatewayInfo(msgspec.Struct, frozen=True):
+    gateway: str = "matrix"
+
+
+class MatrixDiscovery(msgspec.Struct, frozen=True):
+    """``GET /_matrix/push/v1/notify``: ``{"unifiedpush":{"gateway":"matrix"}}``."""
+
+    unifiedpush: MatrixGatewayInfo
+
+
+class MatrixResponse(msgspec.Struct, frozen=True):
+    """The Matrix push gateway answer: pushkeys the homeserver should drop."""
+
+    rejected: tuple[str, ...] = ()
+
+
+class AuthResponse(msgspec.Struct, frozen=True):
+    success: bool = True
+
+
+class HealthResponse(msgspec.Struct, frozen=True):
+    healthy: bool = True
+
+
+class HeartbeatResponse(msgspec.Struct, frozen=True):
+    status: str = "ok"
+    store: str = "ok"
+
+
+class VersionResponse(msgspec.Struct, frozen=True):
+    name: str
+    version: str
+
+
+_encoder = msgspec.json.Encoder()
+
+
+def encode(obj: msgspec.Struct | Message | ErrorBody) -> bytes:
+    """JSON plus the trailing newline ntfy writes after every object."""
+    buf = bytearray()
+    _encoder.encode_into(obj, buf)
+    buf += b"\n"
+    return bytes(buf)
+
+
+UP_DISCOVERY = encode(UnifiedPushDiscovery(UnifiedPushInfo()))
+MATRIX_DISCOVERY = encode(MatrixDiscovery(MatrixGatewayInfo()))
