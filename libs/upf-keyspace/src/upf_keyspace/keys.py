@@ -22,6 +22,7 @@ transaction's Q, X, IN and ID entries of one message share one stamp: one messag
 from __future__ import annotations
 
 import enum
+import functools
 import struct
 import types
 
@@ -90,14 +91,46 @@ class Prefix(str, enum.Enum):
 
 ROOT = fdbtuple.pack(("upf",))
 _I64 = struct.Struct("<q")
+_PLACEHOLDER = b"\xff" * 10
+
+
+def _enc(item: object) -> bytes:
+    """The tuple layer's encoding of one element, for the element types UPF keys use; anything else
+    goes through fdb.tuple itself. The property tests check equality with ``fdb.tuple.pack``."""
+    if type(item) is str:
+        return b"\x02" + item.encode("utf-8").replace(b"\x00", b"\x00\xff") + b"\x00"
+    if type(item) is int and 0 <= item < 1 << 64:
+        if item == 0:
+            return b"\x14"
+        n = (item.bit_length() + 7) // 8
+        return bytes((0x14 + n,)) + item.to_bytes(n, "big")
+    return fdbtuple.pack((item,))
+
+
+@functools.lru_cache(maxsize=65536)
+def _prefix(*items: object) -> bytes:
+    """Packed ROOT + items; cached because the same topics, nodes and shards recur on the hot path."""
+    return ROOT + b"".join(_enc(i) for i in items)
 
 
 def _pack(*items: object) -> bytes:
-    return fdbtuple.pack(items, prefix=ROOT)
+    return _prefix(*items)
 
 
-def _pack_vs(*items: object) -> bytes:
-    return fdbtuple.pack_with_versionstamp(items, prefix=ROOT)
+def _pack_stamped(prefix: bytes, stamp: bytes, *tail: object) -> bytes:
+    return prefix + b"\x33" + stamp + b"".join(_enc(i) for i in tail)
+
+
+def _pack_vs(prefix: bytes, user_version: int, *tail: object) -> bytes:
+    """Key with an incomplete versionstamp after ``prefix``, then the 4-byte little-endian offset."""
+    return (
+        prefix
+        + b"\x33"
+        + _PLACEHOLDER
+        + user_version.to_bytes(2, "big")
+        + b"".join(_enc(i) for i in tail)
+        + (len(prefix) + 1).to_bytes(4, "little")
+    )
 
 
 def _unpack(key: bytes, prefix: Prefix, arity: int) -> tuple:
@@ -111,7 +144,7 @@ def _unpack(key: bytes, prefix: Prefix, arity: int) -> tuple:
 
 def _range(*items: object) -> tuple[bytes, bytes]:
     """Every key strictly inside the tuple prefix ``items`` (the tuple layer's range)."""
-    p = _pack(*items)
+    p = _prefix(*items)
     return p + b"\x00", p + b"\xff"
 
 
@@ -157,11 +190,11 @@ def format_key() -> bytes:
 
 # --- Q ----------------------------------------------------------------------------------------------
 def queue_key(topic: str, stamp: bytes) -> bytes:
-    return _pack(Prefix.QUEUE.value, topic, _vs(stamp))
+    return _pack_stamped(_prefix(Prefix.QUEUE.value, topic), stamp)
 
 
 def queue_key_incomplete(topic: str, user_version: int) -> bytes:
-    return _pack_vs(Prefix.QUEUE.value, topic, Versionstamp.incomplete(user_version))
+    return _pack_vs(_prefix(Prefix.QUEUE.value, topic), user_version)
 
 
 def queue_range(topic: str) -> tuple[bytes, bytes]:
@@ -183,16 +216,16 @@ def unpack_queue_key(key: bytes) -> tuple[str, bytes]:
 
 # --- X ----------------------------------------------------------------------------------------------
 def expiry_key(expiry: int, topic: str, stamp: bytes) -> bytes:
-    return _pack(Prefix.EXPIRY.value, expiry, topic, _vs(stamp))
+    return _pack_stamped(_prefix(Prefix.EXPIRY.value) + _enc(expiry) + _enc(topic), stamp)
 
 
 def expiry_key_incomplete(expiry: int, topic: str, user_version: int) -> bytes:
-    return _pack_vs(Prefix.EXPIRY.value, expiry, topic, Versionstamp.incomplete(user_version))
+    return _pack_vs(_prefix(Prefix.EXPIRY.value) + _enc(expiry) + _enc(topic), user_version)
 
 
 def expiry_range(until: int) -> tuple[bytes, bytes]:
     """Every X entry with expiry < until."""
-    return _pack(Prefix.EXPIRY.value), _pack(Prefix.EXPIRY.value, until)
+    return _prefix(Prefix.EXPIRY.value), _prefix(Prefix.EXPIRY.value) + _enc(until)
 
 
 def unpack_expiry_key(key: bytes) -> tuple[int, str, bytes]:
@@ -229,7 +262,7 @@ def unpack_reverse_affinity_key(key: bytes) -> tuple[str, str]:
 
 # --- IN / SIG ---------------------------------------------------------------------------------------
 def inbox_key_incomplete(node: str, shard: int, user_version: int) -> bytes:
-    return _pack_vs(Prefix.INBOX.value, node, shard, Versionstamp.incomplete(user_version))
+    return _pack_vs(_prefix(Prefix.INBOX.value, node, shard), user_version)
 
 
 def inbox_range(node: str, shard: int) -> tuple[bytes, bytes]:
@@ -264,15 +297,16 @@ def unpack_liveness_key(key: bytes) -> str:
 
 # --- ID ---------------------------------------------------------------------------------------------
 def idem_key_incomplete(topic: str, idem: str, user_version: int) -> bytes:
-    return _pack_vs(Prefix.IDEMPOTENCY.value, topic, idem, Versionstamp.incomplete(user_version))
+    return _pack_vs(_prefix(Prefix.IDEMPOTENCY.value, topic) + _enc(idem), user_version)
 
 
 def idem_key(topic: str, idem: str, stamp: bytes) -> bytes:
-    return _pack(Prefix.IDEMPOTENCY.value, topic, idem, _vs(stamp))
+    return _pack_stamped(_prefix(Prefix.IDEMPOTENCY.value, topic) + _enc(idem), stamp)
 
 
 def idem_range(topic: str, idem: str) -> tuple[bytes, bytes]:
-    return _range(Prefix.IDEMPOTENCY.value, topic, idem)
+    p = _prefix(Prefix.IDEMPOTENCY.value, topic) + _enc(idem)
+    return p + b"\x00", p + b"\xff"
 
 
 def unpack_idem_key(key: bytes) -> tuple[str, str, bytes]:

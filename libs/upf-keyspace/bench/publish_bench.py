@@ -1,0 +1,78 @@
+"""Publish transactions per second on the embedded store (group commit, synchronous=FULL, many
+concurrent publishers), beside a bare SQLite baseline measured in the same run: the same rows (a Q
+and an X entry plus one affinity read per publish) written 256 publishes per durable commit.
+
+    uv run python libs/upf-keyspace/bench/publish_bench.py [--publishes N] [--concurrency C]
+
+Figures drift between runs on shared machines; the ratio is the number to compare.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sqlite3
+import tempfile
+import time
+
+from upf_keyspace import Envelope, Settings, encode_envelope, keys, open_store
+
+
+def baseline(path: str, n: int, batch: int = 256) -> float:
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("PRAGMA journal_mode = WAL")
+    conn.execute("PRAGMA synchronous = FULL")
+    conn.execute("CREATE TABLE kv (k BLOB PRIMARY KEY, v BLOB NOT NULL) WITHOUT ROWID")
+    now = int(time.time())
+    body = encode_envelope(Envelope(time=now, expires=now + 3600, message="x" * 100))
+    start = time.perf_counter()
+    for base in range(0, n, batch):
+        conn.execute("BEGIN IMMEDIATE")
+        for i in range(base, min(n, base + batch)):
+            topic = f"topic{i % 1000}"
+            stamp = i.to_bytes(10, "big") + b"\x00\x00"
+            conn.execute("SELECT k FROM kv WHERE k >= ? AND k < ?", keys.affinity_range(topic)).fetchall()
+            conn.execute("INSERT INTO kv VALUES (?, ?)", (keys.queue_key(topic, stamp), body))
+            conn.execute("INSERT INTO kv VALUES (?, ?)", (keys.expiry_key(now + 3600, topic, stamp), b""))
+        conn.execute("COMMIT")
+    elapsed = time.perf_counter() - start
+    conn.close()
+    return n / elapsed
+
+
+async def store_rate(path: str, n: int, concurrency: int) -> tuple[float, float]:
+    store = await open_store(Settings(store_path=path))
+    now = int(time.time())
+    env = Envelope(time=now, expires=now + 3600, message="x" * 100)
+    counter = iter(range(n))
+
+    async def worker() -> None:
+        for i in counter:
+            await store.publish(f"topic{i % 1000}", env)
+
+    cpu0 = time.process_time()
+    start = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    elapsed = time.perf_counter() - start
+    cpu = time.process_time() - cpu0
+    await store.close()
+    return n / elapsed, cpu / n * 1e6
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--publishes", type=int, default=20000)
+    ap.add_argument("--concurrency", type=int, default=256)
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as d:
+        base = baseline(os.path.join(d, "baseline.db"), args.publishes)
+        rate, cpu_us = asyncio.run(store_rate(os.path.join(d, "store.db"), args.publishes, args.concurrency))
+    print(f"bare SQLite, 256 publishes per durable commit : {base:10.0f} publishes/s")
+    print(f"embedded store, {args.concurrency} concurrent publishers : {rate:10.0f} publishes/s"
+          f"  ({cpu_us:.0f} us CPU per publish)")
+    print(f"ratio store / baseline                        : {rate / base:10.2f}  (goal >= 0.50)")
+
+
+if __name__ == "__main__":
+    main()

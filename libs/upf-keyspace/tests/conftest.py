@@ -1,0 +1,54 @@
+"""Fixtures: one contract suite, run against every driver available here.
+
+The FoundationDB run needs FDB_CLUSTER_FILE naming a reachable cluster and libfdb_c; without them
+it is skipped with exactly that reason (there is no container engine to start one on these machines).
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+
+import pytest
+
+from upf_keyspace.drivers.embedded import open_embedded
+
+
+def _fdb_unavailable() -> str | None:
+    cluster = os.environ.get("FDB_CLUSTER_FILE", "")
+    if not cluster:
+        return "FoundationDB not reachable: FDB_CLUSTER_FILE is not set and no container engine runs here"
+    try:
+        from upf_keyspace.drivers.foundation import load_bindings
+
+        load_bindings()
+    except RuntimeError as exc:
+        return f"FoundationDB not reachable: {exc}"
+    return None
+
+
+@pytest.fixture(params=["embedded", pytest.param("foundationdb", marks=pytest.mark.fdb)])
+async def db(request, tmp_path):
+    """A Database of each driver; keys written by a test live under ``prefix`` (see below)."""
+    if request.param == "embedded":
+        database = await open_embedded(str(tmp_path / "store.db"))
+    else:
+        reason = _fdb_unavailable()
+        if reason:
+            pytest.skip(reason)
+        from upf_keyspace.drivers.foundation import open_foundationdb
+
+        database = await open_foundationdb(os.environ["FDB_CLUSTER_FILE"])
+    yield database
+    if request.param == "foundationdb":
+        async def wipe(tr):
+            tr.clear_range(b"\x01test-", b"\x01test.")
+
+        await database.transact(wipe)
+    await database.close()
+
+
+@pytest.fixture
+def prefix() -> bytes:
+    """A fresh key prefix, so FoundationDB runs never see another run's keys."""
+    return b"\x01test-" + uuid.uuid4().hex.encode() + b"/"

@@ -1,0 +1,277 @@
+"""The transaction contract: FoundationDB's semantics, checked against every driver."""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+
+import fdb.tuple as fdbtuple
+import pytest
+from fdb.tuple import Versionstamp
+
+from upf_keyspace import keys  # noqa: F401 - installs the tuple layer's versionstamp shim
+from upf_keyspace.errors import (
+    ACCESSED_UNREADABLE,
+    KEY_TOO_LARGE,
+    NO_COMMIT_VERSION,
+    NOT_COMMITTED,
+    TRANSACTION_TOO_LARGE,
+    VALUE_TOO_LARGE,
+    StoreError,
+)
+
+
+async def put(db, items):
+    async def body(tr):
+        for k, v in items.items():
+            tr.set(k, v)
+
+    await db.transact(body)
+
+
+async def read(db, key):
+    async def body(tr):
+        return await tr.get(key)
+
+    return await db.transact(body)
+
+
+async def test_set_get_clear(db, prefix):
+    """A committed set is read back; a clear removes it; a missing key reads as None."""
+    await put(db, {prefix + b"a": b"1"})
+    assert await read(db, prefix + b"a") == b"1"
+    assert await read(db, prefix + b"missing") is None
+
+    async def clear(tr):
+        tr.clear(prefix + b"a")
+
+    await db.transact(clear)
+    assert await read(db, prefix + b"a") is None
+
+
+async def test_get_range_order_limit_reverse(db, prefix):
+    """Ranges come back in byte order, honour limit and reverse, and exclude the end key."""
+    await put(db, {prefix + bytes([i]): bytes([i]) for i in (5, 1, 3, 0xFF, 0)})
+
+    async def body(tr):
+        return (
+            await tr.get_range(prefix, prefix + b"\xff"),
+            await tr.get_range(prefix, prefix + b"\xff", limit=2),
+            await tr.get_range(prefix, prefix + b"\xff", limit=2, reverse=True),
+            await tr.get_range(prefix + b"\x01", prefix + b"\x05"),
+        )
+
+    full, first2, last2, middle = await db.transact(body)
+    assert [k[-1] for k, _ in full] == [0, 1, 3, 5]
+    assert [k[-1] for k, _ in first2] == [0, 1]
+    assert [k[-1] for k, _ in last2] == [5, 3]
+    assert [k[-1] for k, _ in middle] == [1, 3]
+
+
+async def test_clear_range(db, prefix):
+    """clear_range removes [begin, end) and nothing else."""
+    await put(db, {prefix + bytes([i]): b"x" for i in range(6)})
+
+    async def body(tr):
+        tr.clear_range(prefix + b"\x02", prefix + b"\x04")
+
+    await db.transact(body)
+
+    async def rows(tr):
+        return await tr.get_range(prefix, prefix + b"\xff")
+
+    assert [k[-1] for k, _ in await db.transact(rows)] == [0, 1, 4, 5]
+
+
+async def test_read_your_writes(db, prefix):
+    """A transaction sees its own sets, clears, range clears and atomic adds before commit."""
+    await put(db, {prefix + b"a": b"old", prefix + b"b": b"keep", prefix + b"c": b"gone"})
+
+    async def body(tr):
+        tr.set(prefix + b"a", b"new")
+        tr.clear(prefix + b"c")
+        tr.set(prefix + b"d", b"added")
+        tr.add(prefix + b"n", struct.pack("<q", 5))
+        tr.add(prefix + b"n", struct.pack("<q", 2))
+        got = await tr.get(prefix + b"a")
+        rows = await tr.get_range(prefix, prefix + b"\xff")
+        return got, rows
+
+    got, rows = await db.transact(body)
+    assert got == b"new"
+    assert rows == [
+        (prefix + b"a", b"new"),
+        (prefix + b"b", b"keep"),
+        (prefix + b"d", b"added"),
+        (prefix + b"n", struct.pack("<q", 7)),
+    ]
+
+
+async def test_atomic_add_little_endian_semantics(db, prefix):
+    """add is 64-bit little-endian two's complement; missing counts as zero; overflow wraps; a longer
+    existing value is truncated to the param's length."""
+
+    async def add(tr, key, n, fmt="<q"):
+        tr.add(key, struct.pack(fmt, n))
+
+    await db.transact(add, prefix + b"c", 41)
+    await db.transact(add, prefix + b"c", 1)
+    assert struct.unpack("<q", await read(db, prefix + b"c"))[0] == 42
+    await db.transact(add, prefix + b"c", -50)
+    assert struct.unpack("<q", await read(db, prefix + b"c"))[0] == -8
+    await put(db, {prefix + b"w": b"\xff\xff"})
+    await db.transact(add, prefix + b"w", 1, "<H")
+    assert await read(db, prefix + b"w") == b"\x00\x00"
+    await put(db, {prefix + b"t": struct.pack("<q", 0x0102)})
+    await db.transact(add, prefix + b"t", 1, "<B")
+    assert await read(db, prefix + b"t") == b"\x03"
+
+
+async def test_versionstamped_keys_share_one_stamp_and_increase(db, prefix):
+    """Every versionstamped op of a transaction gets the same 10 bytes, the committed stamp; later
+    commits get larger stamps; user versions tell the entries apart."""
+    stamps = []
+    for _ in range(3):
+
+        async def body(tr):
+            for uv in (0, 1):
+                tr.set_versionstamped_key(
+                    fdbtuple.pack_with_versionstamp(("q", Versionstamp.incomplete(uv)), prefix=prefix), b"v"
+                )
+            return tr.get_versionstamp()
+
+        fut = await db.transact(body)
+        stamps.append(await fut)
+
+    async def rows(tr):
+        return await tr.get_range(prefix, prefix + b"\xff")
+
+    found = [fdbtuple.unpack(k, prefix_len=len(prefix))[1] for k, _ in await db.transact(rows)]
+    assert len(found) == 6
+    assert all(len(s) == 10 for s in stamps) and stamps == sorted(stamps) and len(set(stamps)) == 3
+    assert [(v.tr_version, v.user_version) for v in found] == [(s, uv) for s in stamps for uv in (0, 1)]
+
+
+async def test_versionstamped_key_unreadable_before_commit(db, prefix):
+    """Reading the range a versionstamped key will land in, in the same transaction, is refused."""
+
+    async def body(tr):
+        tr.set_versionstamped_key(fdbtuple.pack_with_versionstamp(("q", Versionstamp.incomplete(0)), prefix=prefix), b"")
+        await tr.get_range(prefix, prefix + b"\xff")
+
+    with pytest.raises(StoreError) as info:
+        await db.transact(body)
+    assert info.value.code == ACCESSED_UNREADABLE
+
+
+async def test_versionstamp_of_read_only_transaction_fails(db, prefix):
+    """A read-only transaction has no commit version (2021)."""
+
+    async def body(tr):
+        await tr.get(prefix + b"x")
+        return tr.get_versionstamp()
+
+    fut = await db.transact(body)
+    with pytest.raises(StoreError) as info:
+        await fut
+    assert info.value.code == NO_COMMIT_VERSION
+
+
+async def test_conflicting_writers_one_retries(db, prefix):
+    """Two transactions that read then write the same key: the second to commit fails with 1020."""
+    key = prefix + b"counter"
+    await put(db, {key: b"0"})
+    t1, t2 = db.create_transaction(), db.create_transaction()
+    v1 = await t1.get(key)
+    v2 = await t2.get(key)
+    t1.set(key, str(int(v1) + 1).encode())
+    t2.set(key, str(int(v2) + 1).encode())
+    await t1.commit()
+    with pytest.raises(StoreError) as info:
+        await t2.commit()
+    assert info.value.code == NOT_COMMITTED and info.value.retryable
+
+
+async def test_retry_loop_serializes_increments(db, prefix):
+    """Concurrent read-modify-write increments through the retry loop lose no update."""
+    key = prefix + b"n"
+    await put(db, {key: b"0"})
+
+    async def incr(tr):
+        tr.set(key, str(int(await tr.get(key)) + 1).encode())
+
+    await asyncio.gather(*(db.transact(incr) for _ in range(40)))
+    assert await read(db, key) == b"40"
+
+
+async def test_snapshot_reads_do_not_conflict(db, prefix):
+    """A snapshot read adds no conflict range: a concurrent change of that key lets the commit through."""
+    key, other = prefix + b"k", prefix + b"o"
+    await put(db, {key: b"1"})
+    t1 = db.create_transaction()
+    await t1.get(key, snapshot=True)
+    t1.set(other, b"x")
+    await put(db, {key: b"2"})
+    await t1.commit()
+    assert await read(db, other) == b"x"
+
+
+async def test_range_read_conflicts_with_insert_inside_it(db, prefix):
+    """A phantom: a key inserted inside a range another transaction read makes that one fail."""
+    t1 = db.create_transaction()
+    await t1.get_range(prefix + b"a", prefix + b"z")
+    t1.set(prefix + b"result", b"x")
+    await put(db, {prefix + b"m": b"new"})
+    with pytest.raises(StoreError) as info:
+        await t1.commit()
+    assert info.value.code == NOT_COMMITTED
+
+
+async def test_watch_fires_after_committed_change(db, prefix):
+    """A watch fires once another transaction changes the value, not before."""
+    key = prefix + b"bell"
+    await put(db, {key: b"0"})
+
+    async def arm(tr):
+        return tr.watch(key)
+
+    watch = await db.transact(arm)
+    with pytest.raises(asyncio.TimeoutError):
+        await asyncio.wait_for(asyncio.shield(asyncio.ensure_future(_wait(watch))), 0.2)
+    await put(db, {key: b"1"})
+    await asyncio.wait_for(_wait(watch), 2.0)
+
+
+async def _wait(w):
+    await w
+
+
+async def test_watch_fires_for_change_between_read_version_and_arming(db, prefix):
+    """A change committed after the watching transaction's read but before it commits still fires."""
+    key = prefix + b"bell"
+    await put(db, {key: b"0"})
+    tr = db.create_transaction()
+    await tr.get(prefix + b"unrelated")
+    await put(db, {key: b"1"})
+    watch = tr.watch(key)
+    await tr.commit()
+    await asyncio.wait_for(_wait(watch), 2.0)
+
+
+async def test_limits_are_enforced_with_clear_errors(db, prefix):
+    """Oversized keys, values and transactions fail with FoundationDB's codes."""
+
+    async def big_key(tr):
+        tr.set(prefix + b"k" * 10_001, b"")
+
+    async def big_value(tr):
+        tr.set(prefix + b"k", b"v" * 100_001)
+
+    async def big_txn(tr):
+        for i in range(110):
+            tr.set(prefix + str(i).encode(), b"v" * 99_000)
+
+    for body, code in ((big_key, KEY_TOO_LARGE), (big_value, VALUE_TOO_LARGE), (big_txn, TRANSACTION_TOO_LARGE)):
+        with pytest.raises(StoreError) as info:
+            await db.transact(body)
+        assert info.value.code == code

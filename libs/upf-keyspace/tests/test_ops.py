@@ -1,0 +1,146 @@
+"""UPF's operations on the embedded store: publish, read, subscribe positions, inbox, janitor."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from upf_keyspace import SINCE_ALL, SINCE_LATEST, SINCE_NONE, Envelope, Settings, Since, keys, open_store
+
+
+@pytest.fixture
+async def store(tmp_path):
+    s = await open_store(Settings(store_path=str(tmp_path / "upf.db"), shard_count=8))
+    yield s
+    await s.close()
+
+
+def env(msg: str, t: int | None = None, ttl: int = 3600) -> Envelope:
+    now = int(time.time()) if t is None else t
+    return Envelope(time=now, expires=now + ttl, message=msg)
+
+
+async def test_publish_then_read_in_order(store):
+    """Messages of a topic come back oldest first, each id a 16-char position."""
+    ids = [(await store.publish("t", env(f"m{i}"))).id for i in range(5)]
+    got = await store.read_after("t", None)
+    assert [m.envelope.message for m in got] == [f"m{i}" for i in range(5)]
+    assert ids == sorted(ids) and all(len(i) == 16 for i in ids)
+
+
+async def test_read_after_cursor_and_limit(store):
+    pubs = [await store.publish("t", env(f"m{i}")) for i in range(5)]
+    after = await store.read_after("t", pubs[1].stamp, limit=2)
+    assert [m.envelope.message for m in after] == ["m2", "m3"]
+
+
+async def test_cursor_from_another_topic_is_a_global_position(store):
+    """An id of topic A positions topic B too: everything in B committed after it."""
+    await store.publish("b", env("b-before"))
+    marker = await store.publish("a", env("a"))
+    await store.publish("b", env("b-after"))
+    got = await store.read_after("b", marker.stamp)
+    assert [m.envelope.message for m in got] == ["b-after"]
+
+
+async def test_idempotent_publish_returns_original(store):
+    """A retried publish with the same key stores nothing new and returns the original id."""
+    first = await store.publish("t", env("one"), idem="req-1")
+    again = await store.publish("t", env("two"), idem="req-1")
+    other = await store.publish("t", env("three"), idem="req-2")
+    assert again.duplicate and again.id == first.id and again.envelope.message == "one"
+    assert not other.duplicate
+    assert [m.envelope.message for m in await store.read_after("t", None)] == ["one", "three"]
+
+
+async def test_subscribe_positions(store):
+    """since=none starts after the newest, latest before it, all at the start, a stamp right after it."""
+    a = await store.publish("t", env("a"))
+    b = await store.publish("t", env("b"))
+    cur = await store.subscribe(["t", "empty"], "n1", SINCE_NONE)
+    assert cur == {"t": b.stamp, "empty": None}
+    assert (await store.subscribe(["t"], "n1", SINCE_LATEST))["t"] == a.stamp
+    assert (await store.subscribe(["t"], "n1", SINCE_ALL))["t"] is None
+    assert (await store.subscribe(["t"], "n1", Since("stamp", stamp=a.stamp)))["t"] == a.stamp
+
+
+async def test_since_time_is_inclusive(store):
+    await store.publish("t", env("old", t=1000))
+    mid = await store.publish("t", env("mid", t=2000))
+    await store.publish("t", env("new", t=3000))
+    cur = await store.positions(["t"], Since("time", time=2000))
+    got = await store.read_after("t", cur["t"])
+    assert [m.envelope.message for m in got] == ["mid", "new"] and mid.stamp > cur["t"]
+
+
+async def test_publish_pokes_every_holding_node(store):
+    """Affinity is per (topic, node): a publish rings each holder's bell and fills its inbox."""
+    await store.subscribe(["t"], "n1", SINCE_NONE)
+    await store.subscribe(["t"], "n2", SINCE_NONE)
+    shard = keys.shard_of("t", 8)
+    d1 = await store.drain_inbox("n1", shard)
+    d2 = await store.drain_inbox("n2", shard)
+    assert d1.topics == set() and d2.topics == set()
+    pub = await store.publish("t", env("x"))
+    assert pub.poked == 2
+    await asyncio.wait_for(d1.bell, 2)
+    await asyncio.wait_for(d2.bell, 2)
+    assert (await store.drain_inbox("n1", shard)).topics == {"t"}
+    again = await store.drain_inbox("n1", shard)
+    assert again.topics == set()
+    again.bell.cancel()
+    (await store.drain_inbox("n2", shard)).bell.cancel()
+
+
+async def test_release_stops_pokes(store):
+    await store.subscribe(["t"], "n1", SINCE_NONE)
+    await store.release(["t"], "n1")
+    assert (await store.publish("t", env("x"))).poked == 0
+
+
+async def test_expire_removes_due_messages_only(store):
+    now = int(time.time())
+    await store.publish("t", env("due", t=now - 100, ttl=10), idem="k")
+    await store.publish("t", env("fresh", t=now, ttl=3600))
+    assert await store.expire(now) == 1
+    assert [m.envelope.message for m in await store.read_after("t", None)] == ["fresh"]
+    # the idempotency marker went with it: the same key publishes anew
+    assert not (await store.publish("t", env("again"), idem="k")).duplicate
+
+
+async def test_dead_node_sweep(store):
+    """A node whose heartbeat is old loses its affinities, inbox, bells and liveness record."""
+    now = int(time.time())
+    assert await store.heartbeat("dead", now - 1000) is False
+    assert await store.heartbeat("alive", now) is False
+    assert await store.heartbeat("alive", now) is True
+    await store.subscribe(["t"], "dead", SINCE_NONE)
+    await store.publish("t", env("x"))
+    assert await store.dead_nodes(now, 30) == ["dead"]
+    assert await store.sweep_node("dead", now, 30) == 1
+    assert await store.sweep_node("alive", now, 30) is None
+    assert await store.dead_nodes(now, 30) == []
+    assert (await store.publish("t", env("y"))).poked == 0
+
+    async def leftovers(tr):
+        return await tr.get_range(*keys.node_inbox_range("dead")) + await tr.get_range(*keys.node_bell_range("dead"))
+
+    assert await store.db.transact(leftovers) == []
+
+
+async def test_format_version_gate(tmp_path):
+    """A store stamped by a newer format is refused at open."""
+    from upf_keyspace import FormatVersionError
+
+    path = str(tmp_path / "upf.db")
+    s = await open_store(Settings(store_path=path))
+
+    async def newer(tr):
+        tr.set(keys.format_key(), keys.pack_i64(999))
+
+    await s.db.transact(newer)
+    await s.close()
+    with pytest.raises(FormatVersionError):
+        await open_store(Settings(store_path=path))
