@@ -1,0 +1,58 @@
+"""``upf-pusher``: run the pusher role alone, on settings.bind_host:bind_port, until SIGTERM/SIGINT."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import sys
+
+from upf_keyspace import SettingsError, load_settings, open_store
+
+from .server import serve
+
+log = logging.getLogger("upf.pusher")
+
+
+async def _run() -> None:
+    settings = load_settings()
+    store = await open_store(settings)
+    try:
+        pusher = await serve(settings, store)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await stop.wait()
+        log.info("pusher stopping")
+        await pusher.stop()
+    finally:
+        await store.close()
+
+
+def _event_loop_policy() -> None:
+    """uvloop when installed (optional) and not disabled with UPF_UVLOOP=0."""
+    if os.environ.get("UPF_UVLOOP", "1") == "0":
+        return
+    try:
+        import uvloop  # type: ignore[import-not-found]
+    except ImportError:
+        return
+    asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+
+
+def main() -> None:
+    logging.basicConfig(level=os.environ.get("UPF_LOG_LEVEL", "INFO"), format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    _event_loop_policy()
+    try:
+        asyncio.run(_run())
+    except SettingsError as e:
+        print(f"upf-pusher: {e}", file=sys.stderr)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        pass
+
+
+if __name__ == "__main__":
+    main()

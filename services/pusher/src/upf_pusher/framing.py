@@ -1,0 +1,70 @@
+"""Frame encoders, one per transport, exactly as ntfy frames its streams (ntfy-protocol.md 2.3). Pure.
+
+The returned bytes are the event's payload: a WebSocket text frame's data, or the bytes an HTTP
+stream writes for it (the stream adapter wraps them in a chunk). One process-wide msgspec Encoder.
+"""
+
+from __future__ import annotations
+
+import secrets
+import string
+
+import msgspec
+
+from upf_keyspace import Message
+
+__all__ = ["CONTENT_TYPES", "ENCODERS", "encode", "encode_json", "encode_sse", "encode_raw", "encode_ws", "event", "random_id"]
+
+_encoder = msgspec.json.Encoder()
+_ALNUM = string.ascii_letters + string.digits
+
+CONTENT_TYPES = {
+    "json": b"application/x-ndjson; charset=utf-8",
+    "sse": b"text/event-stream; charset=utf-8",
+    "raw": b"text/plain; charset=utf-8",
+}
+
+
+def random_id() -> str:
+    """ntfy's id for open/keepalive events: 12 random alphanumerics."""
+    return "".join(secrets.choice(_ALNUM) for _ in range(12))
+
+
+def event(kind: str, topics_raw: str, now: int) -> Message:
+    """An ``open`` or ``keepalive`` event; its topic is the raw comma list of the path, as ntfy sends it."""
+    return Message(id=random_id(), time=now, event=kind, topic=topics_raw)
+
+
+def encode_json(msg: Message) -> bytes:
+    """/json: one JSON object and a newline per event, never a blank line."""
+    buf = bytearray()
+    _encoder.encode_into(msg, buf)
+    buf += b"\n"
+    return bytes(buf)
+
+
+def encode_sse(msg: Message) -> bytes:
+    """/sse: ``data: {json}`` for messages; ``event: <type>`` first for every other event."""
+    body = _encoder.encode(msg)
+    if msg.event == "message":
+        return b"data: " + body + b"\n\n"
+    return b"event: " + msg.event.encode() + b"\ndata: " + body + b"\n\n"
+
+
+def encode_raw(msg: Message) -> bytes:
+    """/raw: the message text with newlines as spaces, then a newline; other events are an empty line."""
+    if msg.event == "message":
+        return msg.message.replace("\r\n", " ").replace("\n", " ").replace("\r", " ").encode() + b"\n"
+    return b"\n"
+
+
+def encode_ws(msg: Message) -> bytes:
+    """/ws: the JSON object with a trailing newline, as gorilla's WriteJSON sends it."""
+    return encode_json(msg)
+
+
+ENCODERS = {"json": encode_json, "sse": encode_sse, "raw": encode_raw, "ws": encode_ws}
+
+
+def encode(transport: str, msg: Message) -> bytes:
+    return ENCODERS[transport](msg)

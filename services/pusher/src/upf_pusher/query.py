@@ -1,0 +1,146 @@
+"""What a subscribe request asks for: the topics in the path, ``since=`` and ``poll=``. Pure: no I/O.
+
+ntfy's rules (ntfy-protocol.md section 4), with UPF's differences: an id is our 16-char base64url
+stamp (a global position, valid for every topic of the connection); a 12-char ntfy-style id, or any
+other 12-alphanumeric string, means "all" (ntfy's answer for an unknown id); durations accept days.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+
+from upf_keyspace import SINCE_ALL, SINCE_LATEST, SINCE_NONE, Since, decode_id
+
+__all__ = [
+    "TRANSPORTS",
+    "QueryError",
+    "Subscribe",
+    "match_subscribe_path",
+    "parse_topics",
+    "parse_since",
+    "parse_bool",
+    "parse_subscribe",
+]
+
+TRANSPORTS = ("ws", "json", "sse", "raw")
+_TOPIC = re.compile(r"[-_A-Za-z0-9]{1,64}")
+_ROUTE = re.compile(r"/([^/]+)/(ws|json|sse|raw)")
+_NTFY_ID = re.compile(r"[A-Za-z0-9]{12}")
+_DURATION = re.compile(r"(?:(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|μs|ms|s|m|h|d))+")
+_DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|μs|ms|s|m|h|d)")
+_UNIT_SECS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "μs": 1e-6, "ms": 1e-3, "s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+class QueryError(ValueError):
+    """A subscribe request ntfy would refuse; carries ntfy's HTTP status and error code."""
+
+    def __init__(self, http: int, code: int, error: str) -> None:
+        super().__init__(error)
+        self.http = http
+        self.code = code
+        self.error = error
+
+
+def bad_since() -> QueryError:
+    return QueryError(400, 40008, "invalid request: since parameter invalid")
+
+
+def bad_topic() -> QueryError:
+    return QueryError(400, 40009, "invalid request: topic invalid")
+
+
+class Subscribe:
+    """A validated subscribe request."""
+
+    __slots__ = ("topics", "topics_raw", "transport", "since", "poll")
+
+    def __init__(self, topics: tuple[str, ...], topics_raw: str, transport: str, since: Since, poll: bool) -> None:
+        self.topics = topics
+        self.topics_raw = topics_raw
+        self.transport = transport
+        self.since = since
+        self.poll = poll
+
+    def __repr__(self) -> str:
+        return f"Subscribe({self.topics_raw!r}, {self.transport!r}, {self.since!r}, poll={self.poll})"
+
+
+def match_subscribe_path(path: str) -> tuple[str, str] | None:
+    """``(topics_raw, transport)`` when ``path`` is a subscribe route (``/{topics}/ws|json|sse|raw``)."""
+    m = _ROUTE.fullmatch(path)
+    return (m.group(1), m.group(2)) if m else None
+
+
+def parse_topics(raw: str) -> tuple[str, ...]:
+    """The comma-joined topic list of the path, deduplicated in order; any invalid name is 40009."""
+    topics: dict[str, None] = {}
+    for t in raw.split(","):
+        if not _TOPIC.fullmatch(t):
+            raise bad_topic()
+        topics[t] = None
+    return tuple(topics)
+
+
+def _duration_secs(text: str) -> float | None:
+    if not _DURATION.fullmatch(text):
+        return None
+    return sum(float(n) * _UNIT_SECS[u] for n, u in _DURATION_PART.findall(text))
+
+
+def parse_since(value: str, *, poll: bool, now: float) -> Since:
+    """ntfy's ``since=`` forms, in ntfy's order of checks; anything else raises 40008."""
+    value = value.strip()
+    if value == "":
+        return SINCE_ALL if poll else SINCE_NONE
+    if value == "all":
+        return SINCE_ALL
+    if value == "none":
+        return SINCE_NONE
+    if value == "latest":
+        return SINCE_LATEST
+    stamp = decode_id(value)
+    if stamp is not None:
+        return Since("stamp", stamp=stamp)
+    if _NTFY_ID.fullmatch(value):
+        return SINCE_ALL  # an id that is not ours (ntfy's, or expired): ntfy answers with everything
+    if value.isascii() and value.isdigit():
+        return Since("time", time=int(value))
+    secs = _duration_secs(value)
+    if secs is None:
+        raise bad_since()
+    return Since("time", time=int(now - secs))
+
+
+def parse_bool(value: str) -> bool:
+    return value.strip().lower() in ("1", "yes", "true")
+
+
+def _param(headers: Mapping[str, str], query: Mapping[str, str], names: tuple[str, ...]) -> str | None:
+    """ntfy's readParam: each name as a header first (case-insensitive), then as a lower-case query key."""
+    for n in names:
+        v = headers.get(n)
+        if v is not None:
+            return v
+    for n in names:
+        v = query.get(n)
+        if v is not None:
+            return v
+    return None
+
+
+def parse_subscribe(
+    topics_raw: str,
+    transport: str,
+    headers: Mapping[str, str],
+    query: Mapping[str, str],
+    now: Callable[[], float] | float,
+) -> Subscribe:
+    """Validate a subscribe request. ``headers`` has lower-case names; ``query`` holds first values."""
+    topics = parse_topics(topics_raw)
+    poll_text = _param(headers, query, ("x-poll", "poll", "po"))
+    poll = parse_bool(poll_text) if poll_text is not None else False
+    since_text = _param(headers, query, ("x-since", "since", "si")) or ""
+    t = now() if callable(now) else now
+    since = parse_since(since_text, poll=poll, now=t)
+    return Subscribe(topics, topics_raw, transport, since, poll)

@@ -1,0 +1,373 @@
+"""The pusher's front door: an asyncio Protocol HTTP/1.1 server that routes each request.
+
+- ``GET /{topics}/ws|json|sse|raw``: a subscribe. The connection is handed to a transport adapter
+  (``transport.set_protocol``) and the hub; this object is dropped, so an idle subscriber carries
+  nothing of the request parsing.
+- ``GET /v1/health``, ``/__lbheartbeat__``, ``/__heartbeat__``, ``/__version__``: ops routes.
+- Anything else: the optional fallback ASGI app (the writer, in the all-in-one program), else 404.
+
+Limits: a request head over 16 KB is 431; a head not complete within ``HEAD_TIMEOUT`` seconds, or a
+keep-alive connection idle for ``IDLE_TIMEOUT``, is closed. Error replies are ntfy's JSON.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import time
+from importlib import metadata
+from typing import Any
+
+import msgspec
+from websockets.exceptions import InvalidHandshake, InvalidUpgrade
+
+from upf_keyspace import Settings, Store
+
+from . import __version__
+from .asgi_bridge import ASGIApp, Cycle, Lifespan
+from .http11 import HttpError, RequestHead, error_response, find_head_end, json_response, parse_head
+from .hub import Hub
+from .query import QueryError, match_subscribe_path, parse_subscribe
+from .session import Session
+from .transports import StreamSubscriber, Subscriber, WsSubscriber, ws_handshake
+
+__all__ = ["Pusher", "serve", "HEAD_TIMEOUT", "IDLE_TIMEOUT"]
+
+log = logging.getLogger("upf.pusher.server")
+
+HEAD_TIMEOUT = 30.0
+IDLE_TIMEOUT = 75.0
+_MAX_PENDING = 64 * 1024
+_encoder = msgspec.json.Encoder()
+
+
+def _package_version() -> str:
+    try:
+        return metadata.version("upf-pusher")
+    except metadata.PackageNotFoundError:
+        return __version__
+
+
+class HttpProtocol(asyncio.Protocol):
+    """A connection until it is routed: parses heads, answers ops and errors, runs fallback cycles."""
+
+    __slots__ = ("pusher", "transport", "buf", "busy", "timer", "cycle", "gone")
+
+    def __init__(self, pusher: Pusher) -> None:
+        self.pusher = pusher
+        self.transport: asyncio.Transport = None  # type: ignore[assignment]
+        self.buf = b""
+        self.busy = False
+        self.timer: asyncio.TimerHandle | None = None
+        self.cycle: Cycle | None = None
+        self.gone = False
+
+    # --- asyncio callbacks --------------------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        self.pusher._http.add(self)
+        self._arm(HEAD_TIMEOUT)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.gone = True
+        self._disarm()
+        self.pusher._http.discard(self)
+        if self.cycle is not None:
+            self.cycle.connection_lost()
+
+    def data_received(self, data: bytes) -> None:
+        cycle = self.cycle
+        if cycle is not None and cycle.reading_body:
+            try:
+                rest = cycle.feed(data)
+            except HttpError as e:
+                self._refuse(e)
+                return
+            if rest is not None:
+                self.buf = rest
+            return
+        self.buf += data
+        if self.busy:
+            if len(self.buf) > _MAX_PENDING:
+                self.transport.pause_reading()
+            return
+        self._process()
+
+    # --- timers -------------------------------------------------------------------------------------
+    def _arm(self, secs: float) -> None:
+        self._disarm()
+        self.timer = asyncio.get_running_loop().call_later(secs, self._timeout)
+
+    def _disarm(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+
+    def _timeout(self) -> None:
+        self.timer = None
+        if not self.busy:
+            self.transport.close()
+
+    # --- requests -----------------------------------------------------------------------------------
+    def _refuse(self, e: HttpError | QueryError) -> None:
+        """Answer with ntfy's error JSON and close: the stream position is unknown after bad input."""
+        if not self.transport.is_closing():
+            self.transport.write(error_response(e.http, e.code, e.error))
+            self.transport.close()
+
+    def _process(self) -> None:
+        while not self.busy and not self.gone and not self.transport.is_closing():
+            try:
+                end = find_head_end(self.buf)
+                if end < 0:
+                    return
+                raw, self.buf = self.buf[:end], self.buf[end:]
+                head = parse_head(raw)
+            except HttpError as e:
+                self._refuse(e)
+                return
+            self._disarm()
+            if self._route(head):
+                return  # handed over (subscriber) or waiting on async work
+
+    def _reply(self, head: RequestHead, data: bytes, keep_alive: bool) -> None:
+        self.transport.write(data)
+        if not keep_alive:
+            self.transport.close()
+        else:
+            self._arm(IDLE_TIMEOUT)
+
+    def _route(self, head: RequestHead) -> bool:
+        """Serve one request. True when this protocol must stop parsing (handed over, or busy)."""
+        p = self.pusher
+        keep = head.keep_alive
+        if head.method == "GET":
+            match = match_subscribe_path(head.path)
+            if match is not None:
+                return self._subscribe(head, *match)
+            if head.path in _OPS:
+                if head.path == "/__heartbeat__":
+                    self.busy = True
+                    self.spawn(self._heartbeat(head))
+                    return True
+                status, body = _OPS[head.path](p)
+                self._reply(head, json_response(status, body, keep_alive=keep), keep)
+                return False
+        if p.fallback is not None:
+            self.busy = True
+            self.cycle = Cycle(self, head, p.fallback, p.lifespan.state if p.lifespan else None)
+            buf, self.buf = self.buf, b""
+            try:
+                rest = self.cycle.begin(buf)
+            except HttpError as e:
+                self._refuse(e)
+                return True
+            if rest is not None:
+                self.buf = rest
+            else:
+                self._arm(HEAD_TIMEOUT)  # a body that never arrives
+            return True
+        self._reply(head, error_response(404, 40401, "page not found", keep_alive=keep), keep)
+        return False
+
+    def _subscribe(self, head: RequestHead, topics_raw: str, transport_name: str) -> bool:
+        p = self.pusher
+        keep = head.keep_alive
+        try:
+            req = parse_subscribe(topics_raw, transport_name, head.header_map(), head.query(), time.time)
+        except QueryError as e:
+            self._reply(head, error_response(e.http, e.code, e.error, keep_alive=keep), keep)
+            return False
+        except HttpError as e:
+            self._refuse(e)
+            return True
+        if p.closing:
+            self._reply(head, error_response(503, 50300, "service unavailable: shutting down"), False)
+            return True
+        session = Session(req.topics, req.topics_raw, p.hub.config, poll=req.poll)
+        sub: Subscriber
+        if transport_name == "ws":
+            if not head.has_token(b"upgrade", b"websocket"):
+                e = QueryError(400, 40016, "invalid request: client not using the websocket protocol")
+                self._reply(head, error_response(e.http, e.code, e.error, keep_alive=keep), keep)
+                return False
+            try:
+                ws, accept = ws_handshake(head)
+            except InvalidUpgrade:
+                self._refuse(QueryError(400, 40016, "invalid request: client not using the websocket protocol"))
+                return True
+            except InvalidHandshake:
+                self._refuse(QueryError(400, 40000, "invalid request: bad websocket handshake"))
+                return True
+            sub = WsSubscriber(p.hub, session, self.transport, ws, accept)
+        else:
+            sub = StreamSubscriber(p.hub, session, self.transport, transport_name, chunked=head.version == "1.1")
+        rest, self.buf = self.buf, b""
+        self._handover()
+        self.transport.set_protocol(sub)
+        p.hub.attach(sub, req.since)
+        if rest:
+            sub.data_received(rest)
+        return True
+
+    def _handover(self) -> None:
+        self.gone = True
+        self._disarm()
+        self.pusher._http.discard(self)
+
+    async def _heartbeat(self, head: RequestHead) -> None:
+        ok = await self.pusher.check_store()
+        body = b'{"status":"ok","store":"ok"}' if ok else b'{"status":"error","store":"error"}'
+        keep = head.keep_alive
+        self.busy = False
+        if not self.gone and not self.transport.is_closing():
+            self._reply(head, json_response(200 if ok else 503, body, keep_alive=keep), keep)
+            self._process()
+
+    # --- fallback cycles ----------------------------------------------------------------------------
+    def spawn(self, coro: Any) -> asyncio.Task[Any]:
+        return self.pusher._spawn(coro)
+
+    def cycle_done(self, cycle: Cycle, keep_alive: bool) -> None:
+        self.cycle = None
+        self.busy = False
+        if self.gone or self.transport.is_closing():
+            return
+        if not keep_alive:
+            self.transport.close()
+            return
+        self.transport.resume_reading()
+        self._arm(IDLE_TIMEOUT)
+        self._process()
+
+
+def _health(p: Pusher) -> tuple[int, bytes]:
+    return 200, b'{"healthy":true}\n'
+
+
+def _lbheartbeat(p: Pusher) -> tuple[int, bytes]:
+    return 200, b"{}"
+
+
+def _version(p: Pusher) -> tuple[int, bytes]:
+    return 200, _encoder.encode({"name": "upf-pusher", "version": _package_version()})
+
+
+_OPS: dict[str, Any] = {
+    "/v1/health": _health,
+    "/__lbheartbeat__": _lbheartbeat,
+    "/__version__": _version,
+    "/__heartbeat__": None,  # async, handled in _route
+}
+
+
+class Pusher:
+    """The pusher role: a listening socket, its connections and the hub.
+
+    ``start()`` binds and serves; ``stop()`` closes every connection cleanly (WebSocket close 1001,
+    the last chunk of each stream), stops the hub and releases this node's affinity. The store is the
+    caller's: it is neither opened nor closed here.
+    """
+
+    def __init__(self, settings: Settings, store: Store, *, fallback: ASGIApp | None = None) -> None:
+        self.settings = settings
+        self.store = store
+        self.fallback = fallback
+        self.lifespan: Lifespan | None = Lifespan(fallback) if fallback is not None else None
+        self.hub = Hub(settings, store)
+        self.closing = False
+        self._server: asyncio.base_events.Server | None = None
+        self._http: set[HttpProtocol] = set()
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    @property
+    def port(self) -> int:
+        assert self._server is not None and self._server.sockets
+        return int(self._server.sockets[0].getsockname()[1])
+
+    @property
+    def sockets(self) -> tuple[socket.socket, ...]:
+        return tuple(self._server.sockets) if self._server is not None else ()
+
+    def _spawn(self, coro: Any) -> asyncio.Task[Any]:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    async def start(self, *, host: str | None = None, port: int | None = None, sock: socket.socket | None = None) -> None:
+        """Run the fallback's lifespan startup, start the hub, then listen (settings' bind address by default)."""
+        if self.lifespan is not None:
+            await self.lifespan.startup()
+        await self.hub.start()
+        loop = asyncio.get_running_loop()
+        if sock is not None:
+            self._server = await loop.create_server(lambda: HttpProtocol(self), sock=sock, backlog=4096)
+        else:
+            self._server = await loop.create_server(
+                lambda: HttpProtocol(self),
+                host=self.settings.bind_host if host is None else host,
+                port=self.settings.bind_port if port is None else port,
+                backlog=4096,
+                reuse_address=True,
+            )
+        log.info(
+            "pusher listening",
+            extra={"port": self.port, "node": self.settings.node_id, "fallback": self.fallback is not None},
+        )
+
+    async def check_store(self) -> bool:
+        try:
+            await asyncio.wait_for(self.store.read_after("__heartbeat__", None, 1), 5.0)
+            return True
+        except Exception:
+            log.warning("store check failed", exc_info=True)
+            return False
+
+    async def stop(self, timeout: float = 5.0) -> None:
+        if self.closing:
+            return
+        self.closing = True
+        if self._server is not None:
+            self._server.close()
+        for proto in list(self._http):
+            if not proto.busy:
+                proto.transport.close()
+        await self.hub.stop()
+        # let fallback requests in progress finish, then cut whatever remains
+        deadline = time.monotonic() + timeout
+        while self._tasks and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        for t in list(self._tasks):
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        for proto in list(self._http):
+            proto.transport.abort()
+        await asyncio.sleep(0)  # let connection_lost callbacks run
+        if self._server is not None:
+            await self._server.wait_closed()
+        if self.lifespan is not None:
+            await self.lifespan.shutdown()
+        log.info("pusher stopped", extra={"node": self.settings.node_id})
+
+
+async def serve(
+    settings: Settings,
+    store: Store,
+    *,
+    fallback: ASGIApp | None = None,
+    ready: asyncio.Event | None = None,
+    host: str | None = None,
+    port: int | None = None,
+    sock: socket.socket | None = None,
+) -> Pusher:
+    """Start a pusher in the running loop and return it (call ``await pusher.stop()`` to end it).
+
+    The all-in-one program calls this with the writer's ASGI app as ``fallback``.
+    """
+    pusher = Pusher(settings, store, fallback=fallback)
+    await pusher.start(host=host, port=port, sock=sock)
+    if ready is not None:
+        ready.set()
+    return pusher

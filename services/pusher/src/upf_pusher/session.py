@@ -1,0 +1,314 @@
+"""One subscriber connection as a sans-I/O state machine: events in, commands out.
+
+It knows nothing of sockets, transports or the store. The hub feeds it events (cursors resolved, a
+batch read, a poke, write paused/resumed, a tick, the peer gone) and carries out the commands it
+returns, in order: ``Send`` (frames, already as ntfy Message objects), ``Read`` (a topic's queue
+after a cursor) and ``Close``.
+
+Rule 1, phases (``RULES`` below is the whole table; an event missing from it for the current phase
+is ignored)::
+
+    SUBSCRIBING --subscribed--> CATCHING_UP --caught_up--> LIVE
+         |                          |  (poll=1) --finished--> CLOSED
+         +--peer_closed/shutdown----+--peer_closed/shutdown/slow--> CLOSED  (from LIVE too)
+
+Rule 2, delivery: a connection receives only stamps newer than its per-topic cursor, and the cursor
+moves to the last stamp handed out in a ``Send``. At most one ``Read`` per (connection, topic) is in
+flight; a poke that arrives meanwhile sets a "drain again" flag. While CATCHING_UP, the topics are
+merged in stamp order (stamps are globally ordered bytes), so a multi-topic connection replays its
+backlog in commit order; LIVE drains each topic on its own.
+
+Rule 3, backpressure (the overload contract): while the transport is paused no ``Read`` is issued;
+what was already read is still sent (at most one batch per topic beyond the transport's high-water
+mark) or, while catching up, held in the merge buffers (at most one batch per topic). The store is
+the buffer. On resume, reading continues from the cursor. A connection paused for
+``slow_after`` seconds or more is closed at the next tick (``Close("slow")``); its client resumes with
+``since=<last id>`` and loses nothing.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import deque
+from collections.abc import Iterable, Mapping, Sequence
+
+import msgspec
+
+from upf_keyspace import Message, Stored, message_from_envelope
+
+from .framing import event as make_event
+
+__all__ = ["Phase", "RULES", "Session", "SessionConfig", "Send", "Read", "Close", "Command"]
+
+
+class Phase(enum.Enum):
+    SUBSCRIBING = "subscribing"
+    """Registered locally; the store is resolving ``since`` (and, for streams, holding the topics)."""
+    CATCHING_UP = "catching_up"
+    """Replaying the backlog after the cursors, merged across topics in stamp order."""
+    LIVE = "live"
+    """Caught up; each poke drains its topic from the cursor."""
+    CLOSED = "closed"
+
+
+class Send(msgspec.Struct, frozen=True):
+    messages: list[Message]
+
+
+class Read(msgspec.Struct, frozen=True):
+    topic: str
+    after: bytes | None
+    limit: int
+
+
+class Close(msgspec.Struct, frozen=True):
+    reason: str
+    """``done`` (a poll has sent everything), ``slow`` (stayed paused too long) or ``shutdown``."""
+
+
+Command = Send | Read | Close
+
+_S, _C, _L, _X = Phase.SUBSCRIBING, Phase.CATCHING_UP, Phase.LIVE, Phase.CLOSED
+
+RULES: dict[tuple[Phase, str], Phase] = {
+    (_S, "subscribed"): _C,
+    (_S, "poke"): _S,  # the catch-up that follows reads everything after the cursor anyway
+    (_S, "write_paused"): _S,
+    (_S, "write_resumed"): _S,
+    (_S, "peer_closed"): _X,
+    (_S, "shutdown"): _X,
+    (_C, "poke"): _C,
+    (_C, "batch_read"): _C,
+    (_C, "read_failed"): _C,
+    (_C, "write_paused"): _C,
+    (_C, "write_resumed"): _C,
+    (_C, "tick"): _C,
+    (_C, "caught_up"): _L,
+    (_C, "finished"): _X,
+    (_C, "slow"): _X,
+    (_C, "peer_closed"): _X,
+    (_C, "shutdown"): _X,
+    (_L, "poke"): _L,
+    (_L, "batch_read"): _L,
+    (_L, "read_failed"): _L,
+    (_L, "write_paused"): _L,
+    (_L, "write_resumed"): _L,
+    (_L, "tick"): _L,
+    (_L, "slow"): _X,
+    (_L, "peer_closed"): _X,
+    (_L, "shutdown"): _X,
+}
+
+
+class SessionConfig:
+    """Shared by every session of a hub, so a session holds one pointer instead of copies."""
+
+    __slots__ = ("batch", "slow_after")
+
+    def __init__(self, *, batch: int = 32, slow_after: float = 60.0) -> None:
+        self.batch = batch
+        self.slow_after = slow_after
+
+
+class _Topic:
+    __slots__ = ("cursor", "reading", "dirty", "more", "buffer")
+
+    def __init__(self) -> None:
+        self.cursor: bytes | None = None
+        self.reading = False
+        self.dirty = False
+        self.more = False
+        self.buffer: deque[Stored] | None = None
+
+
+class Session:
+    __slots__ = ("topics_raw", "poll", "phase", "paused", "paused_at", "topics", "config")
+
+    def __init__(self, topics: Sequence[str], topics_raw: str, config: SessionConfig, *, poll: bool = False) -> None:
+        self.topics_raw = topics_raw
+        self.poll = poll
+        self.config = config
+        self.phase = Phase.SUBSCRIBING
+        self.paused = False
+        self.paused_at = 0.0
+        self.topics: dict[str, _Topic] = {t: _Topic() for t in topics}
+
+    def __repr__(self) -> str:
+        return f"Session({self.topics_raw!r}, {self.phase.name}, paused={self.paused})"
+
+    @property
+    def closed(self) -> bool:
+        return self.phase is Phase.CLOSED
+
+    def cursor(self, topic: str) -> bytes | None:
+        return self.topics[topic].cursor
+
+    def _step(self, event: str) -> bool:
+        nxt = RULES.get((self.phase, event))
+        if nxt is None:
+            return False
+        self.phase = nxt
+        return True
+
+    # --- events -------------------------------------------------------------------------------------
+    def subscribed(self, cursors: Mapping[str, bytes | None], now: float) -> list[Command]:
+        """The store resolved ``since`` to a cursor per topic: send ``open`` (streams), then catch up."""
+        if not self._step("subscribed"):
+            return []
+        for t, ts in self.topics.items():
+            ts.cursor = cursors.get(t)
+            ts.more = True  # unknown until read
+            ts.dirty = False
+            ts.buffer = deque()
+        out: list[Command] = [] if self.poll else [Send([make_event("open", self.topics_raw, int(now))])]
+        return out + self._merge()
+
+    def poke(self, topic: str) -> list[Command]:
+        """The topic may have new messages (a bell, or the safety poll)."""
+        ts = self.topics.get(topic)
+        if ts is None or not self._step("poke"):
+            return []
+        if self.phase is Phase.SUBSCRIBING:
+            return []
+        ts.dirty = True
+        if self.phase is Phase.CATCHING_UP:
+            return self._merge()
+        return self._live_read(topic, ts)
+
+    def poke_all(self) -> list[Command]:
+        out: list[Command] = []
+        for t in self.topics:
+            out += self.poke(t)
+        return out
+
+    def batch_read(self, topic: str, rows: Sequence[Stored]) -> list[Command]:
+        """A ``Read`` returned ``rows`` (oldest first); a full batch means there may be more."""
+        ts = self.topics.get(topic)
+        if ts is None:
+            return []
+        ts.reading = False
+        if not self._step("batch_read"):
+            return []
+        full = len(rows) >= self.config.batch
+        cur = ts.cursor
+        fresh = [r for r in rows if cur is None or r.stamp > cur]
+        if self.phase is Phase.CATCHING_UP:
+            ts.more = full
+            if ts.buffer is None:
+                ts.buffer = deque()
+            ts.buffer.extend(fresh)
+            return self._merge()
+        out: list[Command] = []
+        if fresh:
+            ts.cursor = fresh[-1].stamp
+            out.append(Send([message_from_envelope(r.stamp, topic, r.envelope) for r in fresh]))
+        ts.more = full
+        return out + self._live_read(topic, ts)
+
+    def read_failed(self, topic: str) -> list[Command]:
+        """A ``Read`` failed: remember the topic needs reading; the next poke or safety poll retries."""
+        ts = self.topics.get(topic)
+        if ts is None:
+            return []
+        ts.reading = False
+        if self._step("read_failed"):
+            ts.dirty = True
+        return []
+
+    def write_paused(self, now: float) -> list[Command]:
+        if self._step("write_paused") and not self.paused:
+            self.paused = True
+            self.paused_at = now
+        return []
+
+    def write_resumed(self) -> list[Command]:
+        if not self._step("write_resumed"):
+            return []
+        self.paused = False
+        if self.phase is Phase.CATCHING_UP:
+            return self._merge()
+        if self.phase is Phase.LIVE:
+            return self._live_reads()
+        return []
+
+    def tick(self, now: float, *, keepalive: bool) -> list[Command]:
+        """The periodic sweep: close a subscriber paused too long; send a keepalive when one is due."""
+        if not self._step("tick"):
+            return []
+        if self.paused and now - self.paused_at >= self.config.slow_after:
+            self._step("slow")
+            return [Close("slow")]
+        if keepalive and not self.poll and not self.paused:
+            return [Send([make_event("keepalive", self.topics_raw, int(now))])]
+        return []
+
+    def peer_closed(self) -> list[Command]:
+        self._step("peer_closed")
+        return []
+
+    def shutdown(self) -> list[Command]:
+        if self._step("shutdown"):
+            return [Close("shutdown")]
+        return []
+
+    # --- rules --------------------------------------------------------------------------------------
+    def _merge(self) -> list[Command]:
+        """Hand out the buffered backlog in global stamp order, as far as every topic's next stamp is known."""
+        if self.paused:
+            return []
+        sends: list[Message] = []
+        reads: list[Command] = []
+        done = False
+        while True:
+            waiting = False
+            best: tuple[str, _Topic] | None = None
+            for t, ts in self.topics.items():
+                buf = ts.buffer
+                if not buf:
+                    if ts.more:
+                        waiting = True
+                        if not ts.reading:
+                            ts.reading = True
+                            reads.append(Read(t, ts.cursor, self.config.batch))
+                elif best is None or buf[0].stamp < best[1].buffer[0].stamp:  # type: ignore[index]
+                    best = (t, ts)
+            if waiting:
+                break
+            if best is None:
+                done = True
+                break
+            t, ts = best
+            row = ts.buffer.popleft()  # type: ignore[union-attr]
+            ts.cursor = row.stamp
+            sends.append(message_from_envelope(row.stamp, t, row.envelope))
+        out: list[Command] = [Send(sends)] if sends else []
+        out += reads
+        if done:
+            for ts in self.topics.values():
+                ts.buffer = None
+                ts.more = False
+            if self.poll:
+                self._step("finished")
+                out.append(Close("done"))
+            else:
+                self._step("caught_up")
+                out += self._live_reads()
+        return out
+
+    def _live_read(self, topic: str, ts: _Topic) -> list[Command]:
+        if self.paused or ts.reading or not (ts.more or ts.dirty):
+            return []
+        ts.reading = True
+        ts.more = ts.dirty = False
+        return [Read(topic, ts.cursor, self.config.batch)]
+
+    def _live_reads(self) -> list[Command]:
+        out: list[Command] = []
+        for t, ts in self.topics.items():
+            out += self._live_read(t, ts)
+        return out
+
+
+def messages_of(commands: Iterable[Command]) -> list[Message]:
+    """Every message the commands send, in order (a test and diagnostics helper)."""
+    return [m for c in commands if isinstance(c, Send) for m in c.messages]
