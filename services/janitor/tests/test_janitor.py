@@ -1,0 +1,52 @@
+"""The janitor's passes against a real embedded store."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from upf_janitor import Janitor
+from upf_keyspace import SINCE_NONE, Envelope, Settings, keys, open_store
+
+
+@pytest.fixture
+async def store(tmp_path):
+    s = await open_store(Settings(store_path=str(tmp_path / "upf.db"), shard_count=4))
+    yield s
+    await s.close()
+
+
+async def test_expires_in_batches_until_done(store, monkeypatch):
+    """More due messages than one batch: a pass still expires all of them and nothing fresh."""
+    import upf_janitor.janitor as jmod
+
+    monkeypatch.setattr(jmod, "EXPIRE_BATCH", 7)
+    now = int(time.time())
+    for i in range(30):
+        await store.publish(f"t{i % 3}", Envelope(time=now - 100, expires=now - 1, message="old"))
+    await store.publish("t0", Envelope(time=now, expires=now + 3600, message="fresh"))
+    result = await Janitor(store, Settings(heartbeat_secs=10)).run_once(now)
+    assert result.expired == 30
+    assert [m.envelope.message for m in await store.read_after("t0", None)] == ["fresh"]
+
+
+async def test_sweeps_only_dead_nodes(store):
+    """A node silent for 3 heartbeats loses its records; a live one keeps them."""
+    now = int(time.time())
+    await store.heartbeat("dead", now - 100)
+    await store.heartbeat("live", now)
+    await store.subscribe(["a", "b"], "dead", SINCE_NONE)
+    await store.subscribe(["a"], "live", SINCE_NONE)
+    result = await Janitor(store, Settings(heartbeat_secs=10)).run_once(now)
+    assert result.swept_nodes == ["dead"] and result.cleared_affinities == 2
+    assert (await store.publish("a", Envelope(time=now, expires=now + 60, message="x"))).poked == 1
+
+    async def dead_records(tr):
+        return (
+            await tr.get_range(*keys.reverse_affinity_range("dead"))
+            + await tr.get_range(*keys.node_bell_range("dead"))
+            + [(k, v) for k, v in [(keys.liveness_key("dead"), await tr.get(keys.liveness_key("dead")))] if v]
+        )
+
+    assert await store.db.transact(dead_records) == []
