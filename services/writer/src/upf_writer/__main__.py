@@ -1,0 +1,65 @@
+"""``upf-writer``: serve the writer with granian (one worker process; SIGTERM/SIGINT stop it
+gracefully: granian stops accepting, lets in-flight requests finish, runs the app's lifespan shutdown,
+which closes the store)."""
+
+from __future__ import annotations
+
+import logging
+import logging.config
+import os
+import sys
+
+from granian import Granian
+from granian.constants import HTTPModes, Interfaces, Loops
+from granian.http import HTTP1Settings
+from granian.log import LogLevels
+from upf_keyspace import SettingsError, load_settings
+
+from .logs import log_dictconfig
+
+__all__ = ["main", "build_server"]
+
+log = logging.getLogger("upf_writer")
+
+# Bounds on what one request may make the server buffer before the app sees it (request line plus
+# headers): granian's default is ~400 KB; a publish needs far less.
+HTTP1_MAX_BUFFER = 64 * 1024
+WORKER_KILL_TIMEOUT_SECS = 10
+
+
+def build_server(host: str, port: int, *, workers: int = 1, log_level: str = "info") -> Granian:
+    return Granian(
+        target="upf_writer.asgi:app",
+        interface=Interfaces.ASGI,
+        address=host,
+        port=port,
+        workers=workers,
+        http=HTTPModes.http1,
+        websockets=False,
+        loop=Loops.auto,
+        http1_settings=HTTP1Settings(max_buffer_size=HTTP1_MAX_BUFFER),
+        log_level=LogLevels(log_level),
+        log_dictconfig=log_dictconfig(log_level.upper()),
+        log_access=False,
+        workers_kill_timeout=WORKER_KILL_TIMEOUT_SECS,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        settings = load_settings()
+    except SettingsError as exc:
+        print(f"upf-writer: {exc}", file=sys.stderr)
+        return 2
+    level = os.environ.get("UPF_LOG_LEVEL", "info").lower()
+    logging.config.dictConfig(log_dictconfig(level.upper()))
+    log.info(
+        "writer starting",
+        extra={"bind_host": settings.bind_host, "bind_port": settings.bind_port, "public_url": settings.public_url},
+    )
+    build_server(settings.bind_host, settings.bind_port, log_level=level).serve()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
