@@ -25,7 +25,7 @@ Sink = Callable[[dict], None]
 
 class FakeNtfy:
     def __init__(self, fault: str = "", fault_at: int = 5) -> None:
-        """``fault`` is "", "drop", "dup" or "swap"; it hits the ``fault_at``-th publish (0-based,
+        """``fault`` is "", "drop", "dup", "swap" or "reject" (answer 429); it hits the ``fault_at``-th publish (0-based,
         counted over all topics), and for "swap" also the next publish of the same topic."""
         self.fault = fault
         self.fault_at = fault_at
@@ -121,7 +121,12 @@ class FakeNtfy:
                 parts = urlsplit(target)
                 segs = [s for s in parts.path.split("/") if s]
                 query = parse_qs(parts.query)
-                if method in ("POST", "PUT") and len(segs) == 1:
+                if method in ("POST", "PUT") and len(segs) == 1 and self.fault == "reject" and self.published == self.fault_at:
+                    self.published += 1
+                    data = b'{"code":42901,"http":429,"error":"limit reached: too many requests"}\n'
+                    writer.write(b"HTTP/1.1 429 Too Many Requests\r\n" + f"Content-Length: {len(data)}\r\n\r\n".encode() + data)
+                    await writer.drain()
+                elif method in ("POST", "PUT") and len(segs) == 1:
                     msg = self._new_message(segs[0], body, "up" in query)
                     self._fan_out(segs[0], msg)
                     data = json.dumps(msg).encode() + b"\n"

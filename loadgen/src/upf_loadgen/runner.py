@@ -72,6 +72,8 @@ class Ready(msgspec.Struct, kw_only=True):
 
 class Tick(msgspec.Struct, kw_only=True):
     n: int
+    t: float
+    """seconds since the start of publishing"""
     phase: str
     offered: int
     accepted: int
@@ -239,30 +241,28 @@ async def _load(
     def expected_now() -> int:
         return stats.accepted * scn.subs_per_topic
 
+    tick_no = [0]
+
+    def send_tick() -> None:
+        tick_no[0] += 1
+        tick = Tick(
+            n=tick_no[0],
+            t=time.monotonic() - start_at,
+            phase=phase_box[0],
+            offered=stats.offered,
+            accepted=stats.accepted,
+            delivered=stats.delivered,
+            expected=expected_now(),
+            latency=stats.latency.encode(),
+        )
+        emit(("tick", wid, msgspec.msgpack.encode(tick)))
+
     async def ticker() -> None:
-        n = 0
         while True:
-            n += 1
-            delay = start_at + n - time.monotonic()
+            delay = start_at + tick_no[0] + 1 - time.monotonic()
             if delay > 0:
                 await asyncio.sleep(delay)
-            emit(
-                (
-                    "tick",
-                    wid,
-                    msgspec.msgpack.encode(
-                        Tick(
-                            n=n,
-                            phase=phase_box[0],
-                            offered=stats.offered,
-                            accepted=stats.accepted,
-                            delivered=stats.delivered,
-                            expected=expected_now(),
-                            latency=stats.latency.encode(),
-                        )
-                    ),
-                )
-            )
+            send_tick()
 
     delay = start_at - time.monotonic()
     if delay > 0:
@@ -293,6 +293,7 @@ async def _load(
         tick_task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await tick_task
+    send_tick()  # the last, partial second
     load_cpu = _cpu_self() - cpu0
     load_wall = time.monotonic() - wall0
 
@@ -369,6 +370,7 @@ class _Live:
         self.latest: dict[int, Tick] = {}
         self.by_n: dict[int, dict[int, Tick]] = {}
         self.prev = (0, 0, 0)
+        self.prev_t = 0.0
 
     def tick(self, wid: int, t: Tick) -> None:
         self.latest[wid] = t
@@ -387,15 +389,18 @@ class _Live:
         p99 = hist.get_value_at_percentile(99) / 1000.0 if hist.get_total_count() else 0.0
         po, pa, pd = self.prev
         self.prev = (offered, accepted, delivered)
+        now = max(x.t for x in got.values())
+        span = max(now - self.prev_t, 1e-3)
+        self.prev_t = now
         phase = "drain" if all(x.phase == "drain" for x in got.values()) else "load"
         if self.enabled:
             log.info(
-                "%4ds %-5s offered %6d/s  accepted %6d/s  delivered %6d/s  backlog %7d  p99 %8.2f ms",
-                t.n,
+                "%6.1fs %-5s offered %6.0f/s  accepted %6.0f/s  delivered %6.0f/s  backlog %7d  p99 %8.2f ms",
+                now,
                 phase,
-                offered - po,
-                accepted - pa,
-                delivered - pd,
+                (offered - po) / span,
+                (accepted - pa) / span,
+                (delivered - pd) / span,
                 max(0, expected - delivered),
                 p99,
             )
