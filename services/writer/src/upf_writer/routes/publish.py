@@ -91,7 +91,7 @@ def build(ctx: WriterContext) -> list[ControllerRouterHandler]:
     """The Litestar-routed publish handlers (JSON publish, Matrix gateway)."""
     limits = ctx.limits
 
-    @route("/", http_method=["POST", "PUT"], name="json_publish")
+    @route("/", http_method=["POST", "PUT"], name="json_publish", status_code=200)
     async def json_publish(request: Request) -> Response[bytes]:
         headers = decode_headers(request.scope["headers"])
         limit = ingest.json_body_limit(limits)
@@ -108,7 +108,7 @@ def build(ctx: WriterContext) -> list[ControllerRouterHandler]:
     async def matrix_discovery() -> Response[bytes]:
         return Response(schemas.MATRIX_DISCOVERY, media_type=_JSON)
 
-    @route("/_matrix/push/v1/notify", http_method=["POST"], name="matrix_notify")
+    @route("/_matrix/push/v1/notify", http_method=["POST"], name="matrix_notify", status_code=200)
     async def matrix_notify(request: Request) -> Response[bytes]:
         headers = decode_headers(request.scope["headers"])
         limit = limits.max_message_bytes - 1  # ntfy: 4096 bytes or more is too large

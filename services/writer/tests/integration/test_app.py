@@ -1,0 +1,238 @@
+"""The writer app in-process over a real embedded store: what a publisher sees, and what lands in
+the store (read back through ``Store.read_after``)."""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import AsyncIterator
+
+import pytest
+from httpx import AsyncClient as AsyncTestClient
+from upf_keyspace import Settings, Store, StoreError, decode_id, open_store
+
+from upf_writer.app import create_app
+
+from ..conftest import PUBLIC_URL, in_process
+
+
+async def stored(store: Store, topic: str):
+    return await store.read_after(topic, None, 100)
+
+
+def assert_ntfy_error(response, http: int, code: int) -> None:
+    assert response.status_code == http
+    assert response.headers["content-type"].startswith("application/json")
+    assert response.content.endswith(b"\n")
+    body = response.json()
+    assert body["code"] == code and body["http"] == http and isinstance(body["error"], str)
+
+
+# --- publish -----------------------------------------------------------------------------------------
+async def test_publish_answers_ntfy_message_and_stores_it(client: AsyncTestClient, store: Store) -> None:
+    """POST /{topic}: 200, the ntfy message JSON with integer time/expires, and the message in Q."""
+    r = await client.post("/mytopic", content=b"  Disk full  ")
+    assert r.status_code == 200
+    assert r.headers["content-type"] == "application/json"
+    assert r.content.endswith(b"}\n")
+    msg = r.json()
+    assert list(msg) == ["id", "time", "expires", "event", "topic", "message"]
+    assert isinstance(msg["time"], int) and isinstance(msg["expires"], int)
+    assert msg["expires"] - msg["time"] == 86400
+    assert (msg["event"], msg["topic"], msg["message"]) == ("message", "mytopic", "Disk full")
+    rows = await stored(store, "mytopic")
+    assert len(rows) == 1
+    assert rows[0].stamp == decode_id(msg["id"])
+    assert rows[0].envelope.message == "Disk full"
+    assert rows[0].envelope.time == msg["time"]
+
+
+async def test_put_with_app_query_parameters(client: AsyncTestClient, store: Store) -> None:
+    """The ntfy app's PUT /t?priority=3&tags=a,b&title=x."""
+    r = await client.put("/t1?priority=3&tags=a,b&title=x&markdown=true", content="**hi**")
+    assert r.status_code == 200
+    msg = r.json()
+    assert (msg["priority"], msg["tags"], msg["title"], msg["content_type"]) == (3, ["a", "b"], "x", "text/markdown")
+    env = (await stored(store, "t1"))[0].envelope
+    assert (env.priority, env.tags, env.title, env.message) == (3, ("a", "b"), "x", "**hi**")
+
+
+async def test_unifiedpush_binary_round_trips(client: AsyncTestClient, store: Store) -> None:
+    """An aes128gcm WebPush body (with VAPID auth and TTL, as pywebpush sends) is stored as base64."""
+    body = bytes(range(256)) * 4
+    headers = {"content-encoding": "aes128gcm", "ttl": "60", "authorization": "vapid t=eyJ0.eyJ1.c2ln,k=BDd3", "urgency": "high"}
+    r = await client.post("/upAbCdEfGhIjKl", content=body, headers=headers)
+    assert r.status_code == 200
+    msg = r.json()
+    assert msg["encoding"] == "base64" and base64.b64decode(msg["message"]) == body
+    assert msg["expires"] == msg["time"] + 60
+    env = (await stored(store, "upAbCdEfGhIjKl"))[0].envelope
+    assert base64.b64decode(env.message) == body and env.encoding == "base64"
+
+
+async def test_unifiedpush_text_is_verbatim(client: AsyncTestClient, store: Store) -> None:
+    r = await client.post("/upX?up=1", content=b"  {\"a\": 1}\n")
+    assert r.json()["message"] == '  {"a": 1}\n'
+    r = await client.post("/upX", content=b"", headers={"x-unifiedpush": "1"})
+    assert r.json()["message"] == "triggered"
+
+
+async def test_oversized_body_is_413_and_nothing_stored(client: AsyncTestClient, store: Store) -> None:
+    """4097 bytes: 413 41301, with a Content-Length and streamed without one, plain and UP mode."""
+    assert_ntfy_error(await client.post("/big", content=b"a" * 4097), 413, 41301)
+    assert_ntfy_error(await client.post("/big?up=1", content=b"\xff" * 100_000), 413, 41301)
+
+    async def chunks() -> AsyncIterator[bytes]:
+        for _ in range(50):
+            yield b"x" * 1000
+
+    assert_ntfy_error(await client.post("/big", content=chunks()), 413, 41301)
+    assert await stored(store, "big") == []
+    assert (await client.post("/big", content=b"a" * 4096)).status_code == 200
+
+
+@pytest.mark.parametrize("path", ["/bad.topic", "/" + "x" * 65, "/a%20b", "/%C3%A4"])
+async def test_invalid_topic_is_400_40009(client: AsyncTestClient, path: str) -> None:
+    assert_ntfy_error(await client.post(path, content=b"x"), 400, 40009)
+
+
+async def test_disallowed_topic_is_400_40010(client: AsyncTestClient) -> None:
+    assert_ntfy_error(await client.post("/docs", content=b"x"), 400, 40010)
+    assert_ntfy_error(await client.put("/v1", content=b"x"), 400, 40010)
+
+
+async def test_bad_parameters(client: AsyncTestClient) -> None:
+    assert_ntfy_error(await client.post("/t", content=b"x", headers={"x-priority": "7"}), 400, 40007)
+    assert_ntfy_error(await client.post("/t", content=b"x", headers={"ttl": "-5"}), 400, 40092)
+    assert_ntfy_error(await client.post("/t", content=b"x", headers={"idempotency-key": "k" * 201}), 400, 40091)
+    assert_ntfy_error(await client.post("/t", content=b"x", headers={"icon": "file:///etc"}), 400, 40021)
+    assert (await client.post("/t", content=b"x", headers={"priority": "u=3, i"})).status_code == 200
+
+
+async def test_idempotent_retry_returns_the_original(client: AsyncTestClient, store: Store) -> None:
+    """A retried publish with the same Idempotency-Key returns the original message, stored once."""
+    first = await client.post("/t", content=b"one", headers={"idempotency-key": "abc"})
+    again = await client.post("/t", content=b"two", headers={"x-idempotency-key": "abc"})
+    other = await client.post("/t", content=b"three", headers={"idempotency-key": "def"})
+    assert first.status_code == again.status_code == 200
+    assert again.json() == first.json()
+    assert again.headers.get("idempotent-replayed") == "true"
+    assert "idempotent-replayed" not in first.headers
+    assert other.json()["id"] != first.json()["id"]
+    assert [r.envelope.message for r in await stored(store, "t")] == ["one", "three"]
+
+
+async def test_ttl_zero_expires_at_publish_time(client: AsyncTestClient, store: Store) -> None:
+    """TTL: 0 stores the message with expires == time: the janitor's next pass removes it."""
+    msg = (await client.post("/t", content=b"x", headers={"ttl": "0"})).json()
+    assert msg["expires"] == msg["time"]
+    assert len(await stored(store, "t")) == 1
+    assert await store.expire(msg["time"]) == 1
+    assert await stored(store, "t") == []
+
+
+# --- JSON publish ------------------------------------------------------------------------------------
+async def test_json_publish(client: AsyncTestClient, store: Store) -> None:
+    doc = {"topic": "jt", "message": " hello ", "title": "T", "priority": 5, "tags": ["x"], "click": "https://c"}
+    r = await client.post("/", content=json.dumps(doc))
+    assert r.status_code == 200
+    msg = r.json()
+    assert (msg["topic"], msg["message"], msg["priority"], msg["title"]) == ("jt", "hello", 5, "T")
+    assert (await stored(store, "jt"))[0].envelope.message == "hello"
+    assert (await client.put("/", content=json.dumps({"topic": "jt"}))).json()["message"] == "triggered"
+
+
+async def test_json_publish_errors(client: AsyncTestClient, store: Store) -> None:
+    assert_ntfy_error(await client.post("/", content=b"{not json"), 400, 40024)
+    assert_ntfy_error(await client.post("/", content=json.dumps({"message": "x"})), 400, 40009)
+    assert_ntfy_error(await client.post("/", content=json.dumps({"topic": "docs"})), 400, 40010)
+    assert_ntfy_error(await client.post("/", content=b" " * 9000), 413, 41303)
+    assert_ntfy_error(await client.post("/", content=json.dumps({"topic": "jt", "message": "a" * 5000})), 413, 41301)
+    assert await stored(store, "jt") == []
+
+
+# --- Matrix ------------------------------------------------------------------------------------------
+def matrix_body(pushkey: str) -> bytes:
+    return json.dumps({"notification": {"event_id": "$e", "counts": {"unread": 2},
+                                         "devices": [{"app_id": "im.x", "pushkey": pushkey}]}}).encode()  # fmt: skip
+
+
+async def test_matrix_gateway(client: AsyncTestClient, store: Store) -> None:
+    """Discovery, a delivered push (the whole body stored as text), a rejected foreign pushkey."""
+    r = await client.get("/_matrix/push/v1/notify")
+    assert r.json() == {"unifiedpush": {"gateway": "matrix"}}
+    body = matrix_body(PUBLIC_URL + "/upMatrixTopic1?up=1")
+    r = await client.post("/_matrix/push/v1/notify", content=body)
+    assert (r.status_code, r.json()) == (200, {"rejected": []})
+    assert (await stored(store, "upMatrixTopic1"))[0].envelope.message == body.decode()
+    foreign = "https://other.example/upX?up=1"
+    r = await client.post("/_matrix/push/v1/notify", content=matrix_body(foreign))
+    assert (r.status_code, r.json()) == (200, {"rejected": [foreign]})
+
+
+async def test_matrix_errors(client: AsyncTestClient) -> None:
+    assert_ntfy_error(await client.post("/_matrix/push/v1/notify", content=b"{}"), 400, 40019)
+    assert_ntfy_error(await client.post("/_matrix/push/v1/notify", content=b"nope"), 400, 40019)
+    big = matrix_body(PUBLIC_URL + "/t") + b" " * 4096
+    assert_ntfy_error(await client.post("/_matrix/push/v1/notify", content=big), 413, 41302)
+
+
+# --- other routes ------------------------------------------------------------------------------------
+async def test_discovery_and_small_routes(client: AsyncTestClient) -> None:
+    assert (await client.get("/upX?up=1")).json() == {"unifiedpush": {"version": 1}}
+    assert (await client.get("/upX", headers={"x-unifiedpush": "1"})).json() == {"unifiedpush": {"version": 1}}
+    assert_ntfy_error(await client.get("/upX"), 404, 40401)
+    assert (await client.get("/a,b/auth")).json() == {"success": True}
+    assert_ntfy_error(await client.get("/a,b.c/auth"), 400, 40009)
+    assert (await client.get("/v1/health")).json() == {"healthy": True}
+    assert (await client.head("/")).status_code == 200
+    assert (await client.get("/__lbheartbeat__")).json() == {}
+    assert (await client.get("/__heartbeat__")).status_code == 200
+    version = (await client.get("/__version__")).json()
+    assert version["name"] == "upf-writer" and version["version"]
+
+
+async def test_litestar_errors_are_ntfy_json(client: AsyncTestClient) -> None:
+    assert_ntfy_error(await client.get("/no/such/route"), 404, 40401)
+    assert_ntfy_error(await client.delete("/v1/health"), 405, 40501)
+    assert_ntfy_error(await client.patch("/sometopic"), 405, 40501)
+    assert_ntfy_error(await client.get("/_matrix/push/v1/notify/x"), 404, 40401)
+
+
+class BrokenStore:
+    def __init__(self, exc: Exception) -> None:
+        self.exc = exc
+
+    async def publish(self, *args: object, **kwargs: object) -> None:
+        raise self.exc
+
+    async def read_after(self, *args: object) -> None:
+        raise self.exc
+
+    async def close(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("exc,http,code", [(StoreError(1031), 503, 50301), (RuntimeError("boom"), 500, 50001)])
+async def test_store_failures(settings: Settings, exc: Exception, http: int, code: int) -> None:
+    """A store error is 503 (publishers retry), a bug is 500; both as ntfy JSON; heartbeat is 503."""
+    app = create_app(settings, BrokenStore(exc))  # type: ignore[arg-type]
+    async with in_process(app) as c:
+        assert_ntfy_error(await c.post("/t", content=b"x"), http, code)
+        assert_ntfy_error(await c.post("/", content=b'{"topic":"t"}'), http, code)
+        assert_ntfy_error(await c.get("/__heartbeat__"), 503, 50301)
+        assert (await c.get("/__lbheartbeat__")).status_code == 200
+
+
+async def test_lifespan_opens_and_closes_its_own_store(settings: Settings) -> None:
+    """Without a store, the app opens one from settings at startup and closes it at shutdown."""
+    app = create_app(settings)
+    async with in_process(app) as c:
+        msg = (await c.post("/owned", content=b"x")).json()
+    assert app.state.writer.store is None
+    reopened = await open_store(settings)
+    try:
+        rows = await reopened.read_after("owned", None, 10)
+        assert [r.stamp for r in rows] == [decode_id(msg["id"])]
+    finally:
+        await reopened.close()
