@@ -91,12 +91,12 @@ def main() -> None:
         if "pusher" in roles:
             asyncio.run(run_with_pusher(settings))
         elif "writer" in roles:
-            from upf_writer.__main__ import serve_writer
+            from upf_writer.__main__ import build_server
 
             stop = threading.Event()
             janitor = run_janitor_thread(settings, stop) if "janitor" in roles else None
             try:
-                serve_writer(settings)
+                build_server(settings.bind_host, settings.bind_port).serve()
             finally:
                 stop.set()
                 if janitor is not None:

@@ -1,0 +1,120 @@
+"""Cross-role fixtures: real role processes on loopback ports, sharing one embedded store file."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+TIMEOUT_FACTOR = float(os.environ.get("UPF_TESTS_TIMEOUT_FACTOR", "1"))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Role:
+    """One real process (``python -m <module>``) with its own port; stopped on exit."""
+
+    def __init__(self, module: str, env: dict[str, str], log: Path) -> None:
+        self.module = module
+        self.port = int(env["UPF_BIND"].rsplit(":", 1)[1])
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.env = env
+        self.log_path = log
+        self._log = open(log, "ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", module], env=env, stdout=self._log, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+    def wait_ready(self, timeout: float = 20.0) -> Role:
+        deadline = time.monotonic() + timeout * TIMEOUT_FACTOR
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.module} exited with {self.proc.returncode}: {self.log()}")
+            try:
+                if httpx.get(self.base + "/__lbheartbeat__", timeout=1).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        raise TimeoutError(f"{self.module} not ready: {self.log()}")
+
+    def log(self) -> str:
+        self._log.flush()
+        return self.log_path.read_text(errors="replace")[-3000:]
+
+    def kill9(self) -> None:
+        os.kill(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(10)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        self._log.close()
+
+
+class Fleet:
+    """Starts roles on one shared store file; every role gets the same shard count."""
+
+    def __init__(self, tmp: Path, **settings: str) -> None:
+        self.tmp = tmp
+        self.store = str(tmp / "upf.db")
+        self.settings = settings
+        self.roles: list[Role] = []
+
+    def start(self, module: str, roles: str | None = None, node: str = "", **extra: str) -> Role:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("UPF_", "OTEL_"))}
+        env.update(
+            UPF_BIND=f"127.0.0.1:{free_port()}",
+            UPF_STORE_PATH=self.store,
+            UPF_SHARD_COUNT="8",
+            UPF_KEEPALIVE_SECS="2",
+            UPF_HEARTBEAT_SECS="0.5",
+            UPF_JANITOR_INTERVAL_SECS="0.5",
+            PYTHONUNBUFFERED="1",
+        )
+        env.update(self.settings)
+        if roles:
+            env["UPF_ROLES"] = roles
+        if node:
+            env["UPF_NODE_ID"] = node
+        env.update(extra)
+        role = Role(module, env, self.tmp / f"{module}-{node or len(self.roles)}.log")
+        self.roles.append(role)
+        return role.wait_ready()
+
+    def stop(self) -> None:
+        for r in self.roles:
+            r.stop()
+
+
+@pytest.fixture
+def fleet(tmp_path) -> Iterator[Fleet]:
+    f = Fleet(tmp_path)
+    try:
+        yield f
+    finally:
+        f.stop()
+
+
+@pytest.fixture
+def upf(fleet) -> Role:
+    """The all-in-one program: writer, pusher and janitor on one port."""
+    return fleet.start("upf", node="allinone")
