@@ -25,11 +25,15 @@ Sink = Callable[[dict], None]
 
 class FakeNtfy:
     def __init__(self, fault: str = "", fault_at: int = 5) -> None:
-        """``fault`` is "", "drop", "dup", "swap" or "reject" (answer 429); it hits the ``fault_at``-th publish (0-based,
+        """``fault`` is "", "drop", "dup", "swap", "reject" (answer 429) or "kick" (close the
+        topic's streams right after delivering it); it hits the ``fault_at``-th publish (0-based,
         counted over all topics), and for "swap" also the next publish of the same topic."""
         self.fault = fault
         self.fault_at = fault_at
         self.subs: dict[str, list[Sink]] = defaultdict(list)
+        self.closers: dict[str, list[Callable[[], None]]] = defaultdict(list)
+        self.history: dict[str, list[dict]] = defaultdict(list)
+        self.kicked = 0
         self.published = 0
         self.counter = 0
         self._held: dict[str, dict] = {}
@@ -93,9 +97,24 @@ class FakeNtfy:
                 frames = []
             elif topic == self._swap_topic and topic in self._held:
                 frames = [msg, self._held.pop(topic)]
+        self.history[topic].append(msg)
         for frame in frames:
             for sink in list(self.subs.get(topic, ())):
                 sink(frame)
+        if self.fault == "kick" and n == self.fault_at:
+            for close in list(self.closers.get(topic, ())):
+                self.kicked += 1
+                close()
+
+    def _backlog(self, topic: str, since: str) -> list[dict]:
+        """ntfy's since: none/absent -> nothing, all -> everything, an id -> after it (unknown -> all)."""
+        hist = self.history.get(topic, [])
+        if not since or since == "none":
+            return []
+        for i, m in enumerate(hist):
+            if m["id"] == since:
+                return hist[i + 1 :]
+        return list(hist)
 
     # ------------------------------------------------------------------ HTTP
 
@@ -137,7 +156,8 @@ class FakeNtfy:
                     )
                     await writer.drain()
                 elif method == "GET" and len(segs) == 2 and segs[1] in ("json", "sse"):
-                    await self._stream(segs[0], segs[1], reader, writer)
+                    since = query.get("since", [""])[0]
+                    await self._stream(segs[0], segs[1], since, reader, writer)
                     return
                 else:
                     writer.write(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n")
@@ -149,7 +169,9 @@ class FakeNtfy:
             self._writers.discard(writer)
             writer.close()
 
-    async def _stream(self, topic: str, kind: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _stream(
+        self, topic: str, kind: str, since: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
         ctype = "text/event-stream" if kind == "sse" else "application/x-ndjson"
         writer.write(f"HTTP/1.1 200 OK\r\nContent-Type: {ctype}\r\nTransfer-Encoding: chunked\r\n\r\n".encode())
 
@@ -164,13 +186,17 @@ class FakeNtfy:
 
         frame({"id": "open0000open", "time": int(time.time()), "event": "open", "topic": topic})
         frame({"id": "keep0000keep", "time": int(time.time()), "event": "keepalive", "topic": topic})
+        for m in self._backlog(topic, since):
+            frame(m)
         self.subs[topic].append(frame)
+        self.closers[topic].append(writer.close)
         try:
             await writer.drain()
             while await reader.read(4096):
                 pass
         finally:
             self.subs[topic].remove(frame)
+            self.closers[topic].remove(writer.close)
 
     # ------------------------------------------------------------------ WebSocket
 
@@ -178,9 +204,14 @@ class FakeNtfy:
         assert ws.request is not None
         segs = [s for s in urlsplit(ws.request.path).path.split("/") if s]
         topic = segs[0]
+        since = parse_qs(urlsplit(ws.request.path).query).get("since", [""])[0]
         q: asyncio.Queue[dict] = asyncio.Queue()
         await ws.send(json.dumps({"id": "open0000open", "time": int(time.time()), "event": "open", "topic": topic}) + "\n")
+        for m in self._backlog(topic, since):
+            q.put_nowait(m)
         self.subs[topic].append(q.put_nowait)
+        closer = lambda: self._tasks.add(asyncio.ensure_future(ws.close()))  # noqa: E731
+        self.closers[topic].append(closer)
 
         async def sender() -> None:
             while True:
@@ -192,6 +223,7 @@ class FakeNtfy:
             await ws.wait_closed()
         finally:
             self.subs[topic].remove(q.put_nowait)
+            self.closers[topic].remove(closer)
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task

@@ -193,3 +193,22 @@ async def test_cli_bad_arguments_exit_two() -> None:
     rc, _, err = await _cli("run", "--topics", "0", "--quiet")
     assert rc == 2
     assert "cannot run" in err
+
+
+@pytest.mark.parametrize("transport", ["ws", "json"])
+async def test_dropped_stream_resumes_with_since_and_loses_nothing(fake_ntfy, transport: str) -> None:
+    srv = await fake_ntfy(fault="kick", fault_at=10)
+    r = await run_scenario(scenario(srv, transport))
+    assert srv.kicked == 1
+    assert r.subscriptions.disconnects == 1 and r.subscriptions.reconnects == 1
+    assert r.verdict == "clean", r.violations
+    assert r.throughput.delivered == r.throughput.accepted == 150
+
+
+async def test_dropped_stream_without_reconnects_shows_loss(fake_ntfy) -> None:
+    srv = await fake_ntfy(fault="kick", fault_at=10)
+    r = await run_scenario(scenario(srv, "ws", reconnects=0, drain_timeout=0.5))
+    assert r.subscriptions.disconnects == 1 and r.subscriptions.reconnects == 0
+    assert r.verdict == "violations"
+    bad = [tv for tv in r.topics if not tv.clean]
+    assert len(bad) == 1 and bad[0].violations.loss > 0 and bad[0].tail_loss_from

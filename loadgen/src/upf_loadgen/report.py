@@ -103,6 +103,8 @@ class Subscriptions(msgspec.Struct, kw_only=True):
     disconnects: int
     reconnects: int
     failure_samples: list[str] = []
+    bad_frame_samples: list[str] = []
+    """frames that did not decode or carried a body loadgen did not send (counted as corrupt)"""
 
 
 class PublishFailures(msgspec.Struct, kw_only=True):
@@ -303,6 +305,9 @@ def format_run(r: RunReport) -> str:
         f"correctness: loss {v.loss}, out-of-order {v.out_of_order}, duplicates {v.duplicates}, gaps {v.gaps}, "
         f"id mismatch {v.id_mismatch}, corrupt {v.corrupt}, unexpected {v.unexpected}"
     )
+    if s.bad_frame_samples:
+        out.append("unusable frames:")
+        out.extend(f"  {x}" for x in s.bad_frame_samples)
     bad = [tv for tv in r.topics if not tv.clean]
     for tv in bad[:20]:
         tv_v = tv.violations

@@ -104,6 +104,7 @@ class WorkerResult(msgspec.Struct, kw_only=True):
     bad_replies: int = 0
     disconnects: int = 0
     reconnects: int = 0
+    bad_frames: list[str] = []
     latency: bytes = b""
     publish_latency: bytes = b""
     load_cpu_secs: float = 0.0
@@ -183,7 +184,10 @@ async def _connect_all(scn: Scenario, subs: list[Subscriber], tasks: list[asynci
     failed = [s for s in subs if not s.opened.is_set()]
     samples = []
     for s in failed[:_MAX_SAMPLES]:
-        samples.append(f"{s.topic}/{s.sub}: {s.failure or 'no open frame within the connect timeout'}")
+        why = s.failure or "no open frame within the connect timeout"
+        if s.bad_frame:
+            why += f" (first unusable frame: {s.bad_frame})"
+        samples.append(f"{s.topic}/{s.sub}: {why}")
     return Ready(
         wanted=len(subs),
         connected=len(subs) - len(failed),
@@ -321,6 +325,7 @@ async def _load(
         bad_replies=sum(p.bad_replies for p in pubs),
         disconnects=sum(s.disconnects for s in subs),
         reconnects=sum(s.reconnects for s in subs),
+        bad_frames=[f"{s.topic}/{s.sub}: {s.bad_frame}" for s in subs if s.bad_frame][:_MAX_SAMPLES],
         latency=stats.latency.encode(),
         publish_latency=stats.publish_latency.encode(),
         load_cpu_secs=load_cpu,
@@ -363,47 +368,47 @@ def _worker_process(scn_raw: bytes, wid: int, indices: list[int], out_q: Any, ct
 class _Live:
     """Prints one line per second once every worker has reported that second."""
 
-    def __init__(self, workers: int, subs: int, enabled: bool) -> None:
+    def __init__(self, workers: int, enabled: bool) -> None:
         self.workers = workers
-        self.subs = subs
         self.enabled = enabled
-        self.latest: dict[int, Tick] = {}
         self.by_n: dict[int, dict[int, Tick]] = {}
         self.prev = (0, 0, 0)
         self.prev_t = 0.0
 
     def tick(self, wid: int, t: Tick) -> None:
-        self.latest[wid] = t
         got = self.by_n.setdefault(t.n, {})
         got[wid] = t
         if len(got) < self.workers:
             return
         del self.by_n[t.n]
+        now = max(x.t for x in got.values())
+        span = now - self.prev_t
+        if span < 0.25:
+            return  # the final partial second is too short for a meaningful rate
         offered = sum(x.offered for x in got.values())
         accepted = sum(x.accepted for x in got.values())
         delivered = sum(x.delivered for x in got.values())
         expected = sum(x.expected for x in got.values())
+        po, pa, pd = self.prev
+        self.prev_t = now
+        self.prev = (offered, accepted, delivered)
+        if not self.enabled:
+            return
         hist = new_histogram()
         for x in got.values():
             hist.decode_and_add(x.latency)
         p99 = hist.get_value_at_percentile(99) / 1000.0 if hist.get_total_count() else 0.0
-        po, pa, pd = self.prev
-        self.prev = (offered, accepted, delivered)
-        now = max(x.t for x in got.values())
-        span = max(now - self.prev_t, 1e-3)
-        self.prev_t = now
         phase = "drain" if all(x.phase == "drain" for x in got.values()) else "load"
-        if self.enabled:
-            log.info(
-                "%6.1fs %-5s offered %6.0f/s  accepted %6.0f/s  delivered %6.0f/s  backlog %7d  p99 %8.2f ms",
-                now,
-                phase,
-                (offered - po) / span,
-                (accepted - pa) / span,
-                (delivered - pd) / span,
-                max(0, expected - delivered),
-                p99,
-            )
+        log.info(
+            "%6.1fs %-5s offered %6.0f/s  accepted %6.0f/s  delivered %6.0f/s  backlog %7d  p99 %8.2f ms",
+            now,
+            phase,
+            (offered - po) / span,
+            (accepted - pa) / span,
+            (delivered - pd) / span,
+            max(0, expected - delivered),
+            p99,
+        )
 
 
 def _check_endpoints(scn: Scenario) -> None:
@@ -468,7 +473,7 @@ async def _supervise(
 ) -> tuple[list[WorkerResult], str]:
     """The parent's side of the protocol: wait for every worker to be ready, start them together
     (or abort them all), relay ticks to the live line, collect results. Every wait is bounded."""
-    live = _Live(workers, scn.subs_per_topic, scn.live)
+    live = _Live(workers, scn.live)
     ready: dict[int, Ready] = {}
     results: dict[int, WorkerResult] = {}
     error = ""
@@ -570,6 +575,7 @@ def _merge(
     failures: Counter[str] = Counter()
     fail_samples: list[str] = []
     sub_samples: list[str] = []
+    bad_frames: list[str] = []
     for r in results:
         if r.latency:
             lat.decode_and_add(r.latency)
@@ -581,6 +587,7 @@ def _merge(
         failures.update(r.failures)
         fail_samples.extend(r.failure_samples)
         sub_samples.extend(r.ready.failure_samples)
+        bad_frames.extend(r.bad_frames)
     topics.sort(key=lambda tv: tv.topic)
     s = lambda f: sum(f(r) for r in results)  # noqa: E731
     offered, accepted, delivered = s(lambda r: r.offered), s(lambda r: r.accepted), s(lambda r: r.delivered)
@@ -627,6 +634,7 @@ def _merge(
         disconnects=s(lambda r: r.disconnects),
         reconnects=s(lambda r: r.reconnects),
         failure_samples=sub_samples[:_MAX_SAMPLES],
+        bad_frame_samples=bad_frames[:_MAX_SAMPLES],
     )
     started = bool(results) and all(r.started for r in results) and len(results) == scn.procs
     if error or not started:

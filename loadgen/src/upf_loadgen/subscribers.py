@@ -64,6 +64,8 @@ class Subscriber:
         self.reconnects = 0
         self.last_id = ""
         self.failure = ""
+        self.bad_frame = ""
+        """the first frame that could not be used, for the report"""
         self.opened = asyncio.Event()
         self.ended = asyncio.Event()
         self.settled = asyncio.Event()
@@ -95,8 +97,10 @@ class Subscriber:
         now = time.monotonic_ns()
         try:
             msg = decode_message(raw)
-        except (msgspec.DecodeError, msgspec.ValidationError):
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             self.corrupt += 1
+            if not self.bad_frame:
+                self.bad_frame = f"{exc}: {raw[:200]!r}"
             return
         event = msg.event
         if event == "message":
@@ -107,8 +111,10 @@ class Subscriber:
                 self.last_id = msg.id
             try:
                 p = decode_payload(body_bytes(msg), self.message_size, self.binary)
-            except PayloadError:
+            except PayloadError as exc:
                 self.corrupt += 1
+                if not self.bad_frame:
+                    self.bad_frame = f"{exc}: {raw[:200]!r}"
                 return
             self.seqs.append(p.seq)
             self.ids.append(msg.id)
