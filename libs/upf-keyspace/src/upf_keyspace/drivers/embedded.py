@@ -410,7 +410,8 @@ class EmbeddedTransaction:
         future: asyncio.Future[bytes] = self._db._loop.create_future()
         self._db._submit(_Pending(self, future))
         try:
-            stamp = await asyncio.shield(future)
+            # A cancelled caller cancels only its wait: the committer still commits (or fails) it.
+            stamp = await future
         finally:
             self._committing = False
         if self._stamp_future is not None and not self._stamp_future.done():
