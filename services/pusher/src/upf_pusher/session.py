@@ -18,10 +18,10 @@ flight; a poke that arrives meanwhile sets a "drain again" flag. While CATCHING_
 merged in stamp order (stamps are globally ordered bytes), so a multi-topic connection replays its
 backlog in commit order; LIVE drains each topic on its own.
 
-Rule 3, backpressure (the overload contract): while the transport is paused no ``Read`` is issued;
-what was already read is still sent (at most one batch per topic beyond the transport's high-water
-mark) or, while catching up, held in the merge buffers (at most one batch per topic). The store is
-the buffer. On resume, reading continues from the cursor. A connection paused for
+Rule 3, backpressure (the overload contract): while the transport is paused no ``Read`` is issued,
+and the rows of a read that was already in flight are held in the session (at most one batch per
+topic) until the transport resumes; so the socket buffer holds at most one ``Send`` (one batch, or
+while catching up one merge round) beyond the transport's high-water mark. The store is the buffer. On resume, reading continues from the cursor. A connection paused for
 ``slow_after`` seconds or more is closed at the next tick (``Close("slow")``); its client resumes with
 ``since=<last id>`` and loses nothing.
 """
@@ -198,11 +198,18 @@ class Session:
                 ts.buffer = deque()
             ts.buffer.extend(fresh)
             return self._merge()
+        ts.more = full
+        if self.paused:
+            # The read was issued before the pause was known: hold its rows until the socket drains.
+            if fresh:
+                if ts.buffer is None:
+                    ts.buffer = deque()
+                ts.buffer.extend(fresh)
+            return []
         out: list[Command] = []
         if fresh:
             ts.cursor = fresh[-1].stamp
             out.append(Send([message_from_envelope(r.stamp, topic, r.envelope) for r in fresh]))
-        ts.more = full
         return out + self._live_read(topic, ts)
 
     def read_failed(self, topic: str) -> list[Command]:
@@ -228,7 +235,7 @@ class Session:
         if self.phase is Phase.CATCHING_UP:
             return self._merge()
         if self.phase is Phase.LIVE:
-            return self._live_reads()
+            return self._flush_held() + self._live_reads()
         return []
 
     def tick(self, now: float, *, keepalive: bool) -> list[Command]:
@@ -294,6 +301,16 @@ class Session:
                 self._step("caught_up")
                 out += self._live_reads()
         return out
+
+    def _flush_held(self) -> list[Command]:
+        """Send what LIVE reads returned while the connection was paused."""
+        sends: list[Message] = []
+        for t, ts in self.topics.items():
+            if ts.buffer:
+                ts.cursor = ts.buffer[-1].stamp
+                sends += [message_from_envelope(r.stamp, t, r.envelope) for r in ts.buffer]
+            ts.buffer = None
+        return [Send(sends)] if sends else []
 
     def _live_read(self, topic: str, ts: _Topic) -> list[Command]:
         if self.paused or ts.reading or not (ts.more or ts.dirty):

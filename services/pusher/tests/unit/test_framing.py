@@ -1,0 +1,62 @@
+"""Frames for each transport, byte for byte as ntfy writes them (ntfy-protocol.md 2.3)."""
+
+from __future__ import annotations
+
+import json
+
+from upf_keyspace import Message
+
+from upf_pusher import framing
+
+MSG = Message(id="AAAAAAAAAAEAAAAA", time=1700000000, expires=1700000060, event="message", topic="t1", message="a\nb")
+OPEN = Message(id="abcdefABCDEF", time=1700000000, event="open", topic="t1,t2")
+
+
+def test_json_is_one_object_and_a_newline() -> None:
+    """/json: the object then exactly one newline, never a blank line."""
+    out = framing.encode_json(MSG)
+    assert out.endswith(b"}\n") and out.count(b"\n") == 1
+    assert json.loads(out) == {
+        "id": "AAAAAAAAAAEAAAAA",
+        "time": 1700000000,
+        "expires": 1700000060,
+        "event": "message",
+        "topic": "t1",
+        "message": "a\nb",
+    }
+
+
+def test_json_keeps_ntfy_field_order_and_omits_empty_fields() -> None:
+    """Keys come in ntfy's order; open events carry no expires/message."""
+    assert framing.encode_json(OPEN) == b'{"id":"abcdefABCDEF","time":1700000000,"event":"open","topic":"t1,t2"}\n'
+
+
+def test_sse_message_is_a_data_line() -> None:
+    """/sse: a message event is `data: {json}` and a blank line, with no event/id/retry lines."""
+    out = framing.encode_sse(MSG)
+    assert out.startswith(b"data: {") and out.endswith(b"}\n\n") and out.count(b"\n") == 2
+
+
+def test_sse_other_events_name_their_type() -> None:
+    """/sse: open and keepalive are `event: <type>` then `data: {json}`."""
+    out = framing.encode_sse(OPEN)
+    assert out == b'event: open\ndata: {"id":"abcdefABCDEF","time":1700000000,"event":"open","topic":"t1,t2"}\n\n'
+
+
+def test_raw_flattens_newlines_and_blanks_other_events() -> None:
+    """/raw: message text with newlines as spaces plus a newline; other events are an empty line."""
+    assert framing.encode_raw(MSG) == b"a b\n"
+    assert framing.encode_raw(OPEN) == b"\n"
+
+
+def test_ws_frame_is_the_json_object() -> None:
+    """/ws: the text frame holds the JSON object (with gorilla's trailing newline)."""
+    assert json.loads(framing.encode_ws(MSG))["id"] == MSG.id
+
+
+def test_events_have_random_alnum_ids_and_integer_time() -> None:
+    """open/keepalive get a fresh 12-alphanumeric id, an integer time and the raw topic list."""
+    a, b = framing.event("keepalive", "x,y", 1700000000), framing.event("keepalive", "x,y", 1700000000)
+    assert a.id != b.id and len(a.id) == 12 and a.id.isalnum()
+    assert json.loads(framing.encode_json(a))["time"] == 1700000000
+    assert a.topic == "x,y"

@@ -1,0 +1,90 @@
+"""Subscribe paths and parameters: every since form, poll, topics, aliases (pure parsing)."""
+
+from __future__ import annotations
+
+import pytest
+
+from upf_keyspace import SINCE_ALL, SINCE_LATEST, SINCE_NONE, Since, encode_id
+
+from upf_pusher.query import QueryError, match_subscribe_path, parse_since, parse_subscribe, parse_topics
+
+NOW = 1_700_000_000.0
+STAMP = bytes(range(12))
+
+
+def since(value: str, poll: bool = False) -> Since:
+    return parse_since(value, poll=poll, now=NOW)
+
+
+def test_empty_since_is_none_for_streams_and_all_for_polls() -> None:
+    """No since means 'none' on a stream and 'all' on a poll."""
+    assert since("") == SINCE_NONE
+    assert since("", poll=True) == SINCE_ALL
+
+
+def test_keywords() -> None:
+    """all, none and latest are keywords."""
+    assert (since("all"), since("none"), since("latest")) == (SINCE_ALL, SINCE_NONE, SINCE_LATEST)
+
+
+def test_our_message_id_is_a_stamp() -> None:
+    """A 16-char base64url id decodes to its 12-byte stamp."""
+    assert since(encode_id(STAMP)) == Since("stamp", stamp=STAMP)
+
+
+@pytest.mark.parametrize("value", ["hwQ2YpKdmgAB", "123456789012"])
+def test_twelve_alphanumerics_mean_all(value: str) -> None:
+    """An ntfy-style 12-char id (even all digits, as ntfy checks ids first) means everything."""
+    assert since(value) == SINCE_ALL
+
+
+def test_unix_timestamp_is_inclusive_time() -> None:
+    """A plain integer is a unix timestamp."""
+    assert since("1699999000") == Since("time", time=1699999000)
+    assert since("0") == Since("time", time=0)
+
+
+@pytest.mark.parametrize(
+    ("value", "secs"),
+    [("30s", 30), ("10m", 600), ("1h", 3600), ("1d", 86400), ("1h30m", 5400), ("1.5h", 5400), ("100ms", 0.1)],
+)
+def test_durations_mean_now_minus(value: str, secs: float) -> None:
+    """A Go-style duration (days too) means now minus that."""
+    assert since(value) == Since("time", time=int(NOW - secs))
+
+
+@pytest.mark.parametrize("value", ["yesterday", "10x", "-5", "1h-", "h", "abc!", "12345678901$", "1 h"])
+def test_anything_else_is_40008(value: str) -> None:
+    """A since that is no id, timestamp or duration is 400 with code 40008."""
+    with pytest.raises(QueryError) as e:
+        since(value)
+    assert (e.value.http, e.value.code) == (400, 40008)
+
+
+def test_subscribe_route_matching() -> None:
+    """Only /{topics}/ws|json|sse|raw is a subscribe route."""
+    assert match_subscribe_path("/a,b/json") == ("a,b", "json")
+    assert match_subscribe_path("/a/ws") == ("a", "ws")
+    assert match_subscribe_path("/a/auth") is None
+    assert match_subscribe_path("/a/b/json") is None
+    assert match_subscribe_path("/a") is None
+
+
+def test_topics_are_validated_and_deduplicated() -> None:
+    """Each topic must match ntfy's regex (else 40009); repeats collapse in order."""
+    assert parse_topics("b,a,b") == ("b", "a")
+    for bad in ("a,,b", "a b", "x" * 65, "ä", ""):
+        with pytest.raises(QueryError) as e:
+            parse_topics(bad)
+        assert e.value.code == 40009
+
+
+def test_parameter_aliases_and_header_precedence() -> None:
+    """X-Since/X-Poll headers win over since/si and poll/po query params."""
+    sid = encode_id(STAMP)
+    r = parse_subscribe("a,b", "json", {}, {"si": sid, "po": "1"}, NOW)
+    assert r.since == Since("stamp", stamp=STAMP) and r.poll and r.topics == ("a", "b") and r.topics_raw == "a,b"
+    r = parse_subscribe("a", "sse", {"x-since": "all", "x-poll": "0"}, {"since": "none", "poll": "1"}, NOW)
+    assert r.since == SINCE_ALL and not r.poll
+    r = parse_subscribe("a", "raw", {}, {"poll": "true"}, NOW)
+    assert r.poll and r.since == SINCE_ALL

@@ -1,0 +1,237 @@
+"""The subscriber session fed events, asserting the commands it returns (no sockets, no store)."""
+
+from __future__ import annotations
+
+from upf_keyspace import Envelope, Stored
+
+from upf_pusher.session import RULES, Close, Phase, Read, Send, Session, SessionConfig
+
+BATCH = 3
+NOW = 1_700_000_000.0
+
+
+def stamp(n: int) -> bytes:
+    return n.to_bytes(10, "big") + b"\x00\x00"
+
+
+def row(n: int, text: str = "") -> Stored:
+    return Stored(stamp(n), Envelope(time=int(NOW), expires=int(NOW) + 60, message=text or f"m{n}"))
+
+
+def make(topics: tuple[str, ...] = ("a",), *, poll: bool = False, slow_after: float = 10.0) -> Session:
+    return Session(topics, ",".join(topics), SessionConfig(batch=BATCH, slow_after=slow_after), poll=poll)
+
+
+def live(topics: tuple[str, ...] = ("a",), cursor: bytes | None = None) -> Session:
+    """A session that subscribed and found an empty backlog on every topic."""
+    s = make(topics)
+    s.subscribed({t: cursor for t in topics}, NOW)
+    for t in topics:
+        s.batch_read(t, [])
+    assert s.phase is Phase.LIVE
+    return s
+
+
+# --- behaviour-named assertions ---------------------------------------------------------------------
+def events_sent(cmds: list) -> list[str]:
+    return [m.event for c in cmds if isinstance(c, Send) for m in c.messages]
+
+
+def texts_sent(cmds: list) -> list[str]:
+    return [m.message for c in cmds if isinstance(c, Send) for m in c.messages if m.event == "message"]
+
+
+def reads_of(cmds: list) -> list[tuple[str, bytes | None]]:
+    return [(c.topic, c.after) for c in cmds if isinstance(c, Read)]
+
+
+def assert_frames_sent(cmds: list, *texts: str) -> None:
+    assert texts_sent(cmds) == list(texts)
+
+
+def assert_reads(cmds: list, *reads: tuple[str, bytes | None]) -> None:
+    assert reads_of(cmds) == list(reads)
+
+
+def assert_closed_with(cmds: list, reason: str) -> None:
+    assert [c.reason for c in cmds if isinstance(c, Close)] == [reason]
+
+
+def assert_nothing(cmds: list) -> None:
+    assert cmds == []
+
+
+# --- tests ------------------------------------------------------------------------------------------
+def test_subscribed_sends_open_before_reading_every_topic() -> None:
+    """A stream's first output is the open event (topic = the raw list), then one read per topic from its cursor."""
+    s = make(("a", "b"))
+    cmds = s.subscribed({"a": None, "b": stamp(5)}, NOW)
+    assert isinstance(cmds[0], Send) and cmds[0].messages[0].event == "open"
+    assert cmds[0].messages[0].topic == "a,b"
+    assert_reads(cmds, ("a", None), ("b", stamp(5)))
+    assert s.phase is Phase.CATCHING_UP
+
+
+def test_poll_sends_no_open_and_closes_once_drained() -> None:
+    """poll=1 sends the backlog without an open event, then closes with 'done'."""
+    s = make(poll=True)
+    cmds = s.subscribed({"a": None}, NOW)
+    assert events_sent(cmds) == []
+    cmds = s.batch_read("a", [row(1), row(2)])
+    assert_frames_sent(cmds, "m1", "m2")
+    assert_closed_with(cmds, "done")
+    assert s.closed
+
+
+def test_catch_up_merges_topics_in_stamp_order() -> None:
+    """The initial drain of a multi-topic connection interleaves topics by stamp."""
+    s = make(("a", "b"))
+    s.subscribed({"a": None, "b": None}, NOW)
+    assert_nothing(s.batch_read("a", [row(1), row(4)]))  # b's next stamp is unknown yet
+    cmds = s.batch_read("b", [row(2), row(3), row(6)])  # a full batch: b may have more
+    assert_frames_sent(cmds, "m1", "m2", "m3", "m4", "m6")  # a is exhausted, so 6 is next overall
+    assert_reads(cmds, ("b", stamp(6)))
+    assert s.cursor("a") == stamp(4) and s.cursor("b") == stamp(6)
+
+
+def test_catch_up_rereads_a_topic_whose_batch_was_full() -> None:
+    """A full batch means more may follow: the merge reads that topic again before passing its last stamp."""
+    s = make(("a", "b"))
+    s.subscribed({"a": None, "b": None}, NOW)
+    s.batch_read("b", [row(10)])
+    cmds = s.batch_read("a", [row(1), row(2), row(3)])
+    assert_frames_sent(cmds, "m1", "m2", "m3")
+    assert_reads(cmds, ("a", stamp(3)))
+    cmds = s.batch_read("a", [row(11)])
+    assert_frames_sent(cmds, "m10", "m11")
+    assert s.phase is Phase.LIVE
+
+
+def test_each_connection_only_gets_stamps_after_its_cursor() -> None:
+    """Rows at or before the cursor (a racing read) are never sent twice."""
+    s = live(cursor=stamp(5))
+    cmds = s.poke("a")
+    assert_reads(cmds, ("a", stamp(5)))
+    cmds = s.batch_read("a", [row(4), row(5), row(6)][-2:])
+    assert_frames_sent(cmds, "m6")
+    assert s.cursor("a") == stamp(6)
+
+
+def test_poke_while_reading_is_coalesced_into_one_more_read() -> None:
+    """Two pokes during a read give exactly one further read, after the first finishes."""
+    s = live()
+    assert_reads(s.poke("a"), ("a", None))
+    assert_nothing(s.poke("a"))
+    assert_nothing(s.poke("a"))
+    cmds = s.batch_read("a", [row(1)])
+    assert_frames_sent(cmds, "m1")
+    assert_reads(cmds, ("a", stamp(1)))
+    assert_nothing(s.batch_read("a", []))
+
+
+def test_full_batch_reads_again_from_the_new_cursor() -> None:
+    """A batch of `limit` rows is followed by a read after its last stamp."""
+    s = live()
+    s.poke("a")
+    cmds = s.batch_read("a", [row(1), row(2), row(3)])
+    assert_reads(cmds, ("a", stamp(3)))
+
+
+def test_paused_connection_stops_reading_and_resumes_from_its_cursor() -> None:
+    """While paused no read is issued; on resume the drain continues from the cursor."""
+    s = live()
+    s.poke("a")
+    s.write_paused(NOW)
+    assert_nothing(s.batch_read("a", [row(1), row(2), row(3)]))  # read in flight: held, not sent
+    assert_nothing(s.poke("a"))
+    cmds = s.write_resumed()
+    assert_frames_sent(cmds, "m1", "m2", "m3")
+    assert_reads(cmds, ("a", stamp(3)))
+
+
+def test_paused_during_catch_up_holds_the_buffer() -> None:
+    """While catching up, a paused connection keeps what it read buffered and sends it on resume."""
+    s = make(("a",))
+    s.subscribed({"a": None}, NOW)
+    s.write_paused(NOW)
+    assert_nothing(s.batch_read("a", [row(1)]))
+    cmds = s.write_resumed()
+    assert_frames_sent(cmds, "m1")
+    assert s.phase is Phase.LIVE
+
+
+def test_slow_subscriber_is_closed_after_the_timeout() -> None:
+    """A connection paused for slow_after seconds is closed at the next tick."""
+    s = live()
+    s.write_paused(NOW)
+    assert_nothing(s.tick(NOW + 5, keepalive=False))
+    assert_closed_with(s.tick(NOW + 10, keepalive=True), "slow")
+    assert s.closed
+    assert_nothing(s.poke("a"))
+
+
+def test_keepalive_only_when_due_and_writable() -> None:
+    """A tick with keepalive due sends one keepalive event; none while paused, none for polls."""
+    s = live(("a", "b"))
+    assert events_sent(s.tick(NOW, keepalive=True)) == ["keepalive"]
+    assert s.tick(NOW, keepalive=True)[0].messages[0].topic == "a,b"  # type: ignore[union-attr]
+    assert_nothing(s.tick(NOW, keepalive=False))
+    s.write_paused(NOW)
+    assert_nothing(s.tick(NOW + 1, keepalive=True))
+    p = make(poll=True)
+    p.subscribed({"a": None}, NOW)
+    assert_nothing(p.tick(NOW, keepalive=True))
+
+
+def test_poke_before_subscribed_is_covered_by_the_catch_up() -> None:
+    """A poke while the store resolves since is dropped: the catch-up reads everything after the cursor."""
+    s = make()
+    assert_nothing(s.poke("a"))
+    assert_reads(s.subscribed({"a": stamp(1)}, NOW), ("a", stamp(1)))
+
+
+def test_poke_during_catch_up_rereads_a_finished_topic_when_live() -> None:
+    """A topic poked after its catch-up read ended is read again once the connection is live."""
+    s = make(("a", "b"))
+    s.subscribed({"a": None, "b": None}, NOW)
+    s.batch_read("a", [])
+    assert_nothing(s.poke("a"))
+    cmds = s.batch_read("b", [])
+    assert_reads(cmds, ("a", None))
+    assert s.phase is Phase.LIVE
+
+
+def test_read_failure_waits_for_the_next_poke() -> None:
+    """A failed read is not retried at once (no hot loop); the next poke or safety poll retries it."""
+    s = live()
+    s.poke("a")
+    assert_nothing(s.read_failed("a"))
+    assert_reads(s.poke_all(), ("a", None))
+
+
+def test_peer_closed_ignores_everything_after() -> None:
+    """After the peer left, reads that complete send nothing."""
+    s = live()
+    s.poke("a")
+    s.peer_closed()
+    assert_nothing(s.batch_read("a", [row(1)]))
+    assert_nothing(s.tick(NOW, keepalive=True))
+
+
+def test_shutdown_closes_once() -> None:
+    """Shutdown closes with 'shutdown', and only once."""
+    s = live()
+    assert_closed_with(s.shutdown(), "shutdown")
+    assert_nothing(s.shutdown())
+
+
+def test_unknown_topic_events_are_ignored() -> None:
+    """A poke or batch for a topic the connection does not hold does nothing."""
+    s = live()
+    assert_nothing(s.poke("zzz"))
+    assert_nothing(s.batch_read("zzz", [row(1)]))
+
+
+def test_rules_table_has_no_exit_from_closed() -> None:
+    """CLOSED is terminal: no rule starts from it."""
+    assert not [k for k in RULES if k[0] is Phase.CLOSED]
