@@ -1,0 +1,247 @@
+"""The front door over real sockets: routing, ops routes, errors, the ASGI fallback, shutdown, affinity races."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import websockets
+from upf_pusher_testkit import MS, eventually, publish, raw_request
+
+from upf_keyspace import Store
+
+from upf_pusher import __version__
+from upf_pusher.server import Pusher
+
+
+def status_and_body(raw: bytes) -> tuple[int, dict[str, str], bytes]:
+    head, _, body = raw.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    headers = {k.lower(): v.strip() for k, _, v in (ln.partition(":") for ln in lines[1:])}
+    return int(lines[0].split()[1]), headers, body
+
+
+async def get(port: int, path: str, extra: str = "") -> tuple[int, dict[str, str], bytes]:
+    return status_and_body(await raw_request(port, f"GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n{extra}\r\n".encode()))
+
+
+async def test_ws_without_upgrade_is_40016(pusher: Pusher) -> None:
+    """GET /{topic}/ws without Upgrade: websocket is 400 with code 40016."""
+    status, headers, body = await get(pusher.port, "/t/ws")
+    assert status == 400 and headers["content-type"] == "application/json"
+    assert json.loads(body)["code"] == 40016
+
+
+async def test_unknown_path_without_fallback_is_ntfy_404(pusher: Pusher) -> None:
+    """Without a fallback app, other paths get ntfy's 404 JSON."""
+    status, _, body = await get(pusher.port, "/t")
+    assert status == 404 and json.loads(body) == {"code": 40401, "http": 404, "error": "page not found"}
+
+
+async def test_ops_routes(pusher: Pusher) -> None:
+    """Health, load-balancer heartbeat, store heartbeat and version answer as documented."""
+    assert (await get(pusher.port, "/v1/health"))[::2] == (200, b'{"healthy":true}\n')
+    assert (await get(pusher.port, "/__lbheartbeat__"))[::2] == (200, b"{}")
+    status, _, body = await get(pusher.port, "/__heartbeat__")
+    assert status == 200 and json.loads(body)["store"] == "ok"
+    status, _, body = await get(pusher.port, "/__version__")
+    assert status == 200 and json.loads(body) == {"name": "upf-pusher", "version": __version__}
+
+
+async def test_heartbeat_is_503_when_the_store_fails(pusher: Pusher, monkeypatch: Any) -> None:
+    """__heartbeat__ reports 503 when a store read fails."""
+
+    async def broken(*a: Any, **k: Any) -> Any:
+        raise RuntimeError("store down")
+
+    monkeypatch.setattr(pusher.store, "read_after", broken)
+    status, _, body = await get(pusher.port, "/__heartbeat__")
+    assert status == 503 and json.loads(body)["store"] == "error"
+
+
+async def test_keep_alive_serves_requests_in_order(pusher: Pusher) -> None:
+    """Pipelined requests on one connection are answered in order, the last one closes."""
+    reqs = b"GET /v1/health HTTP/1.1\r\nHost: x\r\n\r\nGET /__heartbeat__ HTTP/1.1\r\nHost: x\r\n\r\nGET /nope HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    out = await raw_request(pusher.port, reqs)
+    assert out.count(b"HTTP/1.1 ") == 3
+    assert out.index(b"healthy") < out.index(b'"store":"ok"') < out.index(b"40401")
+
+
+async def test_invalid_utf8_path_is_400(pusher: Pusher) -> None:
+    """A path that is not UTF-8 after percent-decoding is 400."""
+    status, _, body = status_and_body(await raw_request(pusher.port, b"GET /%ff/json HTTP/1.1\r\nHost: x\r\n\r\n"))
+    assert status == 400 and json.loads(body)["http"] == 400
+
+
+async def test_garbage_is_400_and_closed(pusher: Pusher) -> None:
+    """A malformed request line gets 400 and the connection is closed."""
+    status, _, _ = status_and_body(await raw_request(pusher.port, b"HELLO\r\n\r\n"))
+    assert status == 400
+
+
+async def test_websocket_declines_compression_and_answers_pings(pusher: Pusher, store: Store) -> None:
+    """The server never negotiates permessage-deflate, and answers a client's ping."""
+    async with websockets.connect(f"ws://127.0.0.1:{pusher.port}/z/ws") as ws:  # offers deflate by default
+        assert ws.response.headers.get("Sec-WebSocket-Extensions") is None
+        assert json.loads(await ws.recv())["event"] == "open"
+        pong = await ws.ping()
+        await asyncio.wait_for(pong, 2000 * MS)
+        await publish(store, "z", "after-ping")
+        assert json.loads(await ws.recv())["message"] == "after-ping"
+
+
+async def test_stop_closes_subscribers_cleanly(start_pusher: Any, clients: Any) -> None:
+    """On stop, a WebSocket gets close code 1001 and a stream gets its last chunk."""
+    p = await start_pusher()
+    ws = await websockets.connect(f"ws://127.0.0.1:{p.port}/s/ws")
+    await ws.recv()
+    stream = await clients(p.port, "json", "/s/json")
+    await stream.next()
+    await p.stop()
+    await asyncio.wait_for(ws.wait_closed(), 2000 * MS)
+    assert ws.close_code == 1001
+    await asyncio.wait_for(stream.closed.wait(), 2000 * MS)
+    await ws.close()
+
+
+async def test_resubscribe_during_release_keeps_the_topic_held(pusher: Pusher, store: Store, clients: Any) -> None:
+    """A subscriber arriving while the last one's release is in flight ends with the topic held."""
+    hub = pusher.hub
+    gate = asyncio.Event()
+    real_release = store.release
+
+    async def slow_release(topics: Any, node: str) -> None:
+        await real_release(topics, node)
+        await gate.wait()  # the release has committed; hold the worker here
+
+    pusher.store.release = slow_release  # type: ignore[method-assign]
+    try:
+        a = await clients(pusher.port, "json", "/race/json")
+        await a.next()
+        await a.close()
+        await eventually(lambda: "race" in hub._affinity and "race" not in hub.by_topic)
+        b = await clients(pusher.port, "sse", "/race/sse")
+        await b.next()
+        gate.set()
+        await eventually(lambda: "race" not in hub._affinity)
+        assert (await publish(store, "race", "still-held")).poked == 1
+        assert (await b.next_message())["message"] == "still-held"
+    finally:
+        gate.set()
+        pusher.store.release = real_release  # type: ignore[method-assign]
+
+
+# --- the ASGI fallback ------------------------------------------------------------------------------
+class EchoApp:
+    """A tiny ASGI app: echoes method, path, query and body; records its lifespan."""
+
+    def __init__(self) -> None:
+        self.lifespan: list[str] = []
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            while True:
+                msg = await receive()
+                if msg["type"] == "lifespan.startup":
+                    self.lifespan.append("startup")
+                    scope["state"]["greeting"] = "hi"
+                    await send({"type": "lifespan.startup.complete"})
+                else:
+                    self.lifespan.append("shutdown")
+                    await send({"type": "lifespan.shutdown.complete"})
+                    return
+        body = b""
+        while True:
+            msg = await receive()
+            body += msg.get("body", b"")
+            if not msg.get("more_body"):
+                break
+        if scope["path"] == "/stream":
+            await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/plain")]})
+            await send({"type": "http.response.body", "body": b"part1", "more_body": True})
+            await send({"type": "http.response.body", "body": b"part2"})
+            return
+        if scope["path"] == "/boom":
+            raise RuntimeError("boom")
+        out = json.dumps(
+            {
+                "method": scope["method"],
+                "path": scope["path"],
+                "raw_path": scope["raw_path"].decode(),
+                "query": scope["query_string"].decode(),
+                "body": body.decode(),
+                "state": scope.get("state", {}).get("greeting"),
+                "client": list(scope["client"]) if scope["client"] else None,
+            }
+        ).encode()
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"application/json")]})
+        await send({"type": "http.response.body", "body": out})
+
+
+async def test_fallback_gets_other_requests_with_their_bodies(start_pusher: Any) -> None:
+    """Non-subscribe requests reach the fallback app with method, path, query, body and lifespan state."""
+    app = EchoApp()
+    p = await start_pusher(fallback=app)
+    assert app.lifespan == ["startup"]
+    raw = await raw_request(
+        p.port, b"POST /up%41?up=1 HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nConnection: close\r\n\r\nhello"
+    )
+    status, headers, body = status_and_body(raw)
+    got = json.loads(body)
+    assert status == 200 and headers["content-length"] == str(len(body))
+    assert got["method"] == "POST" and got["path"] == "/upA" and got["raw_path"] == "/up%41"
+    assert got["query"] == "up=1" and got["body"] == "hello" and got["state"] == "hi" and got["client"][0] == "127.0.0.1"
+    await p.stop()
+    assert app.lifespan == ["startup", "shutdown"]
+
+
+async def test_fallback_chunked_body_keep_alive_and_expect_continue(start_pusher: Any) -> None:
+    """Chunked bodies decode, Expect: 100-continue gets its interim reply, keep-alive serves the next request."""
+    p = await start_pusher(fallback=EchoApp())
+    reqs = (
+        b"PUT /t HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nExpect: 100-continue\r\n\r\n"
+        b"3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n"
+        b"GET /t/json HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"  # wait: that's a subscribe; use poll
+    ).replace(b"/t/json HTTP", b"/t/json?poll=1 HTTP")
+    out = await raw_request(p.port, reqs)
+    assert out.startswith(b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK")
+    first = out[len(b"HTTP/1.1 100 Continue\r\n\r\n") :]
+    _, _, rest = first.partition(b"\r\n\r\n")
+    assert json.loads(rest[: rest.index(b"}") + 1])["body"] == "abcde"
+    assert b"application/x-ndjson" in rest  # the poll on the same connection was served after
+
+
+async def test_fallback_streaming_response_is_chunked(start_pusher: Any) -> None:
+    """A response sent in several body messages goes out chunked."""
+    p = await start_pusher(fallback=EchoApp())
+    status, headers, body = status_and_body(await raw_request(p.port, b"GET /stream HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"))
+    assert status == 200 and headers["transfer-encoding"] == "chunked"
+    assert body == b"5\r\npart1\r\n5\r\npart2\r\n0\r\n\r\n"
+
+
+async def test_fallback_body_over_limit_is_413(start_pusher: Any) -> None:
+    """A request body over 64 KiB is refused with 413 before the app sees it."""
+    p = await start_pusher(fallback=EchoApp())
+    status, _, body = status_and_body(await raw_request(p.port, b"POST /t HTTP/1.1\r\nHost: x\r\nContent-Length: 70000\r\n\r\n"))
+    assert status == 413 and json.loads(body)["http"] == 413
+    big = b"8000\r\n" + b"a" * 0x8000 + b"\r\n"
+    status, _, _ = status_and_body(
+        await raw_request(p.port, b"POST /t HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n" + big * 3)
+    )
+    assert status == 413
+
+
+async def test_fallback_error_is_500(start_pusher: Any) -> None:
+    """An app that raises before responding gives a 500 JSON error."""
+    p = await start_pusher(fallback=EchoApp())
+    status, _, body = status_and_body(await raw_request(p.port, b"GET /boom HTTP/1.1\r\nHost: x\r\n\r\n"))
+    assert status == 500 and json.loads(body)["http"] == 500
+
+
+async def test_subscribe_and_ops_routes_take_precedence_over_the_fallback(start_pusher: Any, clients: Any) -> None:
+    """With a fallback, subscribe and ops routes are still the pusher's own."""
+    p = await start_pusher(fallback=EchoApp())
+    assert (await get(p.port, "/v1/health"))[2] == b'{"healthy":true}\n'
+    c = await clients(p.port, "json", "/mine/json")
+    assert (await c.next())["event"] == "open"
