@@ -179,7 +179,7 @@ async def test_cli_sweep_writes_table_plot_and_json(fake_ntfy, tmp_path: Path) -
     png, out_json = tmp_path / "sweep.png", tmp_path / "sweep.json"
     rc, out, err = await _cli(
         "sweep", "--url", srv.http_url, "--transport", "json", "--topics", "2", "--rates", "20,40",
-        "--duration", "1", "--pause", "0", "--plot", str(png), "--json", str(out_json), "--quiet",
+        "--duration", "0.6", "--pause", "0", "--plot", str(png), "--json", str(out_json), "--quiet",
     )
     assert rc == 0, out + err
     assert "knee: not reached" in out

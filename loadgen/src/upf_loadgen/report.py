@@ -4,6 +4,7 @@ numbers a run produced, so they are testable without a server.
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Iterable, Sequence
 
 import msgspec
@@ -183,12 +184,15 @@ def latency_summary(hist: HdrHistogram) -> LatencySummary:
         return LatencySummary()
     counts = [0] * (len(BUCKET_BOUNDS_MS) + 1)
     bounds_us = [b * 1000 for b in BUCKET_BOUNDS_MS]
-    for item in hist.get_recorded_iterator():
-        value = item.value_iterated_to
-        i = 0
-        while i < len(bounds_us) and value > bounds_us[i]:
-            i += 1
-        counts[i] += item.count_at_value_iterated_to
+    # a direct scan of the counts array: hdrh's own iterators are far slower in pure Python
+    raw = hist.counts
+    for index in range(hist.counts_len):
+        c = raw[index]
+        if not c:
+            continue
+        value = hist.get_value_from_index(index)  # lowest equivalent: exact bounds stay in their bucket
+        i = bisect.bisect_left(bounds_us, value)
+        counts[i] += c
     buckets = [Bucket(float(b), c) for b, c in zip(BUCKET_BOUNDS_MS, counts)] + [Bucket(None, counts[-1])]
     pct = hist.get_percentile_to_value_dict([50, 90, 95, 99, 99.9])
     return LatencySummary(
@@ -215,7 +219,11 @@ def find_knee(points: Iterable[SweepPoint], tolerance: float = 0.05, p99_bound_m
         if p.offered_per_s < floor:
             reasons.append(
                 f"loadgen offered only {p.offered_per_s:.0f}/s of {p.rate:.0f}/s"
-                + (" (loadgen CPU-bound)" if p.loadgen_saturated else " (publishes too slow)")
+                + (
+                    " (loadgen CPU-bound)"
+                    if p.loadgen_saturated
+                    else " (publishes too slow: at most --pool-size per worker are in flight)"
+                )
             )
         if p.delivered_per_s < floor:
             reasons.append(f"delivered {p.delivered_per_s:.0f}/s < {100 * (1 - tolerance):.0f}% of {p.rate:.0f}/s")
@@ -341,7 +349,9 @@ def format_sweep(s: SweepReport) -> str:
             f"{_fmt_ms(p.max_ms):>8} {p.drain_secs:>8.2f} {p.violations:>5} {p.loadgen_cpu_pct:>5.0f}"
             + ("  loadgen-saturated" if p.loadgen_saturated else "")
         )
-    if s.knee is None:
+    if not s.points:
+        lines.append("knee: no completed steps")
+    elif s.knee is None:
         lines.append(
             f"knee: not reached (delivered within {100 * s.tolerance:.0f}% of offered and p99 <= {s.p99_bound_ms:g} ms "
             "at every rate)"
@@ -351,7 +361,7 @@ def format_sweep(s: SweepReport) -> str:
         lines.append(f"knee: at {s.knee.rate:.0f}/s (last good {good}): " + "; ".join(s.knee.reasons))
     if s.plot:
         lines.append(f"plot: {s.plot}")
-    lines.append("VERDICT: " + ("CLEAN" if s.ok else "VIOLATIONS"))
+    lines.append("VERDICT: " + {0: "CLEAN", 1: "VIOLATIONS"}.get(s.exit_code, "SETUP FAILED"))
     return "\n".join(lines)
 
 

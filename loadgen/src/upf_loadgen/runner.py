@@ -16,6 +16,7 @@ import multiprocessing as mp
 import os
 import queue
 import resource
+import signal
 import threading
 import time
 from collections import Counter
@@ -343,6 +344,8 @@ async def _guarded(coro: Awaitable[None], wid: int, emit: Emit) -> None:
 
 def _worker_process(scn_raw: bytes, wid: int, indices: list[int], out_q: Any, ctl_q: Any) -> None:
     """Entry point of a spawned worker process."""
+    # Ctrl-C is the parent's to handle; it terminates the workers it started
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     raise_fd_limit()
     scn = msgspec.msgpack.decode(scn_raw, type=Scenario)
     limit = scn.connect_timeout + 120.0
@@ -507,6 +510,8 @@ async def _supervise(
         elif kind == "result":
             results[wid] = msgspec.msgpack.decode(payload, type=WorkerResult)
         elif kind == "error":
+            if wid in results:
+                continue  # it already delivered its result; a failure on the way out changes nothing
             error = error or f"worker {wid} failed: {payload}"
             results.setdefault(wid, WorkerResult(worker=wid, ready=ready.get(wid) or _no_ready(), started=False))
             if not decided:
@@ -550,11 +555,29 @@ async def _run_processes(
         for q in ctl_qs:
             q.put(value)
 
+    async def watchdog() -> None:
+        # a worker that dies (OOM, signal) never reports; tell the supervisor instead of waiting it out
+        reported: set[int] = set()
+        while True:
+            await asyncio.sleep(0.5)
+            for wid, p in enumerate(procs):
+                if wid not in reported and p.exitcode not in (None, 0):
+                    reported.add(wid)
+                    events.put_nowait(("error", wid, f"worker process exited with code {p.exitcode}"))
+
+    dog = asyncio.create_task(watchdog())
+    clean_exit = False
     try:
-        return await _supervise(scn, events, start_all, len(procs))
+        result = await _supervise(scn, events, start_all, len(procs))
+        clean_exit = True
+        return result
     finally:
+        dog.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await dog
         for p in procs:
-            await asyncio.to_thread(p.join, 10.0)
+            if clean_exit:
+                await asyncio.to_thread(p.join, 10.0)
             if p.is_alive():
                 p.terminate()
                 await asyncio.to_thread(p.join, 5.0)
