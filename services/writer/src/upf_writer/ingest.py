@@ -35,6 +35,8 @@ from typing import NamedTuple
 import msgspec
 from upf_keyspace import Envelope, ErrorBody, Settings
 
+from .schemas import JsonPublish, MatrixPush
+
 __all__ = [
     "Problem",
     "PublishError",
@@ -273,12 +275,6 @@ def unifiedpush_requested(headers: Mapping[str, str], query: Mapping[str, str]) 
     return _read_bool(headers, query, _UNIFIEDPUSH)
 
 
-def _is_unifiedpush_publish(headers: Mapping[str, str], query: Mapping[str, str]) -> bool:
-    if unifiedpush_requested(headers, query):
-        return True
-    return go_trim(headers.get("content-encoding", "")).lower() == "aes128gcm"
-
-
 def _parse_priority(text: str) -> int:
     if not text:
         return 0
@@ -342,6 +338,35 @@ def _capped(text: str, limits: Limits) -> str:
     return text
 
 
+_PARAM_NAMES = {
+    "message": _MESSAGE,
+    "title": _TITLE,
+    "priority": _PRIORITY,
+    "tags": _TAGS,
+    "click": _CLICK,
+    "icon": _ICON,
+    "markdown": _MARKDOWN,
+    "unifiedpush": _UNIFIEDPUSH,
+    "content_type": _CONTENT_TYPE,
+}
+_MEANING_OF = {name: meaning for meaning, names in _PARAM_NAMES.items() for name in names}
+_ALL_NAMES = frozenset(_MEANING_OF)
+
+
+def _present(headers: Mapping[str, str], query: Mapping[str, str]) -> dict[str, str]:
+    """meaning -> value for every parameter the request carries, by ntfy's readParam rules. Only the
+    meanings whose names occur are read, so a typical publish costs a set intersection or two."""
+    meanings = {_MEANING_OF[n] for n in _ALL_NAMES.intersection(headers)}
+    if query:
+        meanings.update(_MEANING_OF[n] for n in _ALL_NAMES.intersection(query))
+    out: dict[str, str] = {}
+    for meaning in meanings:
+        value = read_param(headers, query, _PARAM_NAMES[meaning])
+        if value:
+            out[meaning] = value
+    return out
+
+
 def parse_params(
     headers: Mapping[str, str],
     query: Mapping[str, str],
@@ -352,25 +377,29 @@ def parse_params(
     request, as the fields of a JSON publish do in ntfy (which sets them as headers)."""
     if overrides:
         headers = {**headers, **overrides}
-    icon = read_param(headers, query, _ICON)
+    p = _present(headers, query)
+    encrypted = "content-encoding" in headers and go_trim(headers["content-encoding"]).lower() == "aes128gcm"
+    ttl = _parse_ttl(headers, limits.default_ttl_secs)
+    idem = _parse_idempotency_key(headers)
+    if not p:
+        return Params(unifiedpush=encrypted, ttl=ttl, idem=idem)
+    icon = p.get("icon", "")
     if icon and _URL_RE.match(icon) is None:
         raise PublishError(ICON_INVALID)
-    markdown = _read_bool(headers, query, _MARKDOWN)
-    media_type = read_param(headers, query, _CONTENT_TYPE).split(";", 1)[0]
-    if go_trim(media_type).lower() == "text/markdown":
+    markdown = p.get("markdown", "").lower() in ("1", "yes", "true")
+    if go_trim(p.get("content_type", "").split(";", 1)[0]).lower() == "text/markdown":
         markdown = True
-    tags_text = _capped(read_param(headers, query, _TAGS), limits)
     return Params(
-        unifiedpush=_is_unifiedpush_publish(headers, query),
-        message=_capped(read_param(headers, query, _MESSAGE).replace("\\n", "\n"), limits),
-        title=_capped(read_param(headers, query, _TITLE), limits),
-        priority=_parse_priority(read_param(headers, query, _PRIORITY)),
-        tags=_split_tags(tags_text),
-        click=_capped(read_param(headers, query, _CLICK), limits),
+        unifiedpush=encrypted or p.get("unifiedpush", "").lower() in ("1", "yes", "true"),
+        message=_capped(p.get("message", "").replace("\\n", "\n"), limits),
+        title=_capped(p.get("title", ""), limits),
+        priority=_parse_priority(p.get("priority", "")),
+        tags=_split_tags(_capped(p.get("tags", ""), limits)),
+        click=_capped(p.get("click", ""), limits),
         icon=_capped(icon, limits),
         content_type="text/markdown" if markdown else "",
-        ttl=_parse_ttl(headers, limits.default_ttl_secs),
-        idem=_parse_idempotency_key(headers),
+        ttl=ttl,
+        idem=idem,
     )
 
 
@@ -441,20 +470,7 @@ def ingest_publish(
 
 
 # --- JSON publish (POST/PUT /) ---------------------------------------------------------------------
-class _JsonPublish(msgspec.Struct):
-    """ntfy's ``publishMessage``; fields UPF does not implement are ignored; ``null`` means unset."""
-
-    topic: str | None = None
-    message: str | None = None
-    title: str | None = None
-    priority: int | None = None
-    tags: list[str] | None = None
-    click: str | None = None
-    icon: str | None = None
-    markdown: bool | None = None
-
-
-_json_publish_decoder = msgspec.json.Decoder(_JsonPublish)
+_json_publish_decoder = msgspec.json.Decoder(JsonPublish)
 
 
 def json_body_limit(limits: Limits) -> int:
@@ -492,19 +508,7 @@ def ingest_json(
 
 
 # --- Matrix push gateway (POST /_matrix/push/v1/notify) ---------------------------------------------
-class _Device(msgspec.Struct):
-    pushkey: str | None = None
-
-
-class _Notification(msgspec.Struct):
-    devices: list[_Device | None] | None = None
-
-
-class _MatrixBody(msgspec.Struct):
-    notification: _Notification | None = None
-
-
-_matrix_decoder = msgspec.json.Decoder(_MatrixBody)
+_matrix_decoder = msgspec.json.Decoder(MatrixPush)
 
 
 class MatrixOutcome(msgspec.Struct, frozen=True):

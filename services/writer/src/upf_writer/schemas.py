@@ -1,4 +1,4 @@
-"""HTTP response bodies of the writer as msgspec Structs, and their one shared JSON encoder.
+"""HTTP request and response bodies of the writer as msgspec Structs, and their one shared JSON encoder.
 
 The ntfy message (``upf_keyspace.wire.Message``) and error (``upf_keyspace.wire.ErrorBody``) objects
 come from the library, since the pusher emits the same shapes; the rest are writer-only.
@@ -10,6 +10,10 @@ import msgspec
 from upf_keyspace import ErrorBody, Message
 
 __all__ = [
+    "JsonPublish",
+    "MatrixDevice",
+    "MatrixNotification",
+    "MatrixPush",
     "UnifiedPushInfo",
     "UnifiedPushDiscovery",
     "MatrixGatewayInfo",
@@ -25,6 +29,36 @@ __all__ = [
 ]
 
 
+# --- request bodies ---------------------------------------------------------------------------------
+class JsonPublish(msgspec.Struct):
+    """ntfy's JSON publish (``publishMessage``). Fields UPF does not implement (actions, attach,
+    filename, email, call, cache, firebase, delay) are ignored; ``null`` means unset, as in Go."""
+
+    topic: str | None = None
+    message: str | None = None
+    title: str | None = None
+    priority: int | None = None
+    tags: list[str] | None = None
+    click: str | None = None
+    icon: str | None = None
+    markdown: bool | None = None
+
+
+class MatrixDevice(msgspec.Struct):
+    pushkey: str | None = None
+
+
+class MatrixNotification(msgspec.Struct):
+    devices: list[MatrixDevice | None] | None = None
+
+
+class MatrixPush(msgspec.Struct):
+    """The part of a Matrix Push Gateway request the gateway reads: ``notification.devices[].pushkey``."""
+
+    notification: MatrixNotification | None = None
+
+
+# --- response bodies --------------------------------------------------------------------------------
 class UnifiedPushInfo(msgspec.Struct, frozen=True):
     version: int = 1
 

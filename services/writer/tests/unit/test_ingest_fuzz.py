@@ -131,3 +131,15 @@ def test_http_decoding_fuzz(raw: list[tuple[bytes, bytes]], qs: bytes) -> None:
         assert exc.problem in ingest.CATALOG
         return
     assert_encodes(got)
+
+
+@settings(max_examples=500)
+@given(qs=st.text(alphabet="ab=&%+;x1 é", max_size=40))
+def test_query_fast_path_matches_parse_qsl(qs: str) -> None:
+    """The unescape-free fast path of decode_query gives what parse_qsl gives (first value wins)."""
+    from urllib.parse import parse_qsl
+
+    expected: dict[str, str] = {}
+    for k, v in parse_qsl(qs, keep_blank_values=True, errors="replace"):
+        expected.setdefault(k, v)
+    assert decode_query(qs.encode()) == expected

@@ -2,8 +2,9 @@
 ``/`` and the Matrix push gateway.
 
 ``/{topic}`` is a bare ASGI callable (``build_topic_endpoint``), not a Litestar route handler:
-Litestar's per-request machinery (signature model, parameter parsing, response building) costs about
-2.5x a lean handler (measurements.md), and this route carries nearly all of the writer's traffic. It
+Litestar's per-request machinery (signature model, parameter parsing, response building) nearly
+halves what this route can serve (bench/README.md: ~11k vs ~4.4-6.4k publishes/s with a no-op store
+on one core), and this route carries nearly all of the writer's traffic. It
 answers every method itself; ``WriterApp`` (app.py) hands it every one-segment path that is not one
 of Litestar's own plain routes. (An ``@asgi`` route at ``/{topic:str}`` would be the obvious way, but
 Litestar 2.25 raises KeyError routing an ``@asgi`` handler that has a path parameter.) The JSON and
