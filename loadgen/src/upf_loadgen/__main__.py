@@ -34,7 +34,7 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     g.add_argument("--message-size", type=int, default=0, help="pad each body to this many bytes (default: no padding)")
     g.add_argument("--binary", action="store_true", help="UnifiedPush binary bodies: POST ?up=1 with non-UTF-8 bytes")
     g.add_argument("--procs", type=int, default=1, help="worker processes; topics are split across them (default %(default)s)")
-    g.add_argument("--pool-size", type=int, default=64, help="keep-alive publish connections per worker (default %(default)s)")
+    g.add_argument("--pool-size", type=int, default=256, help="keep-alive publish connections per worker (default %(default)s)")
     g.add_argument("--drain-timeout", type=float, default=30.0, help="max seconds to wait for the backlog after publishing (default %(default)s)")
     g.add_argument("--connect-timeout", type=float, default=30.0, help="max seconds for all subscribers to get their open frame (default %(default)s)")
     g.add_argument("--publish-timeout", type=float, default=10.0, help="per-publish timeout in seconds (default %(default)s)")

@@ -213,6 +213,8 @@ class Pool:
         self._idle: list[Connection] = []
         self._all: set[Connection] = set()
         self.opened = 0
+        self.waits = 0
+        """requests that found every connection busy and queued for one"""
 
     async def _take(self) -> Connection:
         now = time.monotonic()
@@ -234,6 +236,8 @@ class Pool:
     async def request(
         self, method: str, target: str, body: bytes | None = None, headers: dict[str, str] | None = None
     ) -> tuple[int, bytes]:
+        if self._sem.locked():
+            self.waits += 1
         async with self._sem:
             conn = await self._take()
             try:

@@ -70,6 +70,11 @@ class Throughput(msgspec.Struct, kw_only=True):
     accepted_per_s: float
     delivered_per_s: float
     """deliveries while publishing ran, per second of publishing, per subscriber"""
+    pool_waits: int = 0
+    """publishes that queued for a free keep-alive connection; many means --pool-size, not the
+    server, capped the offered rate (the queueing time is part of the measured latency)"""
+    pool_connections: int = 0
+    """publish connections opened over the run (reconnects after errors or idle drops included)"""
 
 
 class Drain(msgspec.Struct, kw_only=True):
@@ -288,6 +293,7 @@ def format_run(r: RunReport) -> str:
     out += [
         f"throughput: offered {t.offered} ({t.offered_per_s:.0f}/s), accepted {t.accepted} ({t.accepted_per_s:.0f}/s), "
         f"rejected {t.rejected}, errors {t.errors}",
+        f"            publish pool: {t.pool_connections} connections opened, {t.pool_waits} publishes queued for one",
         f"            delivered {t.delivered}/{t.expected_deliveries} "
         f"({t.delivered_per_s:.0f}/s per subscriber during {t.publish_secs:.1f}s of publishing)",
         f"drain: {r.drain.secs:.2f}s, {'complete' if r.drain.complete else 'TIMED OUT'}, "

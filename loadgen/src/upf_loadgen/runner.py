@@ -106,6 +106,8 @@ class WorkerResult(msgspec.Struct, kw_only=True):
     disconnects: int = 0
     reconnects: int = 0
     bad_frames: list[str] = []
+    pool_waits: int = 0
+    pool_connections: int = 0
     latency: bytes = b""
     publish_latency: bytes = b""
     load_cpu_secs: float = 0.0
@@ -327,6 +329,8 @@ async def _load(
         disconnects=sum(s.disconnects for s in subs),
         reconnects=sum(s.reconnects for s in subs),
         bad_frames=[f"{s.topic}/{s.sub}: {s.bad_frame}" for s in subs if s.bad_frame][:_MAX_SAMPLES],
+        pool_waits=pool.waits,
+        pool_connections=pool.opened,
         latency=stats.latency.encode(),
         publish_latency=stats.publish_latency.encode(),
         load_cpu_secs=load_cpu,
@@ -629,6 +633,8 @@ def _merge(
         offered_per_s=round(offered / publish_secs, 1),
         accepted_per_s=round(accepted / publish_secs, 1),
         delivered_per_s=round(s(lambda r: r.delivered_during_load) / publish_secs / subs, 1),
+        pool_waits=s(lambda r: r.pool_waits),
+        pool_connections=s(lambda r: r.pool_connections),
     )
     drain = Drain(
         secs=round(max((r.drain_secs for r in results), default=0.0), 3),
