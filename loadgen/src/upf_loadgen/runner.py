@@ -26,14 +26,13 @@ from typing import Any
 import msgspec
 
 from .checker import TopicVerdict, Violations, check_topic
-from .http11 import Endpoint, Pool, check_loopback, parse_endpoint
+from .http11 import Pool, check_loopback, parse_endpoint
 from .metrics import LiveStats, new_histogram
 from .publishers import Publisher
 from .report import (
     Cpu,
     Drain,
     Knee,
-    LatencySummary,
     PublishFailures,
     RunReport,
     Subscriptions,
@@ -46,7 +45,7 @@ from .report import (
 from .scenario import Scenario, new_run_id, publish_schedule, split_topics, topic_name
 from .subscribers import Subscriber
 
-__all__ = ["SetupError", "run_scenario", "run_sweep", "WorkerResult", "raise_fd_limit"]
+__all__ = ["SetupError", "run_scenario", "run_sweep", "sweep_point", "WorkerResult", "raise_fd_limit"]
 
 log = logging.getLogger("upf_loadgen")
 
@@ -766,5 +765,3 @@ async def run_sweep(
         runs=runs,
     )
 
-
-__all__ += ["sweep_point", "LatencySummary", "Endpoint"]

@@ -17,7 +17,7 @@ import msgspec
 from websockets.asyncio.client import ClientConnection, connect
 
 from .checker import Received
-from .http11 import Connection, Endpoint, HttpError
+from .http11 import Connection, Endpoint
 from .metrics import LiveStats, record_us
 from .wire import PayloadError, body_bytes, decode_message, decode_payload
 
