@@ -227,7 +227,8 @@ def find_knee(points: Iterable[SweepPoint], tolerance: float = 0.05, p99_bound_m
                 + (
                     " (loadgen CPU-bound)"
                     if p.loadgen_saturated
-                    else " (publishes too slow: at most --pool-size per worker are in flight)"
+                    else " (publishes too slow: each topic awaits its previous publish, and at most"
+                    " --pool-size per worker are in flight)"
                 )
             )
         if p.delivered_per_s < floor:
