@@ -85,6 +85,7 @@ class HttpProtocol(asyncio.Protocol):
                 self._refuse(e)
                 return
             if rest is not None:
+                self._disarm()
                 self.buf = rest
             return
         self.buf += data
@@ -105,8 +106,9 @@ class HttpProtocol(asyncio.Protocol):
             self.timer = None
 
     def _timeout(self) -> None:
+        """No request head (or no request body) in time, or idle too long between requests: close."""
         self.timer = None
-        if not self.busy:
+        if not self.busy or (self.cycle is not None and self.cycle.reading_body):
             self.transport.close()
 
     # --- requests -----------------------------------------------------------------------------------

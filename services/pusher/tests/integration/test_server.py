@@ -245,3 +245,47 @@ async def test_subscribe_and_ops_routes_take_precedence_over_the_fallback(start_
     assert (await get(p.port, "/v1/health"))[2] == b'{"healthy":true}\n'
     c = await clients(p.port, "json", "/mine/json")
     assert (await c.next())["event"] == "open"
+
+
+async def test_store_errors_during_a_drain_are_survived(start_pusher: Any, store: Store, clients: Any, caplog: Any) -> None:
+    """A failing store read is logged, the process carries on, and the safety poll delivers later."""
+    p = await start_pusher(safety_poll_secs=0.2)
+    c = await clients(p.port, "json", "/err/json")
+    await c.next()
+    real = store.read_after
+    failures = 0
+
+    async def flaky(topic: str, after: Any, limit: int = 256) -> Any:
+        nonlocal failures
+        if failures < 3:
+            failures += 1
+            raise RuntimeError("store hiccup")
+        return await real(topic, after, limit)
+
+    p.store.read_after = flaky  # type: ignore[method-assign]
+    try:
+        await publish(store, "err", "eventually")
+        assert (await c.next_message(5000))["message"] == "eventually"
+        assert p.hub.drain_errors >= 1
+        assert any(r.getMessage() == "drain read failed" and r.topic == "err" for r in caplog.records)  # type: ignore[attr-defined]
+    finally:
+        p.store.read_after = real  # type: ignore[method-assign]
+
+
+async def test_http10_stream_is_not_chunked(pusher: Pusher, store: Store) -> None:
+    """An HTTP/1.0 client gets the stream without chunked framing, delimited by the connection."""
+    await publish(store, "old", "one")
+    out = await raw_request(pusher.port, b"GET /old/json?poll=1 HTTP/1.0\r\n\r\n")
+    status, headers, body = status_and_body(out)
+    assert status == 200 and "transfer-encoding" not in headers
+    assert json.loads(body)["message"] == "one"
+
+
+async def test_request_body_that_never_arrives_is_cut_off(start_pusher: Any, monkeypatch: Any) -> None:
+    """A fallback request whose body stalls is closed after the head timeout."""
+    from upf_pusher import server
+
+    monkeypatch.setattr(server, "HEAD_TIMEOUT", 0.2)
+    p = await start_pusher(fallback=EchoApp())
+    out = await raw_request(p.port, b"POST /t HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\nabc", timeout_ms=3000)
+    assert out == b""
