@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 from typing import Any
 
 import websockets
@@ -289,3 +290,51 @@ async def test_request_body_that_never_arrives_is_cut_off(start_pusher: Any, mon
     p = await start_pusher(fallback=EchoApp())
     out = await raw_request(p.port, b"POST /t HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\nabc", timeout_ms=3000)
     assert out == b""
+
+
+async def test_paused_subscriber_resumes_from_its_cursor_without_gaps(pusher: Pusher, store: Store) -> None:
+    """A client that stops reading is paused; once it reads again it gets every message once, in order."""
+    loop = asyncio.get_running_loop()
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.setblocking(False)
+    await loop.sock_connect(sock, ("127.0.0.1", pusher.port))
+    try:
+        await loop.sock_sendall(sock, b"GET /resume/json HTTP/1.1\r\nHost: x\r\n\r\n")
+        await eventually(lambda: len(pusher.hub.subs) == 1 and next(iter(pusher.hub.subs)).session.phase.name == "LIVE")
+        sub = next(iter(pusher.hub.subs))
+        sub.transport.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+        ids = []
+        for i in range(10):
+            pubs = await asyncio.gather(*(publish(store, "resume", f"{i:02d}-{j:02d}" + "x" * 4000) for j in range(20)))
+            ids += [p.id for p in sorted(pubs, key=lambda p: p.stamp)]
+            await asyncio.sleep(20 * MS)
+        await eventually(lambda: sub.session.paused, 3000)
+        buf = b""
+        got: list[str] = []
+        deadline = loop.time() + 10000 * MS
+        while len(got) < len(ids) and loop.time() < deadline:
+            buf += await asyncio.wait_for(loop.sock_recv(sock, 65536), 5000 * MS)
+            _, _, body = buf.partition(b"\r\n\r\n")
+            got = []
+            for line in dechunk(body).split(b"\n"):
+                if line.startswith(b"{"):
+                    ev = json.loads(line)
+                    if ev["event"] == "message":
+                        got.append(ev["id"])
+        assert got == ids
+    finally:
+        sock.close()
+
+
+def dechunk(body: bytes) -> bytes:
+    out, pos = b"", 0
+    while True:
+        i = body.find(b"\r\n", pos)
+        if i < 0:
+            return out
+        size = int(body[pos:i], 16)
+        if size == 0 or len(body) < i + 2 + size + 2:
+            return out
+        out += body[i + 2 : i + 2 + size]
+        pos = i + 2 + size + 2
