@@ -36,7 +36,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(name="free_port")
+@pytest.fixture(name="free_port", scope="session")
 def free_port_fixture() -> Callable[[], int]:
     return free_port
 
