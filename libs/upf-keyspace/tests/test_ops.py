@@ -144,3 +144,9 @@ async def test_format_version_gate(tmp_path):
     await s.close()
     with pytest.raises(FormatVersionError):
         await open_store(Settings(store_path=path))
+
+
+async def test_ping_reads_the_format(store):
+    from upf_keyspace import CURRENT_FORMAT
+
+    assert await store.ping() == CURRENT_FORMAT

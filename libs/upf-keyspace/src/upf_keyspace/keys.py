@@ -23,7 +23,9 @@ from __future__ import annotations
 
 import enum
 import functools
+import importlib.util
 import struct
+import sys
 import types
 
 import fdb
@@ -73,6 +75,23 @@ __all__ = [
 # fdb.api_version() replaces it with the real module (fdb-facts.md §1).
 if not hasattr(fdb, "impl"):
     fdb.impl = types.SimpleNamespace(Value=type("_NoValue", (), {}))  # type: ignore[attr-defined]
+
+
+def _modernise_six_importer() -> None:
+    """fdb vendors an old ``six`` whose meta-path importer lacks ``find_spec``; tools that call it
+    directly (pytest's importlib mode) then fail. Give it the spec-based method Python falls back to."""
+    for imp in sys.meta_path:
+        if type(imp).__name__ == "_SixMetaPathImporter" and not hasattr(imp, "find_spec"):
+
+            def find_spec(fullname: str, path: object = None, target: object = None, _imp: object = imp) -> object:
+                if _imp.find_module(fullname, path) is None:  # type: ignore[attr-defined]
+                    return None
+                return importlib.util.spec_from_loader(fullname, _imp)  # type: ignore[arg-type]
+
+            imp.find_spec = find_spec  # type: ignore[attr-defined]
+
+
+_modernise_six_importer()
 
 
 class Prefix(str, enum.Enum):

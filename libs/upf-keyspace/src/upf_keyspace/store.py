@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 import msgspec
 
-from . import ops
+from . import keys, ops
 from .contract import Database, Watch
 from .envelope import Envelope
 from .msgid import encode_id
@@ -65,6 +65,14 @@ class Store:
 
     async def close(self) -> None:
         await self.db.close()
+
+    async def ping(self) -> int:
+        """One cheap read (the format record): what a ``__heartbeat__`` endpoint asks of the store."""
+
+        async def body(tr):  # type: ignore[no-untyped-def]
+            return keys.unpack_i64(await tr.get(keys.format_key(), snapshot=True))
+
+        return await self.db.transact(body)
 
     async def publish(self, topic: str, envelope: Envelope, *, idem: str = "") -> Published:
         pending = await self.db.transact(ops.publish.publish, topic, envelope, shard_count=self.shard_count, idem=idem)
