@@ -9,8 +9,10 @@ drives keepalives.
 Overload contract: the transport's write buffer has high/low water marks (``WRITE_HIGH``,
 ``WRITE_LOW``). Crossing the high mark calls ``pause_writing``, which the hub turns into a
 ``write_paused`` session event: reading from the store stops, and the store is the buffer. So a slow
-subscriber holds at most ``WRITE_HIGH`` plus one read batch of frames in memory, and is closed
-(aborted) after ``slow_subscriber_timeout_secs`` paused; it resumes with ``since=``.
+subscriber holds at most ``WRITE_HIGH`` plus one ``Send`` (one read batch, ``hub.READ_BATCH``
+messages) in its socket buffer, plus at most one batch per topic of rows whose read was in flight
+when it paused (held in the session). It is closed (aborted: a graceful close would wait on the
+peer) after ``slow_subscriber_timeout_secs`` paused, and resumes with ``since=<last id>``.
 """
 
 from __future__ import annotations
