@@ -19,8 +19,6 @@ log = logging.getLogger("upf_writer.ops")
 
 _JSON = "application/json"
 HEARTBEAT_TIMEOUT_SECS = 2.0
-# A reserved name nobody can publish to (400 40010), so the probe is one empty range read.
-_PROBE_TOPIC = "v1"
 
 
 def build(ctx: WriterContext) -> list[ControllerRouterHandler]:
@@ -57,7 +55,7 @@ def build(ctx: WriterContext) -> list[ControllerRouterHandler]:
         try:
             if store is None:
                 raise PublishError(ingest.STORE_UNAVAILABLE)
-            await asyncio.wait_for(store.read_after(_PROBE_TOPIC, None, 1), HEARTBEAT_TIMEOUT_SECS)
+            await asyncio.wait_for(store.ping(), HEARTBEAT_TIMEOUT_SECS)
         except Exception as exc:  # noqa: BLE001 - any failure of the probe means "not healthy"
             log.warning("heartbeat failed: store read failed", extra={"error_type": type(exc).__name__})
             raise PublishError(ingest.STORE_UNAVAILABLE) from None
