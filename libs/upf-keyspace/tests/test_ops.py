@@ -150,3 +150,31 @@ async def test_ping_reads_the_format(store):
     from upf_keyspace import CURRENT_FORMAT
 
     assert await store.ping() == CURRENT_FORMAT
+
+
+async def test_drain_never_loses_a_concurrent_poke(tmp_path):
+    """Publishes racing drains: every poke is reported by exactly one drain, none is cleared unseen."""
+    import asyncio
+
+    store = await open_store(Settings(store_path=str(tmp_path / "race.db"), shard_count=1))
+    try:
+        topics = [f"r{i}" for i in range(60)]
+        await store.subscribe(topics, "n1", SINCE_NONE)
+        reported: list[str] = []
+
+        async def publisher():
+            await asyncio.gather(*(store.publish(t, env(t)) for t in topics))
+
+        pub = asyncio.create_task(publisher())
+        while not pub.done():
+            d = await store.drain_inbox("n1", 0)
+            d.bell.cancel()
+            reported += d.topics
+            await asyncio.sleep(0)
+        await pub
+        d = await store.drain_inbox("n1", 0)
+        d.bell.cancel()
+        reported += d.topics
+        assert sorted(reported) == sorted(topics)
+    finally:
+        await store.close()

@@ -19,7 +19,10 @@ async def drain(tr: Transaction, node: str, shard: int) -> Drained:
     """Take the poked topics of one shard and re-arm its bell in the same transaction, so a poke that
     lands after this read always fires the new watch."""
     begin, end = keys.inbox_range(node, shard)
-    rows = await tr.get_range(begin, end, limit=_DRAIN_BATCH)
+    # A snapshot read: pokes committed after this read carry larger stamps (commit order), so they
+    # sort after the last key read and survive the clear below; a conflicting read would instead make
+    # every concurrent publish abort the drain.
+    rows = await tr.get_range(begin, end, limit=_DRAIN_BATCH, snapshot=True)
     if rows:
         tr.clear_range(begin, rows[-1][0] + b"\x00")
     bell = tr.watch(keys.bell_key(node, shard))
