@@ -14,6 +14,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -39,6 +40,15 @@ def free_port() -> int:
 @pytest.fixture(name="free_port", scope="session")
 def free_port_fixture() -> Callable[[], int]:
     return free_port
+
+
+@pytest.fixture(scope="session")
+def uv() -> list[str]:
+    """How to run uv, as `python3 -m uv` does from a shell. Under `uv run pytest`, python3 is the project
+    venv's (which has no uv module), but uv names itself in $UV; otherwise use the base interpreter's."""
+    if os.environ.get("UV"):
+        return [os.environ["UV"]]
+    return [getattr(sys, "_base_executable", sys.executable), "-m", "uv"]
 
 
 @pytest.fixture(scope="session")

@@ -208,6 +208,81 @@ def test_ingress_image_copies_what_nginx_conf_includes(repo: Path) -> None:
     assert any("apt-get install" in args and re.search(r"\bnginx\b", args) for word, args in instrs if word == "RUN")
 
 
+def build_stage(instrs: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    starts = [i for i, (word, args) in enumerate(instrs) if word == "FROM"]
+    (first,) = [i for i in starts if instrs[i][1].endswith(" AS build")]
+    end = min([i for i in starts if i > first], default=len(instrs))
+    return instrs[first + 1 : end]
+
+
+def replay_build_stage(repo: Path, name: str, workdir: Path, uv: list[str]) -> Path:
+    """Run a Containerfile's build stage outside a container: its ENV, WORKDIR and COPY steps into
+    `workdir`, then its `uv sync` commands (served from uv's cache when the test environment's own sync
+filled it). Returns the virtualenv that the
+    runtime stage would copy."""
+    src, venv = workdir / "src", workdir / "venv"
+    src.mkdir(parents=True)
+    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "UV_PROJECT_ENVIRONMENT")}
+    for word, args in build_stage(instructions(repo / f"deploy/containers/{name}.Containerfile")):
+        if word == "ENV":
+            env.update(item.split("=", 1) for item in shlex.split(args))
+            env["UV_PROJECT_ENVIRONMENT"] = str(venv)  # /app/.venv in the image
+        elif word == "WORKDIR":
+            assert args == "/src"
+        elif word == "COPY":
+            *sources, dest = args.split()
+            for source in sources:
+                target = src / dest
+                if (repo / source).is_dir():
+                    shutil.copytree(repo / source, target, dirs_exist_ok=True, ignore=shutil.ignore_patterns("__pycache__", ".venv"))
+                else:
+                    target.mkdir(parents=True, exist_ok=True)
+                    shutil.copy2(repo / source, target / Path(source).name)
+        elif word == "RUN" and "uv sync" in args:
+            argv = shlex.split(args)
+            result = subprocess.run([*uv, *argv[1:]], cwd=src, env=env, capture_output=True, text=True, timeout=300)
+            assert result.returncode == 0, f"{args}\n{result.stderr}"
+        elif word == "RUN":
+            assert "pip install" in args and "uv==" in args, f"unexpected build step: {args}"  # uv is already here
+        else:
+            assert word == "ARG", (word, args)
+    return venv
+
+
+PROBE = """
+import importlib.metadata, importlib.util, json, sys
+modules = json.loads(sys.argv[1])
+print(json.dumps({d: importlib.metadata.version(d) if importlib.util.find_spec(m) else None for d, m in modules.items()}))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", PACKAGES)
+def test_build_stage_produces_a_self_contained_environment(repo: Path, tmp_path: Path, uv: list[str], name: str) -> None:
+    """Replayed with the COPY set the Containerfile declares, the build gives a virtualenv holding this
+    package at its pyproject version, its console script, and none of the other deployables (a writer
+    image carries no pusher code); the role images also get the FoundationDB bindings."""
+    project = pyproject(repo, PACKAGES[name])
+    venv = replay_build_stage(repo, name, tmp_path, uv)
+    for script in project["scripts"]:
+        assert (venv / "bin" / script).is_file(), script
+    members = workspace_members(repo)
+    inside = workspace_closure(repo, project["name"])
+    modules = {
+        dist: tomllib.loads((repo / d / "pyproject.toml").read_text())["tool"]["uv"]["build-backend"]["module-name"]
+        for dist, d in members.items()
+    }
+    check = subprocess.run([str(venv / "bin" / "python"), "-c", PROBE, json.dumps(modules)], capture_output=True, text=True, timeout=60)
+    assert check.returncode == 0, check.stderr
+    installed = json.loads(check.stdout)
+    assert installed[project["name"]] == project["version"]
+    for dist in members:
+        assert (installed[dist] is not None) == (dist in inside), f"{dist} in the {name} image: {installed[dist]}"
+    if name in SERVERS:
+        fdb = subprocess.run([str(venv / "bin" / "python"), "-c", "import fdb; print(fdb.__file__)"], capture_output=True, text=True, timeout=60)
+        assert fdb.returncode == 0, fdb.stderr
+
+
 # --- the entrypoint ---------------------------------------------------------------------------------
 
 

@@ -17,7 +17,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -61,15 +60,7 @@ class Service:
                 self.proc.wait(15)
 
 
-def uv_command() -> list[str]:
-    """`python3 -m uv` as a shell would run it. Under `uv run pytest`, python3 is the project venv's (which
-    has no uv module), but uv names itself in $UV; outside, use the base interpreter's uv module."""
-    if os.environ.get("UV"):
-        return [os.environ["UV"]]
-    return [getattr(sys, "_base_executable", sys.executable), "-m", "uv"]
-
-
-def start(script: str, workdir: Path, port: int, store: Path, **extra: str) -> Service:
+def start(uv: list[str], script: str, workdir: Path, port: int, store: Path, **extra: str) -> Service:
     """`python3 -m uv run <console script>` with the UPF settings of this test (no FoundationDB)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("UPF_", "FDB_", "OTEL_"))}
     env.update(
@@ -86,7 +77,7 @@ def start(script: str, workdir: Path, port: int, store: Path, **extra: str) -> S
         # --no-sync: the test session already runs in the synced environment, and three processes
         # syncing at once would only contend for its lock.
         proc = subprocess.Popen(
-            [*uv_command(), "run", "--no-sync", script],
+            [*uv, "run", "--no-sync", script],
             cwd=Path(__file__).resolve().parents[2],
             env=env,
             stdout=out,
@@ -125,13 +116,13 @@ class Stack:
             service.stop()
 
 
-def start_stack(workdir: Path, free_port: Callable[[], int]) -> Stack:
+def start_stack(uv: list[str], workdir: Path, free_port: Callable[[], int]) -> Stack:
     store = workdir / "upf.db"
     # The writer first: it creates the store file the pushers open.
-    writer = start("upf-writer", workdir, free_port(), store)
+    writer = start(uv, "upf-writer", workdir, free_port(), store)
     try:
         wait_ready([writer])
-        pushers = [start("upf-pusher", workdir, free_port(), store, UPF_NODE_ID=f"pusher-{n}") for n in ("a", "b")]
+        pushers = [start(uv, "upf-pusher", workdir, free_port(), store, UPF_NODE_ID=f"pusher-{n}") for n in ("a", "b")]
         stack = Stack(writer, pushers)
         wait_ready(pushers)
     except BaseException:
@@ -143,8 +134,8 @@ def start_stack(workdir: Path, free_port: Callable[[], int]) -> Stack:
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory, free_port: Callable[[], int]) -> Iterator[Stack]:
-    running = start_stack(tmp_path_factory.mktemp("stack"), free_port)
+def stack(uv: list[str], tmp_path_factory: pytest.TempPathFactory, free_port: Callable[[], int]) -> Iterator[Stack]:
+    running = start_stack(uv, tmp_path_factory.mktemp("stack"), free_port)
     yield running
     running.stop()
 
@@ -291,10 +282,10 @@ async def test_idle_stream_survives_keepalives_then_delivers(ingress) -> None:
     assert_delivered(event, published, t, body)
 
 
-async def test_subscribers_spread_and_survive_a_pusher_exit(tmp_path: Path, start_ingress, free_port) -> None:
+async def test_subscribers_spread_and_survive_a_pusher_exit(uv: list[str], tmp_path: Path, start_ingress, free_port) -> None:
     """Two streams held at once land on both pushers (least_conn) and both deliver; after one pusher
     exits, a new subscribe through the same ingress lands on the survivor and delivers."""
-    stack = start_stack(tmp_path, free_port)
+    stack = start_stack(uv, tmp_path, free_port)
     try:
         ingress = start_ingress([stack.writer.port], [p.port for p in stack.pushers])
         topics = [topic(), topic()]

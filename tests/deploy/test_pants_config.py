@@ -381,6 +381,15 @@ def third_party_index() -> dict[str, str]:
     return index
 
 
+def third_party_owner(module: str, index: dict[str, str]) -> str | None:
+    """The requirement owning a module: the longest mapped module prefix wins, as in Pants."""
+    parts = module.split(".")
+    for n in range(len(parts), 0, -1):
+        if ".".join(parts[:n]) in index:
+            return index[".".join(parts[:n])]
+    return None
+
+
 def test_every_import_obeys_the_rules() -> None:
     """What Pants would infer from the code as it stands: each import of every owned Python file,
     resolved through the source roots, must be allowed by the rules - and must be owned (pants.toml
@@ -411,10 +420,11 @@ def test_every_import_obeys_the_rules() -> None:
                 if target is None:
                     if weak or "." in module and resolve_first_party(module.rsplit(".", 1)[0], roots, importer_root):
                         continue  # `from pkg import name` where name is not a module
-                    if top in third_party:
-                        verdict = decide(origin, req(third_party[top]))
+                    requirement = third_party_owner(module, third_party)
+                    if requirement is not None:
+                        verdict = decide(origin, req(requirement))
                         if verdict != "allow":
-                            problems.append(f"{path}: import {module} -> {third_party[top]}: {verdict}")
+                            problems.append(f"{path}: import {module} -> {requirement}: {verdict}")
                         checked += 1
                     else:
                         problems.append(f"{path}: import {module}: no target owns it (add it to 3rdparty/python)")
