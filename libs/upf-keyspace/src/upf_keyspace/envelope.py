@@ -15,7 +15,8 @@ import msgspec
 
 __all__ = ["ENVELOPE_VERSION", "Envelope", "decode_envelope", "encode_envelope"]
 
-ENVELOPE_VERSION = 1
+ENVELOPE_VERSION = 2
+"""1: the first release. 2: ``published_ms`` appended."""
 
 
 class Envelope(msgspec.Struct, frozen=True, array_like=True, omit_defaults=False):
@@ -38,6 +39,11 @@ class Envelope(msgspec.Struct, frozen=True, array_like=True, omit_defaults=False
     """W3C trace context of the publish, so a delivery span can link to it across processes."""
     idem: str = ""
     """The publisher's idempotency key, kept so the janitor can clear its marker on expiry."""
+    published_ms: int = 0
+    """Unix milliseconds (the writer's wall clock) just before the publish's transaction was submitted;
+    0 when written by an envelope-1 writer. A pusher measures delivery latency from it (that span
+    includes the commit; the writer's commit latency is its own metric), across hosts only as well as
+    their clocks agree."""
 
 
 _encoder = msgspec.msgpack.Encoder()

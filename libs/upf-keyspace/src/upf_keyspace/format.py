@@ -13,7 +13,8 @@ __all__ = ["FormatVersion", "CURRENT_FORMAT"]
 
 class FormatVersion(enum.IntEnum):
     INITIAL = 1
-    """Q/X/C/CN/IN/SIG/L/ID keys as drawn in keys.py; Envelope as in envelope.py (ENVELOPE_VERSION 1)."""
+    """Q/X/C/CN/IN/SIG/L/ID keys as drawn in keys.py; Envelope as in envelope.py (ENVELOPE_VERSION 1,
+    and 2, which only appends a field with a default: readable by version-1 readers)."""
 
 
 CURRENT_FORMAT = max(FormatVersion)

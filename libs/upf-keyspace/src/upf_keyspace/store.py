@@ -36,6 +36,8 @@ class Drained(msgspec.Struct):
     topics: set[str]
     bell: Watch
     more: bool
+    entries: int = 0
+    """Inbox entries taken (one per poke)."""
 
 
 async def open_database(settings: Settings) -> Database:
@@ -113,7 +115,7 @@ class Store:
 
     async def drain_inbox(self, node: str, shard: int) -> Drained:
         d = await self.db.transact(ops.inbox.drain, node, shard)
-        return Drained(d.topics, d.bell, d.more)
+        return Drained(d.topics, d.bell, d.more, d.entries)
 
     async def heartbeat(self, node: str, now: int) -> bool:
         return await self.db.transact(ops.inbox.heartbeat, node, now)

@@ -27,9 +27,13 @@ HTTP1_MAX_BUFFER = 64 * 1024
 WORKER_KILL_TIMEOUT_SECS = 10
 
 
-def build_server(host: str, port: int, *, workers: int = 1, log_level: str = "info") -> Granian:
+def build_server(
+    host: str, port: int, *, workers: int = 1, log_level: str = "info", target: str = "upf_writer.asgi:app"
+) -> Granian:
+    """The granian server of the writer; ``target`` is the ASGI app each worker imports (the all-in-one
+    program passes its own, which adds the janitor to the worker)."""
     return Granian(
-        target="upf_writer.asgi:app",
+        target=target,
         interface=Interfaces.ASGI,
         address=host,
         port=port,

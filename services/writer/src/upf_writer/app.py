@@ -17,6 +17,7 @@ from litestar import Litestar, Request, Response
 from litestar.types import ASGIApp, Receive, Scope, Send
 from litestar.exceptions import HTTPException, MethodNotAllowedException, NotFoundException
 from upf_keyspace import Settings, Store, open_store
+from upf_keyspace.telemetry import Telemetry
 
 from . import ingest
 from .context import WriterContext
@@ -94,10 +95,15 @@ def create_app(
     *,
     store_factory: StoreFactory = open_store,
     clock: Callable[[], int] | None = None,
+    telemetry: Telemetry | None = None,
 ) -> WriterApp:
     """The writer app. With ``store`` given, the caller owns it; otherwise ``store_factory(settings)``
-    opens one at lifespan startup and the app closes it at shutdown. ``clock`` (unix seconds) is for tests."""
-    ctx = WriterContext(settings, store) if clock is None else WriterContext(settings, store, clock)
+    opens one at lifespan startup and the app closes it at shutdown. ``clock`` (unix seconds) is for
+    tests. ``telemetry`` defaults to the process's (``upf_keyspace.telemetry.current()``)."""
+    if clock is None:
+        ctx = WriterContext(settings, store, telemetry=telemetry)
+    else:
+        ctx = WriterContext(settings, store, clock, telemetry=telemetry)
 
     @asynccontextmanager
     async def store_lifespan(_: Litestar) -> AsyncIterator[None]:

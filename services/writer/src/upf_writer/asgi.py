@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from upf_keyspace import load_settings
+from upf_keyspace.telemetry import setup_telemetry
 
 from .app import WriterApp, create_app
 
@@ -18,7 +19,14 @@ __all__ = ["app", "build_app"]
 
 
 def build_app() -> WriterApp:
-    return create_app(load_settings())
+    """The writer of the ``upf-writer`` program: telemetry for this (worker) process from the
+    ``OTEL_*`` environment, flushed at the app's shutdown."""
+    from . import __version__
+
+    telemetry = setup_telemetry("upf-writer", __version__)
+    app = create_app(load_settings(), telemetry=telemetry)
+    app.on_shutdown.append(telemetry.shutdown)
+    return app
 
 
 _built: WriterApp | None = None

@@ -1,4 +1,4 @@
-"""What the writer's handlers share: settings, limits, the store and the clock.
+"""What the writer's handlers share: settings, limits, the store, the clock, telemetry and metric cells.
 
 One ``WriterContext`` per app, built by ``create_app`` and closed over by the handlers (no global
 state). ``store`` is ``None`` until the app's lifespan has opened it (or was given one).
@@ -10,24 +10,67 @@ import time
 from collections.abc import Callable
 
 from upf_keyspace import Settings, Store
+from upf_keyspace import telemetry as tm
 
-from .ingest import STORE_UNAVAILABLE, Limits, PublishError
+from .ingest import CATALOG, STORE_UNAVAILABLE, Limits, PublishError
 
-__all__ = ["WriterContext"]
+__all__ = ["WriterContext", "WriterMetrics"]
 
 
 def _unix_now() -> int:
     return int(time.time())
 
 
-class WriterContext:
-    __slots__ = ("settings", "limits", "store", "clock")
+class WriterMetrics:
+    """The writer's metric cells, made once (names: see upf_keyspace.telemetry for the Prometheus form)."""
 
-    def __init__(self, settings: Settings, store: Store | None = None, clock: Callable[[], int] = _unix_now) -> None:
+    __slots__ = ("stored", "replayed", "rejections", "_rejected", "size", "commit")
+
+    def __init__(self, registry: tm.Registry) -> None:
+        publishes = registry.counter(
+            "upf.writer.publishes",
+            "publishes answered 200, by result: stored, or replayed (an idempotency key matched an earlier publish)",
+            attributes=("result",),
+        )
+        self.stored = publishes.cell("stored")
+        self.replayed = publishes.cell("replayed")
+        self.rejections = registry.counter(
+            "upf.writer.rejections", "publishes refused, by ntfy error code", attributes=("code",)
+        )
+        self._rejected = {p.code: self.rejections.cell(str(p.code)) for p in CATALOG}
+        self.size = registry.histogram(
+            "upf.writer.publish.size", "request body size of accepted publishes", unit="By", bounds=tm.BYTES_BUCKETS
+        ).cell()
+        self.commit = registry.histogram(
+            "upf.writer.publish.commit.duration",
+            "time of a publish's store transaction, retries and the group commit's fsync included",
+            unit="s",
+            bounds=tm.LATENCY_BUCKETS,
+        ).cell()
+
+    def rejected(self, code: int) -> None:
+        cell = self._rejected.get(code)
+        if cell is None:  # a code outside the catalog (an HTTP error Litestar raised): still bounded
+            cell = self._rejected[code] = self.rejections.cell(str(code))
+        cell.add()
+
+
+class WriterContext:
+    __slots__ = ("settings", "limits", "store", "clock", "telemetry", "metrics")
+
+    def __init__(
+        self,
+        settings: Settings,
+        store: Store | None = None,
+        clock: Callable[[], int] = _unix_now,
+        telemetry: tm.Telemetry | None = None,
+    ) -> None:
         self.settings = settings
         self.limits = Limits.from_settings(settings)
         self.store = store
         self.clock = clock
+        self.telemetry = tm.current() if telemetry is None else telemetry
+        self.metrics = WriterMetrics(self.telemetry.registry)
 
     def require_store(self) -> Store:
         store = self.store

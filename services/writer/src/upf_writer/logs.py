@@ -5,24 +5,12 @@ processes."""
 from __future__ import annotations
 
 import copy
-import logging
 from typing import Any
 
 from granian.log import LOGGING_CONFIG
+from upf_keyspace.telemetry import KeyValueFormatter
 
 __all__ = ["KeyValueFormatter", "log_dictconfig"]
-
-_STANDARD = frozenset(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {"message", "asctime", "taskName"}
-
-
-class KeyValueFormatter(logging.Formatter):
-    def format(self, record: logging.LogRecord) -> str:
-        line = super().format(record)
-        extras = [f"{k}={v!r}" for k, v in record.__dict__.items() if k not in _STANDARD and not k.startswith("_")]
-        if not extras:
-            return line
-        head, sep, tail = line.partition("\n")
-        return f"{head} {' '.join(extras)}{sep}{tail}"
 
 
 def log_dictconfig(level: str = "INFO") -> dict[str, Any]:

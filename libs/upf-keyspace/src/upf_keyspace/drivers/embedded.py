@@ -39,6 +39,7 @@ from typing import Any, TypeVar
 
 from .. import errors
 from ..contract import KEY_LIMIT, LIFETIME_SECS, TRANSACTION_LIMIT, VALUE_LIMIT
+from . import _metrics
 from ._ranges import BatchWrites, IntervalSet, point
 
 __all__ = ["EmbeddedDatabase", "EmbeddedTransaction", "open_embedded"]
@@ -59,6 +60,9 @@ _MAX_BATCH = 2048
 _MAX_WATCHES = 10_000
 _RETRY_LIMIT = 100
 _I64 = struct.Struct("<q")
+_TRANSACTIONS = _metrics.TRANSACTIONS.cell("embedded")
+_BATCH_SIZE = _metrics.COMMIT_BATCH.cell("embedded")
+_COMMIT_DURATION = _metrics.COMMIT_DURATION.cell("embedded")
 
 # Mutation kinds, in a transaction's ordered mutation list.
 _SET, _CLEAR, _CLEAR_RANGE, _ADD, _VS_KEY = range(5)
@@ -524,8 +528,11 @@ class EmbeddedDatabase:
                         self._queue.put(None)
                         break
                     batch.append(nxt)
+                started = time.perf_counter()
                 try:
                     self._commit_batch(conn, batch)
+                    _COMMIT_DURATION.record(time.perf_counter() - started)
+                    _BATCH_SIZE.record(len(batch))
                 except Exception as exc:  # a failed physical commit fails every transaction in it
                     log.exception("embedded commit failed")
                     with contextlib.suppress(sqlite3.Error):
@@ -675,13 +682,19 @@ class EmbeddedDatabase:
 
     async def transact(self, fn: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> T:
         tr = self.create_transaction()
+        _TRANSACTIONS.add()
         while True:
             try:
                 result = await fn(tr, *args, **kwargs)
                 await tr.commit()
                 return result
             except errors.StoreError as exc:
-                await tr.on_error(exc)
+                try:
+                    await tr.on_error(exc)
+                except BaseException:
+                    _metrics.failed("embedded", exc.code)
+                    raise
+                _metrics.retried("embedded", exc.code)
             except BaseException:
                 tr.cancel()
                 raise

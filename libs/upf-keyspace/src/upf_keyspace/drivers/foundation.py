@@ -17,6 +17,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from .. import errors
+from . import _metrics
 
 __all__ = ["FoundationDatabase", "open_foundationdb", "API_VERSION", "load_bindings"]
 
@@ -24,6 +25,7 @@ API_VERSION = 730
 _TIMEOUT_MS = 5_000
 _RETRY_LIMIT = 100
 T = TypeVar("T")
+_TRANSACTIONS = _metrics.TRANSACTIONS.cell("foundationdb")
 
 
 def load_bindings() -> Any:
@@ -198,13 +200,19 @@ class FoundationDatabase:
 
     async def transact(self, fn: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> T:
         tr = self.create_transaction()
+        _TRANSACTIONS.add()
         while True:
             try:
                 result = await fn(tr, *args, **kwargs)
                 await tr.commit()
                 return result
             except errors.StoreError as exc:
-                await tr.on_error(exc)  # FoundationDB's own backoff and retry rules
+                try:
+                    await tr.on_error(exc)  # FoundationDB's own backoff and retry rules
+                except BaseException:
+                    _metrics.failed("foundationdb", exc.code)
+                    raise
+                _metrics.retried("foundationdb", exc.code)
             except BaseException:
                 tr.cancel()
                 raise

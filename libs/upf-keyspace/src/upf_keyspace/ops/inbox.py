@@ -13,6 +13,8 @@ class Drained(msgspec.Struct):
     bell: Watch
     more: bool
     """The inbox held more than one batch: drain again (the bell has fired already anyway)."""
+    entries: int = 0
+    """Inbox entries taken (one per poke; several may name the same topic)."""
 
 
 async def drain(tr: Transaction, node: str, shard: int) -> Drained:
@@ -26,7 +28,7 @@ async def drain(tr: Transaction, node: str, shard: int) -> Drained:
     if rows:
         tr.clear_range(begin, rows[-1][0] + b"\x00")
     bell = tr.watch(keys.bell_key(node, shard))
-    return Drained({v.decode() for _, v in rows}, bell, len(rows) == _DRAIN_BATCH)
+    return Drained({v.decode() for _, v in rows}, bell, len(rows) == _DRAIN_BATCH, len(rows))
 
 
 async def heartbeat(tr: Transaction, node: str, now: int) -> bool:

@@ -1,5 +1,6 @@
-"""Small GET routes: ntfy's ``/v1/health``, ``/{topics}/auth`` and ``HEAD /``, plus the Dockerflow ops
-endpoints every UPF role serves (``__lbheartbeat__``, ``__heartbeat__``, ``__version__``)."""
+"""Small GET routes: ntfy's ``/v1/health``, ``/{topics}/auth`` and ``HEAD /``, plus the ops endpoints
+every UPF role serves (``__lbheartbeat__``, ``__heartbeat__``, ``__version__`` and the Prometheus
+scrape endpoint ``/metrics``)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import logging
 
 from litestar import Response, get, head
 from litestar.types import ControllerRouterHandler
+from upf_keyspace import telemetry as tm
 
 from .. import __version__, ingest, schemas
 from ..context import WriterContext
@@ -65,4 +67,11 @@ def build(ctx: WriterContext) -> list[ControllerRouterHandler]:
     async def version() -> Response[bytes]:
         return Response(version_body, media_type=_JSON)
 
-    return [root_head, root, health, topic_auth, lbheartbeat, heartbeat, version]
+    registry = ctx.telemetry.registry
+
+    @get("/metrics", name="metrics")
+    async def metrics() -> Response[bytes]:
+        # "metrics" is one of ntfy's disallowed topic names, so this route shadows no topic.
+        return Response(tm.render_metrics(registry), media_type=tm.METRICS_CONTENT_TYPE)
+
+    return [root_head, root, health, topic_auth, lbheartbeat, heartbeat, version, metrics]

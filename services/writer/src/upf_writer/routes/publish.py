@@ -14,13 +14,18 @@ Matrix routes are rare and stay ordinary Litestar handlers.
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import Mapping
 
+import msgspec
 from litestar import Request, Response, get, route
 from litestar.types import ASGIApp, ControllerRouterHandler, Receive, Scope, Send
 from upf_keyspace import StoreError, message_from_envelope
+from upf_keyspace import telemetry as tm
 
 from .. import ingest, schemas
 from ..context import WriterContext
+from upf_keyspace import Store
 from ..httpio import ClientGone, decode_headers, decode_query, read_body, send_json, send_problem
 from ..ingest import Ingested, PublishError
 
@@ -32,10 +37,82 @@ _REPLAYED = ((b"idempotent-replayed", b"true"),)
 _JSON = "application/json"
 
 
-async def publish_one(ctx: WriterContext, ingested: Ingested) -> tuple[bytes, bool]:
-    """The one store call of a publish; returns the ntfy message JSON and whether it was a replay."""
-    published = await ctx.require_store().publish(ingested.topic, ingested.envelope, idem=ingested.idem)
+_replace = msgspec.structs.replace
+
+
+async def publish_one(
+    ctx: WriterContext,
+    ingested: Ingested,
+    headers: Mapping[str, str] | None = None,
+    size: int = 0,
+    start_ns: int = 0,
+    route: str = "topic",
+) -> tuple[bytes, bool]:
+    """The one store call of a publish; returns the ntfy message JSON and whether it was a replay.
+
+    Stamps the envelope with the wall-clock milliseconds (``published_ms``, for the pusher's delivery
+    latency) and, when tracing is on, runs the call in a ``publish`` span (child of the request's
+    ``traceparent`` header, if any) whose W3C context goes into ``Envelope.traceparent``, so the
+    delivering pusher's span links to it through the store. ``size`` is the request body's length."""
+    store = ctx.require_store()
+    if ctx.telemetry.tracing:
+        return await _publish_traced(ctx, store, ingested, headers, size, start_ns, route)
+    metrics = ctx.metrics
+    envelope = _replace(ingested.envelope, published_ms=int(time.time() * 1000))
+    started = time.perf_counter()
+    published = await store.publish(ingested.topic, envelope, idem=ingested.idem)
+    metrics.commit.record(time.perf_counter() - started)
+    metrics.size.record(size)
+    if published.duplicate:
+        metrics.replayed.add()
+    else:
+        metrics.stored.add()
     body = schemas.encode(message_from_envelope(published.stamp, ingested.topic, published.envelope))
+    return body, published.duplicate
+
+
+async def _publish_traced(
+    ctx: WriterContext,
+    store: Store,
+    ingested: Ingested,
+    headers: Mapping[str, str] | None,
+    size: int,
+    start_ns: int,
+    route: str,
+) -> tuple[bytes, bool]:
+    from opentelemetry.trace import SpanKind, Status, StatusCode
+
+    metrics = ctx.metrics
+    parent = tm.context_from_headers(headers) if headers else None
+    span = ctx.telemetry.tracer.start_span(
+        "publish",
+        context=parent,
+        kind=SpanKind.SERVER,
+        attributes={"upf.route": route, "upf.message.size": size},
+        start_time=start_ns or None,
+    )
+    try:
+        envelope = _replace(
+            ingested.envelope, traceparent=tm.traceparent_of(span), published_ms=int(time.time() * 1000)
+        )
+        started = time.perf_counter()
+        published = await store.publish(ingested.topic, envelope, idem=ingested.idem)
+        metrics.commit.record(time.perf_counter() - started)
+        metrics.size.record(size)
+        if published.duplicate:
+            metrics.replayed.add()
+        else:
+            metrics.stored.add()
+        span.set_attribute("upf.message.id", published.id)
+        span.set_attribute("upf.replayed", published.duplicate)
+        span.set_attribute("upf.nodes_poked", published.poked)
+        body = schemas.encode(message_from_envelope(published.stamp, ingested.topic, published.envelope))
+    except BaseException as exc:
+        span.set_status(Status(StatusCode.ERROR, type(exc).__name__))
+        span.set_attribute("error.type", type(exc).__name__)
+        raise
+    finally:
+        span.end()
     return body, published.duplicate
 
 
@@ -53,12 +130,17 @@ def build_topic_endpoint(ctx: WriterContext) -> ASGIApp:
     """``/{topic}``: POST/PUT publish, GET/HEAD UnifiedPush discovery. The topic is the path after
     its one leading slash (the caller routes only one-segment paths here)."""
     limits = ctx.limits
+    metrics = ctx.metrics
+    tracing = ctx.telemetry.tracing
 
     async def topic_endpoint(scope: Scope, receive: Receive, send: Send) -> None:
         method = scope["method"]
         topic: str = scope["path"][1:]
+        publishing = False
         try:
             if method == "POST" or method == "PUT":
+                publishing = True
+                start_ns = time.time_ns() if tracing else 0
                 headers = decode_headers(scope["headers"])
                 ingest.validate_topic(topic)
                 ingest.check_content_length(headers, limits.max_message_bytes, ingest.MESSAGE_TOO_LARGE)
@@ -67,7 +149,7 @@ def build_topic_endpoint(ctx: WriterContext) -> ASGIApp:
                     raise PublishError(ingest.MESSAGE_TOO_LARGE)
                 query = decode_query(scope["query_string"])
                 ingested = ingest.ingest_publish(topic, headers, query, body, now=ctx.clock(), limits=limits)
-                payload, replayed = await publish_one(ctx, ingested)
+                payload, replayed = await publish_one(ctx, ingested, headers, len(body), start_ns)
                 await send_json(send, 200, payload, _REPLAYED if replayed else ())
             elif method == "GET" or method == "HEAD":
                 ingest.validate_topic(topic)
@@ -79,13 +161,28 @@ def build_topic_endpoint(ctx: WriterContext) -> ASGIApp:
             else:
                 await send_problem(send, ingest.METHOD_NOT_ALLOWED, {"allow": "GET, HEAD, POST, PUT"})
         except PublishError as exc:
+            if publishing:
+                metrics.rejected(exc.problem.code)
             await send_problem(send, exc.problem)
         except ClientGone:
             return
         except Exception as exc:  # noqa: BLE001 - every failure still answers with ntfy's error JSON
-            await send_problem(send, failure_problem(exc, "topic"))
+            problem = failure_problem(exc, "topic")
+            if publishing:
+                metrics.rejected(problem.code)
+            await send_problem(send, problem)
 
     return topic_endpoint
+
+
+def _count_rejection(ctx: WriterContext, exc: BaseException) -> None:
+    """A Litestar-routed publish failed: count it under the code its exception handler will answer with."""
+    if isinstance(exc, PublishError):
+        ctx.metrics.rejected(exc.problem.code)
+    elif isinstance(exc, StoreError):
+        ctx.metrics.rejected(ingest.STORE_UNAVAILABLE.code)
+    elif isinstance(exc, Exception):
+        ctx.metrics.rejected(ingest.INTERNAL_ERROR.code)
 
 
 def build(ctx: WriterContext) -> list[ControllerRouterHandler]:
@@ -94,15 +191,22 @@ def build(ctx: WriterContext) -> list[ControllerRouterHandler]:
 
     @route("/", http_method=["POST", "PUT"], name="json_publish", status_code=200)
     async def json_publish(request: Request) -> Response[bytes]:
-        headers = decode_headers(request.scope["headers"])
-        limit = ingest.json_body_limit(limits)
-        ingest.check_content_length(headers, limit, ingest.JSON_TOO_LARGE)
-        body = await read_body(request.receive, limit)
-        if body is None:
-            raise PublishError(ingest.JSON_TOO_LARGE)
-        query = decode_query(request.scope["query_string"])
-        ingested = ingest.ingest_json(headers, query, body, now=ctx.clock(), limits=limits)
-        payload, replayed = await publish_one(ctx, ingested)
+        start_ns = time.time_ns() if ctx.telemetry.tracing else 0
+        try:
+            headers = decode_headers(request.scope["headers"])
+            limit = ingest.json_body_limit(limits)
+            ingest.check_content_length(headers, limit, ingest.JSON_TOO_LARGE)
+            body = await read_body(request.receive, limit)
+            if body is None:
+                raise PublishError(ingest.JSON_TOO_LARGE)
+            query = decode_query(request.scope["query_string"])
+            ingested = ingest.ingest_json(headers, query, body, now=ctx.clock(), limits=limits)
+            payload, replayed = await publish_one(ctx, ingested, headers, len(body), start_ns, "json")
+        except ClientGone:
+            raise
+        except BaseException as exc:
+            _count_rejection(ctx, exc)
+            raise
         return Response(payload, media_type=_JSON, headers={"idempotent-replayed": "true"} if replayed else None)
 
     @get("/_matrix/push/v1/notify", name="matrix_discovery")
@@ -111,17 +215,24 @@ def build(ctx: WriterContext) -> list[ControllerRouterHandler]:
 
     @route("/_matrix/push/v1/notify", http_method=["POST"], name="matrix_notify", status_code=200)
     async def matrix_notify(request: Request) -> Response[bytes]:
-        headers = decode_headers(request.scope["headers"])
-        limit = limits.max_message_bytes - 1  # ntfy: 4096 bytes or more is too large
-        ingest.check_content_length(headers, limit, ingest.MATRIX_TOO_LARGE)
-        body = await read_body(request.receive, limit)
-        if body is None:
-            raise PublishError(ingest.MATRIX_TOO_LARGE)
-        outcome = ingest.ingest_matrix(body, now=ctx.clock(), limits=limits)
-        if outcome.ingested is None:
-            log.info("matrix pushkey rejected", extra={"reason": "not this server or no valid topic"})
-            return Response(schemas.encode(schemas.MatrixResponse((outcome.pushkey,))), media_type=_JSON)
-        await publish_one(ctx, outcome.ingested)
+        start_ns = time.time_ns() if ctx.telemetry.tracing else 0
+        try:
+            headers = decode_headers(request.scope["headers"])
+            limit = limits.max_message_bytes - 1  # ntfy: 4096 bytes or more is too large
+            ingest.check_content_length(headers, limit, ingest.MATRIX_TOO_LARGE)
+            body = await read_body(request.receive, limit)
+            if body is None:
+                raise PublishError(ingest.MATRIX_TOO_LARGE)
+            outcome = ingest.ingest_matrix(body, now=ctx.clock(), limits=limits)
+            if outcome.ingested is None:
+                log.info("matrix pushkey rejected", extra={"reason": "not this server or no valid topic"})
+                return Response(schemas.encode(schemas.MatrixResponse((outcome.pushkey,))), media_type=_JSON)
+            await publish_one(ctx, outcome.ingested, headers, len(body), start_ns, "matrix")
+        except ClientGone:
+            raise
+        except BaseException as exc:
+            _count_rejection(ctx, exc)
+            raise
         return Response(schemas.encode(schemas.MatrixResponse()), media_type=_JSON)
 
     return [json_publish, matrix_discovery, matrix_notify]

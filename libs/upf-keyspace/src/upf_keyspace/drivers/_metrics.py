@@ -1,0 +1,40 @@
+"""The drivers' metrics: transactions, retries and failures by store error code (both drivers),
+physical commit batches (the embedded driver's group commit). Cells per driver are made once."""
+
+from __future__ import annotations
+
+from ..telemetry import COUNT_BUCKETS, LATENCY_BUCKETS, REGISTRY
+
+TRANSACTIONS = REGISTRY.counter(
+    "upf.store.transactions", "transactions run through transact (each may take several attempts)", attributes=("driver",)
+)
+RETRIES = REGISTRY.counter(
+    "upf.store.retries",
+    "transaction attempts retried, by the FoundationDB error code that caused it (1020: a conflict)",
+    attributes=("driver", "code"),
+)
+FAILURES = REGISTRY.counter(
+    "upf.store.failures", "transactions that ended with a store error, by FoundationDB error code", attributes=("driver", "code")
+)
+COMMIT_BATCH = REGISTRY.histogram(
+    "upf.store.commit.batch_size",
+    "transactions per physical commit (the embedded driver's group commit)",
+    unit="1",
+    bounds=COUNT_BUCKETS,
+    attributes=("driver",),
+)
+COMMIT_DURATION = REGISTRY.histogram(
+    "upf.store.commit.duration",
+    "time of one physical commit, fsync included (the embedded driver's group commit)",
+    unit="s",
+    bounds=LATENCY_BUCKETS,
+    attributes=("driver",),
+)
+
+
+def retried(driver: str, code: int) -> None:
+    RETRIES.cell(driver, str(code)).add()
+
+
+def failed(driver: str, code: int) -> None:
+    FAILURES.cell(driver, str(code)).add()
