@@ -9,17 +9,19 @@ import signal
 import sys
 
 from upf_keyspace import SettingsError, load_settings, open_store
+from upf_keyspace.telemetry import configure_logging, setup_telemetry
 
-from .server import serve
+from .server import _package_version, serve
 
 log = logging.getLogger("upf.pusher")
 
 
 async def _run() -> None:
     settings = load_settings()
+    telemetry = setup_telemetry("upf-pusher", _package_version())
     store = await open_store(settings)
     try:
-        pusher = await serve(settings, store)
+        pusher = await serve(settings, store, telemetry=telemetry)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -29,6 +31,7 @@ async def _run() -> None:
         await pusher.stop()
     finally:
         await store.close()
+        telemetry.shutdown()
 
 
 def _event_loop_policy() -> None:
@@ -43,7 +46,7 @@ def _event_loop_policy() -> None:
 
 
 def main() -> None:
-    logging.basicConfig(level=os.environ.get("UPF_LOG_LEVEL", "INFO"), format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    configure_logging(os.environ.get("UPF_LOG_LEVEL", "INFO"))
     _event_loop_policy()
     try:
         asyncio.run(_run())

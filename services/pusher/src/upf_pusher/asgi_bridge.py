@@ -153,11 +153,11 @@ class Cycle:
             self.keep_alive = False
             raise
         except Exception:
-            log.exception("fallback app failed", extra={"path": self.head.path, "method": self.head.method})
+            log.exception("fallback app failed", extra={"method": self.head.method})  # never the path: it names a topic
             self._fail()
         else:
             if not self.finished:
-                log.warning("fallback app returned without a full response", extra={"path": self.head.path})
+                log.warning("fallback app returned without a full response", extra={"method": self.head.method})
                 self._fail()
         finally:
             self.owner.cycle_done(self, self.keep_alive and self.finished)

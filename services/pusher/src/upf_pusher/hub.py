@@ -26,13 +26,14 @@ from collections.abc import Coroutine, Iterable
 from typing import TYPE_CHECKING, Any
 
 from upf_keyspace import Settings, Since, Store, Watch
+from upf_keyspace import telemetry as tm
 
 from .session import Close, Command, Read, Send, SessionConfig
 
 if TYPE_CHECKING:
     from .transports import Subscriber
 
-__all__ = ["Hub", "READ_BATCH", "SAFETY_CHUNK"]
+__all__ = ["Hub", "HubMetrics", "READ_BATCH", "SAFETY_CHUNK", "TRANSPORTS", "MAX_LINKS"]
 
 log = logging.getLogger("upf.pusher.hub")
 
@@ -43,12 +44,68 @@ SAFETY_CHUNK = 64
 SWEEP_YIELD_EVERY = 512
 HOLD_CHUNK = 256
 _MAX_BELL_WAIT = 60.0
+TRANSPORTS = ("ws", "json", "sse", "raw")
+MAX_LINKS = 128
+"""Links on one ``deliver`` span (the SDK's default limit): a catch-up batch may carry more messages."""
+
+# What started the read chain a delivery came from (a span attribute; safety-poll deliveries are counted).
+SUBSCRIBE, BELL, SAFETY, RESUME = "subscribe", "bell", "safety", "resume"
+
+
+class _TransportCells:
+    __slots__ = ("deliveries", "latency", "connections")
+
+    def __init__(self, deliveries: tm.Counter, latency: tm.Histogram, connections: tm.Gauge) -> None:
+        self.deliveries = deliveries
+        self.latency = latency
+        self.connections = connections
+
+
+class HubMetrics:
+    """The pusher's metric cells, made once per hub (the families are process-wide)."""
+
+    __slots__ = ("transports", "safety", "bells", "inbox_entries", "pauses", "slow_closes", "drain_errors")
+
+    def __init__(self, registry: tm.Registry) -> None:
+        deliveries = registry.counter(
+            "upf.pusher.deliveries",
+            "queued messages written to subscriber connections (to the socket buffer), by transport",
+            attributes=("transport",),
+        )
+        latency = registry.histogram(
+            "upf.pusher.delivery.latency",
+            "from the writer's published_ms (just before its commit) to the frame written, by transport",
+            unit="s",
+            bounds=tm.LATENCY_BUCKETS,
+            attributes=("transport",),
+        )
+        connections = registry.gauge(
+            "upf.pusher.connections", "open subscriber connections (streams and polls), by transport", attributes=("transport",)
+        )
+        self.transports = {
+            t: _TransportCells(deliveries.cell(t), latency.cell(t), connections.cell(t)) for t in TRANSPORTS
+        }
+        self.safety = registry.counter(
+            "upf.pusher.safety_poll.deliveries",
+            "messages delivered by the safety poll's re-drain rather than a bell or a subscribe (lost pokes)",
+        ).cell()
+        self.bells = registry.counter("upf.pusher.bells", "bell watches that fired (a wake-up, not a timeout)").cell()
+        self.inbox_entries = registry.counter("upf.pusher.inbox.entries", "inbox entries drained (one per poke)").cell()
+        self.pauses = registry.counter(
+            "upf.pusher.slow.pauses", "subscriber connections whose socket buffer crossed the high-water mark"
+        ).cell()
+        self.slow_closes = registry.counter(
+            "upf.pusher.slow.closes", "subscriber connections closed for staying paused too long"
+        ).cell()
+        self.drain_errors = registry.counter("upf.pusher.read.errors", "queue reads that failed (retried later)").cell()
 
 
 class Hub:
-    def __init__(self, settings: Settings, store: Store) -> None:
+    def __init__(self, settings: Settings, store: Store, telemetry: tm.Telemetry | None = None) -> None:
         self.settings = settings
         self.store = store
+        self.telemetry = tm.current() if telemetry is None else telemetry
+        self.metrics = HubMetrics(self.telemetry.registry)
         self.node = settings.node_id
         self.config = SessionConfig(batch=READ_BATCH, slow_after=settings.slow_subscriber_timeout_secs)
         self.subs: set[Subscriber] = set()
@@ -103,6 +160,7 @@ class Hub:
     def attach(self, sub: Subscriber, since: Since) -> None:
         """Register ``sub`` locally (so no poke is missed), then resolve its cursors in the store."""
         self.subs.add(sub)
+        self.metrics.transports[sub.transport_name].connections.add(1)
         self._subscribing.add(sub)
         if not sub.session.poll:
             for t in sub.session.topics:
@@ -121,7 +179,7 @@ class Hub:
             self._subscribing.discard(sub)
             raise
         except Exception:
-            log.warning("subscribe failed", extra={"topics": session.topics_raw}, exc_info=True)
+            log.warning("subscribe failed", extra={"topics": len(session.topics)}, exc_info=True)
             self._subscribing.discard(sub)
             if not session.closed:
                 sub.fail(503, 50301, "service unavailable: the store did not answer")
@@ -133,7 +191,7 @@ class Hub:
             self._forget(sub)
             return
         sub.accept()
-        self.run(sub, session.subscribed(cursors, time.time()))
+        self.run(sub, session.subscribed(cursors, time.time()), SUBSCRIBE)
 
     def detach(self, sub: Subscriber) -> None:
         """The connection is gone (peer, close or abort)."""
@@ -146,6 +204,7 @@ class Hub:
         if sub not in self.subs:
             return
         self.subs.discard(sub)
+        self.metrics.transports[sub.transport_name].connections.add(-1)
         if sub.session.poll:
             return
         for t in sub.session.topics:
@@ -158,34 +217,88 @@ class Hub:
                 self._affinity_changed(t)
 
     def write_paused(self, sub: Subscriber) -> None:
-        self.run(sub, sub.session.write_paused(time.time()))
+        session = sub.session
+        was_paused = session.paused
+        self.run(sub, session.write_paused(time.time()))
+        if session.paused and not was_paused:
+            self.metrics.pauses.add()
 
     def write_resumed(self, sub: Subscriber) -> None:
-        self.run(sub, sub.session.write_resumed())
+        self.run(sub, sub.session.write_resumed(), RESUME)
 
     # --- commands -----------------------------------------------------------------------------------
-    def run(self, sub: Subscriber, commands: Iterable[Command]) -> None:
-        """Carry out a session's commands in order; reads run as short-lived tasks."""
+    def run(self, sub: Subscriber, commands: Iterable[Command], trigger: str = BELL) -> None:
+        """Carry out a session's commands in order; reads run as short-lived tasks. ``trigger`` is
+        what started this chain of reads (subscribe, bell, safety poll, resume after a pause)."""
         for cmd in commands:
             if type(cmd) is Send:
-                sub.send(cmd.messages)
+                if cmd.envelopes is None:
+                    sub.send(cmd.messages)
+                else:
+                    self._deliver(sub, cmd, trigger)
             elif type(cmd) is Read:
-                self._spawn(self._read(sub, cmd))
+                self._spawn(self._read(sub, cmd, trigger))
             elif type(cmd) is Close:
+                if cmd.reason == "slow":
+                    self.metrics.slow_closes.add()
                 sub.close(cmd.reason)
 
-    async def run_and_wait(self, sub: Subscriber, commands: Iterable[Command]) -> None:
+    def _deliver(self, sub: Subscriber, cmd: Send, trigger: str) -> None:
+        """Write queued messages to ``sub``, count them, record their latency from ``published_ms``
+        and, when tracing, wrap the write in one ``deliver`` span for the batch, linked to each
+        message's publish span (its ``traceparent`` from the envelope)."""
+        if sub.transport.is_closing():
+            return  # the transport drops the write: nothing is delivered
+        if self.telemetry.tracing:
+            span = self._deliver_span(sub, cmd, trigger)
+            try:
+                sub.send(cmd.messages)
+            finally:
+                span.end()
+        else:
+            sub.send(cmd.messages)
+        cells = self.metrics.transports[sub.transport_name]
+        envelopes = cmd.envelopes
+        n = len(envelopes)  # type: ignore[arg-type]
+        cells.deliveries.add(n)
+        if trigger is SAFETY:
+            self.metrics.safety.add(n)
+        now_ms = time.time() * 1000.0
+        latency = cells.latency
+        for env in envelopes:  # type: ignore[union-attr]
+            published = env.published_ms
+            if published:
+                latency.record(max(0.0, now_ms - published) / 1000.0)
+
+    def _deliver_span(self, sub: Subscriber, cmd: Send, trigger: str) -> Any:
+        from opentelemetry.trace import SpanKind
+
+        links = []
+        for env in cmd.envelopes[:MAX_LINKS]:  # type: ignore[index]
+            link = tm.link_from_traceparent(env.traceparent)
+            if link is not None:
+                links.append(link)
+        attributes: dict[str, Any] = {
+            "upf.transport": sub.transport_name,
+            "upf.trigger": trigger,
+            "upf.messages": len(cmd.messages),
+        }
+        if len(cmd.messages) == 1:
+            attributes["upf.message.id"] = cmd.messages[0].id
+        return self.telemetry.tracer.start_span("deliver", kind=SpanKind.CONSUMER, links=links, attributes=attributes)
+
+    async def run_and_wait(self, sub: Subscriber, commands: Iterable[Command], trigger: str = BELL) -> None:
         """Like ``run``, but wait for the reads (and the reads they lead to) to finish."""
         reads: list[Read] = []
         for cmd in commands:
             if type(cmd) is Read:
                 reads.append(cmd)
             else:
-                self.run(sub, (cmd,))
+                self.run(sub, (cmd,), trigger)
         if reads:
-            await asyncio.gather(*(self._read(sub, r) for r in reads))
+            await asyncio.gather(*(self._read(sub, r, trigger) for r in reads))
 
-    async def _read(self, sub: Subscriber, cmd: Read | None) -> None:
+    async def _read(self, sub: Subscriber, cmd: Read | None, trigger: str = BELL) -> None:
         """Drain one (connection, topic) from its cursor, batch after batch, until the session stops asking."""
         session = sub.session
         while cmd is not None:
@@ -195,15 +308,16 @@ class Hub:
                 raise
             except Exception:
                 self.drain_errors += 1
-                log.warning("drain read failed", extra={"topic": cmd.topic}, exc_info=True)
-                self.run(sub, session.read_failed(cmd.topic))
+                self.metrics.drain_errors.add()
+                log.warning("drain read failed", exc_info=True)
+                self.run(sub, session.read_failed(cmd.topic), trigger)
                 return
             nxt: Read | None = None
             for c in session.batch_read(cmd.topic, rows):
                 if type(c) is Read and nxt is None:
                     nxt = c
                 else:
-                    self.run(sub, (c,))
+                    self.run(sub, (c,), trigger)
             cmd = nxt
 
     # --- pokes --------------------------------------------------------------------------------------
@@ -227,12 +341,15 @@ class Hub:
                 backoff = min(backoff * 2, 5.0)
                 continue
             backoff = 0.05
+            if d.entries:
+                self.metrics.inbox_entries.add(d.entries)
             for topic in d.topics:
                 self.poke_topic(topic)
             if d.more:
                 d.bell.cancel()
                 continue
-            await _wait_watch(d.bell, timeout)
+            if await _wait_watch(d.bell, timeout):
+                self.metrics.bells.add()
 
     # --- periodic work ------------------------------------------------------------------------------
     async def safety_pass(self) -> None:
@@ -241,7 +358,7 @@ class Hub:
         for i in range(0, len(subs), SAFETY_CHUNK):
             chunk = [s for s in subs[i : i + SAFETY_CHUNK] if not s.session.closed]
             if chunk:
-                await asyncio.gather(*(self.run_and_wait(s, s.session.poke_all()) for s in chunk))
+                await asyncio.gather(*(self.run_and_wait(s, s.session.poke_all(), SAFETY) for s in chunk))
             await asyncio.sleep(0)
 
     async def _safety_loop(self) -> None:
@@ -324,7 +441,7 @@ class Hub:
                     raise
                 except Exception:
                     failures += 1
-                    log.warning("affinity update failed", extra={"topic": topic, "hold": want}, exc_info=True)
+                    log.warning("affinity update failed", extra={"hold": want}, exc_info=True)
                     if failures >= 5:
                         return  # stale affinity only costs pokes; the heartbeat's re-hold covers a lost hold
                     await asyncio.sleep(0.1 * 2**failures)
@@ -341,10 +458,12 @@ class Hub:
         }
 
 
-async def _wait_watch(bell: Watch, timeout: float) -> None:
-    """Wait for a bell with a timeout (a watch is never awaited without one), then drop it."""
+async def _wait_watch(bell: Watch, timeout: float) -> bool:
+    """Wait for a bell with a timeout (a watch is never awaited without one), then drop it. True
+    when the bell fired."""
     try:
         await asyncio.wait_for(_as_awaitable(bell), timeout)
+        return True
     except TimeoutError:
         pass
     except asyncio.CancelledError:
@@ -356,6 +475,7 @@ async def _wait_watch(bell: Watch, timeout: float) -> None:
     finally:
         if not bell.done():
             bell.cancel()
+    return False
 
 
 async def _as_awaitable(bell: Watch) -> None:

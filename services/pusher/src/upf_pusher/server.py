@@ -3,7 +3,8 @@
 - ``GET /{topics}/ws|json|sse|raw``: a subscribe. The connection is handed to a transport adapter
   (``transport.set_protocol``) and the hub; this object is dropped, so an idle subscriber carries
   nothing of the request parsing.
-- ``GET /v1/health``, ``/__lbheartbeat__``, ``/__heartbeat__``, ``/__version__``: ops routes.
+- ``GET /v1/health``, ``/__lbheartbeat__``, ``/__heartbeat__``, ``/__version__``, ``/metrics``
+  (Prometheus text: every metric of this process, so in the all-in-one program every role's): ops routes.
 - Anything else: the optional fallback ASGI app (the writer, in the all-in-one program), else 404.
 
 Limits: a request head over 16 KB is 431; a head not complete within ``HEAD_TIMEOUT`` seconds, or a
@@ -23,10 +24,11 @@ import msgspec
 from websockets.exceptions import InvalidHandshake, InvalidUpgrade
 
 from upf_keyspace import Settings, Store
+from upf_keyspace import telemetry as tm
 
 from . import __version__
 from .asgi_bridge import ASGIApp, Cycle, Lifespan
-from .http11 import HttpError, RequestHead, error_response, find_head_end, json_response, parse_head
+from .http11 import HttpError, RequestHead, error_response, find_head_end, json_response, parse_head, response_head
 from .hub import Hub
 from .query import QueryError, match_subscribe_path, parse_subscribe
 from .session import Session
@@ -153,6 +155,9 @@ class HttpProtocol(asyncio.Protocol):
                     self.busy = True
                     self.spawn(self._heartbeat(head))
                     return True
+                if head.path == "/metrics":
+                    self._reply(head, _metrics_response(p, keep), keep)
+                    return False
                 status, body = _OPS[head.path](p)
                 self._reply(head, json_response(status, body, keep_alive=keep), keep)
                 return False
@@ -256,11 +261,22 @@ def _version(p: Pusher) -> tuple[int, bytes]:
     return 200, _encoder.encode({"name": "upf-pusher", "version": _package_version()})
 
 
+def _metrics_response(p: Pusher, keep_alive: bool) -> bytes:
+    body = tm.render_metrics(p.telemetry.registry)
+    headers = [
+        (b"Content-Type", tm.METRICS_CONTENT_TYPE.encode("ascii")),
+        (b"Content-Length", str(len(body)).encode("ascii")),
+        (b"Connection", b"keep-alive" if keep_alive else b"close"),
+    ]
+    return response_head(200, headers) + body
+
+
 _OPS: dict[str, Any] = {
     "/v1/health": _health,
     "/__lbheartbeat__": _lbheartbeat,
     "/__version__": _version,
     "/__heartbeat__": None,  # async, handled in _route
+    "/metrics": None,  # text, handled in _route
 }
 
 
@@ -272,12 +288,20 @@ class Pusher:
     caller's: it is neither opened nor closed here.
     """
 
-    def __init__(self, settings: Settings, store: Store, *, fallback: ASGIApp | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        store: Store,
+        *,
+        fallback: ASGIApp | None = None,
+        telemetry: tm.Telemetry | None = None,
+    ) -> None:
         self.settings = settings
         self.store = store
         self.fallback = fallback
+        self.telemetry = tm.current() if telemetry is None else telemetry
         self.lifespan: Lifespan | None = Lifespan(fallback) if fallback is not None else None
-        self.hub = Hub(settings, store)
+        self.hub = Hub(settings, store, self.telemetry)
         self.closing = False
         self._server: asyncio.base_events.Server | None = None
         self._http: set[HttpProtocol] = set()
@@ -363,12 +387,13 @@ async def serve(
     host: str | None = None,
     port: int | None = None,
     sock: socket.socket | None = None,
+    telemetry: tm.Telemetry | None = None,
 ) -> Pusher:
     """Start a pusher in the running loop and return it (call ``await pusher.stop()`` to end it).
 
     The all-in-one program calls this with the writer's ASGI app as ``fallback``.
     """
-    pusher = Pusher(settings, store, fallback=fallback)
+    pusher = Pusher(settings, store, fallback=fallback, telemetry=telemetry)
     await pusher.start(host=host, port=port, sock=sock)
     if ready is not None:
         ready.set()

@@ -34,7 +34,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import msgspec
 
-from upf_keyspace import Message, Stored, message_from_envelope
+from upf_keyspace import Envelope, Message, Stored, message_from_envelope
 
 from .framing import event as make_event
 
@@ -53,6 +53,9 @@ class Phase(enum.Enum):
 
 class Send(msgspec.Struct, frozen=True):
     messages: list[Message]
+    envelopes: list[Envelope] | None = None
+    """For queued messages, their stored envelopes in the same order (the hub's delivery metrics and
+    trace links read them); None for events (open, keepalive)."""
 
 
 class Read(msgspec.Struct, frozen=True):
@@ -209,7 +212,7 @@ class Session:
         out: list[Command] = []
         if fresh:
             ts.cursor = fresh[-1].stamp
-            out.append(Send([message_from_envelope(r.stamp, topic, r.envelope) for r in fresh]))
+            out.append(Send([message_from_envelope(r.stamp, topic, r.envelope) for r in fresh], [r.envelope for r in fresh]))
         return out + self._live_read(topic, ts)
 
     def read_failed(self, topic: str) -> list[Command]:
@@ -264,6 +267,7 @@ class Session:
         if self.paused:
             return []
         sends: list[Message] = []
+        envelopes: list[Envelope] = []
         reads: list[Command] = []
         done = False
         while True:
@@ -288,7 +292,8 @@ class Session:
             row = ts.buffer.popleft()  # type: ignore[union-attr]
             ts.cursor = row.stamp
             sends.append(message_from_envelope(row.stamp, t, row.envelope))
-        out: list[Command] = [Send(sends)] if sends else []
+            envelopes.append(row.envelope)
+        out: list[Command] = [Send(sends, envelopes)] if sends else []
         out += reads
         if done:
             for ts in self.topics.values():
@@ -305,12 +310,14 @@ class Session:
     def _flush_held(self) -> list[Command]:
         """Send what LIVE reads returned while the connection was paused."""
         sends: list[Message] = []
+        envelopes: list[Envelope] = []
         for t, ts in self.topics.items():
             if ts.buffer:
                 ts.cursor = ts.buffer[-1].stamp
                 sends += [message_from_envelope(r.stamp, t, r.envelope) for r in ts.buffer]
+                envelopes += [r.envelope for r in ts.buffer]
             ts.buffer = None
-        return [Send(sends)] if sends else []
+        return [Send(sends, envelopes)] if sends else []
 
     def _live_read(self, topic: str, ts: _Topic) -> list[Command]:
         if self.paused or ts.reading or not (ts.more or ts.dirty):
