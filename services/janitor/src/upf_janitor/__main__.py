@@ -8,6 +8,7 @@ import signal
 import sys
 
 from upf_keyspace import SettingsError, load_settings, open_store
+from upf_keyspace import telemetry as tm
 
 from . import __version__
 from .janitor import Janitor
@@ -16,10 +17,11 @@ from .ops_http import json_body, serve_ops
 log = logging.getLogger("upf.janitor")
 
 
-async def amain() -> None:
+async def amain(service_name: str = "upf-janitor") -> None:
     settings = load_settings()
+    telemetry = tm.setup_telemetry(service_name, __version__)
     store = await open_store(settings)
-    janitor = Janitor(store, settings)
+    janitor = Janitor(store, settings, telemetry)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -41,10 +43,19 @@ async def amain() -> None:
     async def lb():  # type: ignore[no-untyped-def]
         return 200, "application/json", b"{}\n"
 
+    async def metrics():  # type: ignore[no-untyped-def]
+        return 200, tm.METRICS_CONTENT_TYPE, tm.render_metrics(telemetry.registry)
+
     server = await serve_ops(
         settings.bind_host,
         settings.bind_port,
-        {"/v1/health": health, "/__heartbeat__": heartbeat, "/__version__": version, "/__lbheartbeat__": lb},
+        {
+            "/v1/health": health,
+            "/__heartbeat__": heartbeat,
+            "/__version__": version,
+            "/__lbheartbeat__": lb,
+            "/metrics": metrics,
+        },
     )
     log.info("janitor started", extra={"bind": f"{settings.bind_host}:{settings.bind_port}", "store": store.db.name})
     try:
@@ -53,10 +64,11 @@ async def amain() -> None:
         server.close()
         await server.wait_closed()
         await store.close()
+        telemetry.shutdown()
 
 
 def main() -> None:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    tm.configure_logging()
     try:
         asyncio.run(amain())
     except SettingsError as exc:

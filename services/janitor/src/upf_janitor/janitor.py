@@ -16,8 +16,9 @@ import time
 import msgspec
 
 from upf_keyspace import Settings, Store, StoreError
+from upf_keyspace import telemetry as tm
 
-__all__ = ["Janitor", "PassResult", "DEAD_AFTER_HEARTBEATS"]
+__all__ = ["Janitor", "JanitorMetrics", "PassResult", "DEAD_AFTER_HEARTBEATS"]
 
 log = logging.getLogger("upf.janitor")
 
@@ -33,9 +34,26 @@ class PassResult(msgspec.Struct):
     cleared_affinities: int = 0
 
 
+class JanitorMetrics:
+    __slots__ = ("passes", "failed_passes", "expired", "swept_nodes", "cleared_affinities")
+
+    def __init__(self, registry: tm.Registry) -> None:
+        passes = registry.counter("upf.janitor.passes", "janitor passes, by result: ok or failed", attributes=("result",))
+        self.passes = passes.cell("ok")
+        self.failed_passes = passes.cell("failed")
+        self.expired = registry.counter("upf.janitor.expired", "messages deleted because their TTL ran out").cell()
+        self.swept_nodes = registry.counter(
+            "upf.janitor.swept_nodes", "dead pusher nodes whose records (affinity, inbox, bells, liveness) were swept"
+        ).cell()
+        self.cleared_affinities = registry.counter(
+            "upf.janitor.cleared_affinities", "affinity records of dead nodes cleared"
+        ).cell()
+
+
 class Janitor:
-    def __init__(self, store: Store, settings: Settings) -> None:
+    def __init__(self, store: Store, settings: Settings, telemetry: tm.Telemetry | None = None) -> None:
         self.store = store
+        self.metrics = JanitorMetrics((tm.current() if telemetry is None else telemetry).registry)
         self.interval = settings.janitor_interval_secs
         self.dead_after = max(1, int(round(settings.heartbeat_secs * DEAD_AFTER_HEARTBEATS)))
         self.passes = 0
@@ -44,9 +62,11 @@ class Janitor:
     async def run_once(self, now: int | None = None) -> PassResult:
         now = int(time.time()) if now is None else now
         result = PassResult()
+        metrics = self.metrics
         while True:
             n = await self.store.expire(now, EXPIRE_BATCH)
             result.expired += n
+            metrics.expired.add(n)
             if n < EXPIRE_BATCH:
                 break
         for node in await self.store.dead_nodes(now, self.dead_after):
@@ -55,10 +75,13 @@ class Janitor:
                 if cleared is None:  # it came back to life meanwhile
                     break
                 result.cleared_affinities += cleared
+                metrics.cleared_affinities.add(cleared)
                 if cleared < SWEEP_BATCH:
                     result.swept_nodes.append(node)
+                    metrics.swept_nodes.add()
                     break
         self.passes += 1
+        metrics.passes.add()
         self.last = result
         if result.expired or result.swept_nodes:
             log.info(
@@ -74,8 +97,10 @@ class Janitor:
             try:
                 await self.run_once()
             except StoreError as exc:
+                self.metrics.failed_passes.add()
                 log.warning("janitor pass failed", extra={"code": exc.code})
             except Exception:
+                self.metrics.failed_passes.add()
                 log.exception("janitor pass crashed")
             delay = self.interval * random.uniform(0.9, 1.1)
             try:

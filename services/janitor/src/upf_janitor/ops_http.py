@@ -1,5 +1,6 @@
 """The janitor's ops endpoints (it serves no users): the same paths every role has, so one probe
-config fits the fleet. Deliberately tiny: GET only, one request per connection."""
+config fits the fleet, plus the Prometheus scrape endpoint ``/metrics``. Deliberately tiny: GET only,
+one request per connection."""
 
 from __future__ import annotations
 

@@ -3,7 +3,8 @@
 The roles still talk only through the store: in one process they merely share its connection. With
 the pusher present, its lean HTTP/1.1 server is the single front door and hands every request that is
 not a subscription to the writer's ASGI app, so a phone can use one base URL. Without the pusher the
-writer runs on granian as in its own image.
+writer runs on granian as in its own image, with the janitor (when on) in the same worker process
+(``upf.asgi``), so its ``GET /metrics`` covers both.
 """
 
 from __future__ import annotations
@@ -13,9 +14,11 @@ import logging
 import os
 import signal
 import sys
-import threading
 
 from upf_keyspace import Settings, SettingsError, load_settings, open_store
+from upf_keyspace.telemetry import configure_logging, setup_telemetry
+
+from . import __version__
 
 log = logging.getLogger("upf")
 
@@ -24,6 +27,8 @@ async def run_with_pusher(settings: Settings) -> None:
     from upf_janitor import Janitor
     from upf_pusher.server import serve
 
+    # One telemetry for every role of the process: one /metrics (the pusher's front door) covers them all.
+    telemetry = setup_telemetry("upf", __version__)
     store = await open_store(settings)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -33,12 +38,12 @@ async def run_with_pusher(settings: Settings) -> None:
     if "writer" in settings.roles:
         from upf_writer.app import create_app
 
-        fallback = create_app(settings, store)
+        fallback = create_app(settings, store, telemetry=telemetry)
     try:
-        pusher = await serve(settings, store, fallback=fallback)
+        pusher = await serve(settings, store, fallback=fallback, telemetry=telemetry)
         janitor_task = None
         if "janitor" in settings.roles:
-            janitor_task = asyncio.create_task(Janitor(store, settings).run(stop))
+            janitor_task = asyncio.create_task(Janitor(store, settings, telemetry).run(stop))
         log.info(
             "upf started",
             extra={"roles": ",".join(settings.roles), "bind": f"{settings.bind_host}:{settings.bind_port}",
@@ -52,35 +57,11 @@ async def run_with_pusher(settings: Settings) -> None:
             await janitor_task
     finally:
         await store.close()
-
-
-def run_janitor_thread(settings: Settings, stop: threading.Event) -> threading.Thread:
-    """The janitor beside a granian-served writer: its own loop and store connection in a thread."""
-    from upf_janitor import Janitor
-
-    async def body() -> None:
-        store = await open_store(settings)
-        done = asyncio.Event()
-
-        async def watch_stop() -> None:
-            while not stop.is_set():
-                await asyncio.sleep(0.2)
-            done.set()
-
-        watcher = asyncio.create_task(watch_stop())
-        try:
-            await Janitor(store, settings).run(done)
-        finally:
-            watcher.cancel()
-            await store.close()
-
-    t = threading.Thread(target=lambda: asyncio.run(body()), name="upf-janitor", daemon=True)
-    t.start()
-    return t
+        telemetry.shutdown()
 
 
 def main() -> None:
-    logging.basicConfig(level=os.environ.get("UPF_LOG_LEVEL", "INFO"), format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    configure_logging(os.environ.get("UPF_LOG_LEVEL", "INFO"))
     try:
         settings = load_settings()
     except SettingsError as exc:
@@ -93,18 +74,12 @@ def main() -> None:
         elif "writer" in roles:
             from upf_writer.__main__ import build_server
 
-            stop = threading.Event()
-            janitor = run_janitor_thread(settings, stop) if "janitor" in roles else None
-            try:
-                build_server(settings.bind_host, settings.bind_port).serve()
-            finally:
-                stop.set()
-                if janitor is not None:
-                    janitor.join(timeout=5)
+            # The janitor, when on, runs inside the writer's worker process (upf.asgi), beside it.
+            build_server(settings.bind_host, settings.bind_port, target="upf.asgi:app").serve()
         else:
             from upf_janitor.__main__ import amain
 
-            asyncio.run(amain())
+            asyncio.run(amain("upf"))
     except KeyboardInterrupt:
         pass
 
