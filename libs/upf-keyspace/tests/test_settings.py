@@ -1,0 +1,46 @@
+"""UPF_* settings are validated once, with a message that names the variable."""
+
+from __future__ import annotations
+
+import pytest
+
+from upf_keyspace import SettingsError, load_settings
+
+
+def test_defaults_match_the_design():
+    s = load_settings({})
+    assert (s.bind_host, s.bind_port) == ("0.0.0.0", 8080)
+    assert s.roles == ("writer", "pusher", "janitor")
+    assert (s.shard_count, s.max_message_bytes, s.default_ttl_secs) == (64, 4096, 2_419_200)
+    assert (s.safety_poll_secs, s.keepalive_secs, s.heartbeat_secs, s.janitor_interval_secs) == (60, 45, 10, 30)
+    assert s.node_id and s.store_path == "data/upf.db" and s.fdb_cluster_file == ""
+
+
+def test_values_are_read():
+    s = load_settings({"UPF_BIND": "127.0.0.1:9000", "UPF_ROLES": "pusher, janitor", "UPF_NODE_ID": "p-1",
+                       "UPF_SHARD_COUNT": "8", "UPF_KEEPALIVE_SECS": "2.5", "UPF_PUBLIC_URL": "https://x.example/"})
+    assert (s.bind_host, s.bind_port, s.roles, s.node_id) == ("127.0.0.1", 9000, ("pusher", "janitor"), "p-1")
+    assert (s.shard_count, s.keepalive_secs, s.public_url) == (8, 2.5, "https://x.example")
+
+
+@pytest.mark.parametrize(
+    "name, value",
+    [
+        ("UPF_BIND", "8080"),
+        ("UPF_BIND", "host:99999"),
+        ("UPF_ROLES", "writer,cook"),
+        ("UPF_ROLES", ","),
+        ("UPF_NODE_ID", "has space"),
+        ("UPF_SHARD_COUNT", "0"),
+        ("UPF_SHARD_COUNT", "many"),
+        ("UPF_MAX_MESSAGE_BYTES", "-1"),
+        ("UPF_KEEPALIVE_SECS", "soon"),
+        ("UPF_SAFETY_POLL_SECS", "0"),
+        ("UPF_PUBLIC_URL", "ftp://x"),
+        ("FDB_CLUSTER_FILE", "/nonexistent/fdb.cluster"),
+    ],
+)
+def test_bad_values_name_the_variable(name, value):
+    with pytest.raises(SettingsError) as info:
+        load_settings({name: value})
+    assert name in str(info.value)
