@@ -191,18 +191,33 @@ class Registry:
     def __init__(self) -> None:
         self._families: dict[str, Family] = {}
         self._lock = threading.Lock()
+        self._listeners: list[Any] = []
 
     def _family(
         self, name: str, kind: str, unit: str, description: str, attributes: Sequence[str], bounds: Sequence[float] = ()
     ) -> Family:
         with self._lock:
             fam = self._families.get(name)
-            if fam is None:
-                fam = Family(name, kind, unit, description, tuple(attributes), tuple(float(b) for b in bounds))
-                self._families[name] = fam
-            elif fam.kind != kind or fam.attributes != tuple(attributes):
-                raise ValueError(f"metric {name} already defined differently")
-            return fam
+            if fam is not None:
+                if fam.kind != kind or fam.attributes != tuple(attributes):
+                    raise ValueError(f"metric {name} already defined differently")
+                return fam
+            fam = Family(name, kind, unit, description, tuple(attributes), tuple(float(b) for b in bounds))
+            self._families[name] = fam
+            listeners = list(self._listeners)
+        for listener in listeners:
+            listener(fam)
+        return fam
+
+    def listen(self, listener: Any) -> None:
+        """Call ``listener(family)`` for every family defined from now on (the OpenTelemetry bridge)."""
+        with self._lock:
+            self._listeners.append(listener)
+
+    def unlisten(self, listener: Any) -> None:
+        with self._lock:
+            if listener in self._listeners:
+                self._listeners.remove(listener)
 
     def counter(self, name: str, description: str, *, unit: str = "1", attributes: Sequence[str] = ()) -> Family:
         return self._family(name, "counter", unit, description, attributes)
@@ -405,6 +420,7 @@ class Telemetry:
         self.meter_provider = meter_provider
         self.service_name = service_name
         self._closed = False
+        self._bridge: Any = None
 
     def force_flush(self, timeout_millis: int = 5000) -> None:
         if self.tracer_provider is not None:
@@ -420,6 +436,8 @@ class Telemetry:
         if self.tracer_provider is not None:
             self.tracer_provider.shutdown()
         if self.meter_provider is not None:
+            if self._bridge is not None:
+                self.registry.unlisten(self._bridge)
             for fam in self.registry.families():
                 if fam.kind == "histogram":
                     fam.attach_otel_histogram(None)
@@ -484,7 +502,7 @@ def setup_telemetry(
     traces = _traces_wanted(env)
     push_metrics = _metrics_push_wanted(env)
     readers = list(metric_readers)
-    tracer_provider = tracer = meter_provider = None
+    tracer_provider = tracer = meter_provider = bridge = None
     if traces or span_exporter is not None or push_metrics or readers:
         from opentelemetry.sdk.resources import Resource
 
@@ -522,7 +540,7 @@ def setup_telemetry(
             from opentelemetry.sdk.metrics import MeterProvider
 
             meter_provider = MeterProvider(metric_readers=readers, resource=resource)
-            _bridge_to_otel(registry, meter_provider.get_meter("upf", service_version))
+            bridge = _bridge_to_otel(registry, meter_provider.get_meter("upf", service_version))
     telemetry = Telemetry(
         registry=registry,
         tracer=tracer,
@@ -530,6 +548,8 @@ def setup_telemetry(
         meter_provider=meter_provider,
         service_name=service_name,
     )
+    if meter_provider is not None:
+        telemetry._bridge = bridge
     if make_current:
         _current = telemetry
     log.info(
@@ -539,12 +559,15 @@ def setup_telemetry(
     return telemetry
 
 
-def _bridge_to_otel(registry: Registry, meter: Any) -> None:
+def _bridge_to_otel(registry: Registry, meter: Any) -> Any:
     """Make every family, present and future, visible to the OpenTelemetry meter: observable
-    instruments read counter and gauge cells at collection; histogram cells forward their records."""
+    instruments read counter and gauge cells at collection; histogram cells forward their records.
+    Returns the listener to remove at shutdown. (Instruments are never created inside a collection
+    callback: the SDK holds its lock there.)"""
     from opentelemetry.metrics import CallbackOptions, Observation
 
     bridged: set[str] = set()
+    lock = threading.Lock()
 
     def observe(fam: Family) -> Any:
         def callback(_options: CallbackOptions) -> Iterable[Observation]:
@@ -555,29 +578,25 @@ def _bridge_to_otel(registry: Registry, meter: Any) -> None:
 
         return callback
 
-    def bridge_all() -> None:
-        for fam in registry.families():
+    def bridge(fam: Family) -> None:
+        with lock:
             if fam.name in bridged:
-                continue
+                return
             bridged.add(fam.name)
-            if fam.kind == "counter":
-                meter.create_observable_counter(fam.name, [observe(fam)], unit=fam.unit, description=fam.description)
-            elif fam.kind == "gauge":
-                meter.create_observable_up_down_counter(
-                    fam.name, [observe(fam)], unit=fam.unit, description=fam.description
-                )
-            else:
-                hist = meter.create_histogram(
-                    fam.name, unit=fam.unit, description=fam.description, explicit_bucket_boundaries_advisory=fam.bounds
-                )
-                fam.attach_otel_histogram(hist)
+        if fam.kind == "counter":
+            meter.create_observable_counter(fam.name, [observe(fam)], unit=fam.unit, description=fam.description)
+        elif fam.kind == "gauge":
+            meter.create_observable_up_down_counter(fam.name, [observe(fam)], unit=fam.unit, description=fam.description)
+        else:
+            hist = meter.create_histogram(
+                fam.name, unit=fam.unit, description=fam.description, explicit_bucket_boundaries_advisory=fam.bounds
+            )
+            fam.attach_otel_histogram(hist)
 
-    bridge_all()
-    # Families defined after setup (a role module imported later) are bridged at the next collection.
-    meter.create_observable_gauge(
-        "upf.telemetry.families", [lambda _o: (bridge_all(), [Observation(len(bridged))])[1]], unit="1",
-        description="metric families bridged to OpenTelemetry",
-    )
+    registry.listen(bridge)
+    for fam in registry.families():
+        bridge(fam)
+    return bridge
 
 
 # --- logs ----------------------------------------------------------------------------------------------

@@ -1,0 +1,192 @@
+"""upf_keyspace.telemetry: cells, Prometheus rendering, the OTEL_* switch, traceparent helpers; the
+envelope's version-2 field; the drivers' store metrics."""
+
+from __future__ import annotations
+
+import logging
+
+import msgspec
+import pytest
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from prometheus_client.parser import text_string_to_metric_families
+
+from upf_keyspace import ENVELOPE_VERSION, Envelope, Settings, decode_envelope, encode_envelope, open_store
+from upf_keyspace import telemetry as tm
+
+
+def samples(text: bytes) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    out = {}
+    for fam in text_string_to_metric_families(text.decode()):
+        for s in fam.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def test_cells_render_as_prometheus_text() -> None:
+    reg = tm.Registry()
+    c = reg.counter("upf.test.things", "things", attributes=("kind",))
+    c.cell("a").add()
+    c.cell("a").add(2)
+    c.cell("b").add()
+    g = reg.gauge("upf.test.open", "open").cell()
+    g.add(3)
+    g.add(-1)
+    h = reg.histogram("upf.test.wait", "wait", unit="s", bounds=(0.1, 1.0)).cell()
+    for v in (0.05, 0.1, 0.5, 7.0):
+        h.record(v)
+    got = samples(tm.render_metrics(reg))
+    assert got[("upf_test_things_total", (("kind", "a"),))] == 3
+    assert got[("upf_test_things_total", (("kind", "b"),))] == 1
+    assert got[("upf_test_open", ())] == 2
+    # le semantics: 0.1 falls in the 0.1 bucket; buckets are cumulative.
+    assert got[("upf_test_wait_seconds_bucket", (("le", "0.1"),))] == 2
+    assert got[("upf_test_wait_seconds_bucket", (("le", "1.0"),))] == 3
+    assert got[("upf_test_wait_seconds_bucket", (("le", "+Inf"),))] == 4
+    assert got[("upf_test_wait_seconds_count", ())] == 4
+    assert got[("upf_test_wait_seconds_sum", ())] == pytest.approx(7.65)
+    assert any(name.startswith("process_") for name, _ in got)  # the process collectors come along
+
+
+def test_a_family_is_defined_once() -> None:
+    reg = tm.Registry()
+    assert reg.counter("upf.x", "x", attributes=("a",)) is reg.counter("upf.x", "x", attributes=("a",))
+    with pytest.raises(ValueError):
+        reg.counter("upf.x", "x", attributes=("b",))
+    with pytest.raises(ValueError):
+        reg.counter("upf.x", "x", attributes=("a",)).cell("1", "2")
+
+
+def test_traceparent_round_trip_and_rejects() -> None:
+    tp = tm.format_traceparent(0xABC, 0x123, 1)
+    assert tp == "00-00000000000000000000000000000abc-0000000000000123-01"
+    assert tm.parse_traceparent(tp) == (0xABC, 0x123, 1)
+    for bad in ("", "garbage", tp.replace("00-", "ff-", 1), "00-" + "0" * 32 + "-0000000000000123-01", tp + "-x", tp.upper()):
+        assert tm.parse_traceparent(bad) is None, bad
+    link = tm.link_from_traceparent(tp)
+    assert link.context.trace_id == 0xABC and link.context.span_id == 0x123 and link.context.is_remote
+    assert tm.link_from_traceparent("") is None
+    ctx = tm.context_from_headers({"traceparent": tp})
+    assert ctx is not None
+    assert tm.context_from_headers({"traceparent": "nonsense"}) is None
+    assert tm.context_from_headers({}) is None
+
+
+@pytest.mark.parametrize(
+    ("env", "tracing"),
+    [
+        ({}, False),
+        ({"OTEL_SERVICE_NAME": "x"}, False),
+        ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9"}, True),
+        ({"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://127.0.0.1:9/v1/traces"}, True),
+        ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9", "OTEL_TRACES_EXPORTER": "none"}, False),
+        ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9", "OTEL_SDK_DISABLED": "true"}, False),
+    ],
+)
+def test_tracing_is_on_only_with_an_exporter(env: dict[str, str], tracing: bool) -> None:
+    t = tm.setup_telemetry("upf-test", "0", env=env, registry=tm.Registry(), make_current=False)
+    try:
+        assert t.tracing is tracing
+        assert (t.tracer is not None) is tracing
+        assert t.meter_provider is None  # OTLP metric push needs OTEL_METRICS_EXPORTER=otlp
+    finally:
+        t.shutdown()
+
+
+def test_in_memory_sinks_see_spans_and_cells() -> None:
+    reg = tm.Registry()
+    exporter = InMemorySpanExporter()
+    reader = InMemoryMetricReader()
+    t = tm.setup_telemetry("upf-test", "9", env={}, span_exporter=exporter, metric_readers=[reader], registry=reg, make_current=False)
+    try:
+        counter = reg.counter("upf.test.hits", "hits", attributes=("kind",)).cell("a")
+        hist = reg.histogram("upf.test.size", "size", unit="By", bounds=tm.BYTES_BUCKETS).cell()
+        counter.add(5)
+        hist.record(100)
+        span = t.tracer.start_span("publish")
+        span.end()
+        (done,) = exporter.get_finished_spans()
+        assert done.name == "publish" and done.resource.attributes["service.name"] == "upf-test"
+        data = reader.get_metrics_data()
+        points = {
+            m.name: m.data.data_points
+            for rm in data.resource_metrics
+            for sm in rm.scope_metrics
+            for m in sm.metrics
+        }
+        assert [(p.value, dict(p.attributes)) for p in points["upf.test.hits"]] == [(5, {"kind": "a"})]
+        (h,) = points["upf.test.size"]
+        assert (h.count, h.sum) == (1, 100)
+    finally:
+        t.shutdown()
+    hist.record(1)  # detached from the shut-down provider: still counts locally
+    assert hist.count == 2
+
+
+def test_key_value_log_format() -> None:
+    record = logging.LogRecord("upf.x", logging.INFO, __file__, 1, "static message", None, None)
+    record.code = 1020
+    line = tm.KeyValueFormatter("%(levelname)s %(message)s").format(record)
+    assert line == "INFO static message code=1020"
+
+
+class EnvelopeV1(msgspec.Struct, frozen=True, array_like=True, omit_defaults=False):
+    """Envelope as version 1 had it (a reader of the previous release)."""
+
+    time: int
+    expires: int
+    message: str
+    encoding: str = ""
+    title: str = ""
+    priority: int = 0
+    tags: tuple[str, ...] = ()
+    click: str = ""
+    icon: str = ""
+    content_type: str = ""
+    traceparent: str = ""
+    idem: str = ""
+
+
+def test_envelope_v2_is_readable_both_ways() -> None:
+    assert ENVELOPE_VERSION == 2
+    v2 = Envelope(time=1, expires=2, message="m", traceparent="00-" + "1" * 32 + "-" + "2" * 16 + "-01", published_ms=1234)
+    old = msgspec.msgpack.decode(encode_envelope(v2), type=EnvelopeV1)
+    assert (old.message, old.traceparent) == ("m", v2.traceparent)
+    back = decode_envelope(msgspec.msgpack.encode(EnvelopeV1(time=1, expires=2, message="m")))
+    assert back.published_ms == 0 and back.message == "m"
+    assert decode_envelope(encode_envelope(v2)) == v2
+
+
+async def test_store_counts_transactions_and_conflict_retries(tmp_path) -> None:
+    """Transactions are counted per driver; a conflict (1020) is counted as a retry by its code."""
+    from upf_keyspace import errors
+
+    store = await open_store(Settings(store_path=str(tmp_path / "s.db")))
+    try:
+        reg = tm.REGISTRY
+        before = reg.value("upf.store.transactions", driver="embedded")
+        retries = reg.value("upf.store.retries", driver="embedded", code="1020")
+        batches = reg.value("upf.store.commit.batch_size", driver="embedded")
+        attempts = 0
+
+        async def body(tr):  # type: ignore[no-untyped-def]
+            nonlocal attempts
+            attempts += 1
+            tr.set(b"\x02k", b"v")
+            if attempts == 1:
+                raise errors.StoreError(errors.NOT_COMMITTED)
+
+        await store.db.transact(body)
+        assert reg.value("upf.store.transactions", driver="embedded") == before + 1
+        assert reg.value("upf.store.retries", driver="embedded", code="1020") == retries + 1
+        assert reg.value("upf.store.commit.batch_size", driver="embedded") == batches + 1
+        failures = reg.value("upf.store.failures", driver="embedded", code="2000")
+
+        async def bad(tr):  # type: ignore[no-untyped-def]
+            raise errors.StoreError(errors.CLIENT_INVALID_OPERATION)
+
+        with pytest.raises(errors.StoreError):
+            await store.db.transact(bad)
+        assert reg.value("upf.store.failures", driver="embedded", code="2000") == failures + 1
+    finally:
+        await store.close()
