@@ -1,5 +1,4 @@
-"""Observability: metrics and traces for one publish and one delivery, in process with in-memory
-exporters and across real processes (the trace context travels through the store: the pusher's
+"""Observability, black box: traces for one publish and one delivery across real processes (the trace context travels through the store: the pusher's
 ``deliver`` span links to the writer's ``publish`` span with no RPC between them), and the Prometheus
 scrape endpoint of every role after real traffic."""
 
@@ -15,12 +14,10 @@ from typing import Any
 import httpx
 import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
-from opentelemetry.sdk.metrics.export import InMemoryMetricReader
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.clients.ntfy import publish, subscribe
-from upf_keyspace import Settings, decode_id, open_store
+from upf_keyspace import Settings, open_store
 from upf_keyspace import telemetry as tm
 
 TRACE_ID = 0x4BF92F3577B34DA6A3CE929D0E0E4736
@@ -29,22 +26,6 @@ PARENT = tm.format_traceparent(TRACE_ID, PARENT_ID, 1)
 
 
 # --- helpers -------------------------------------------------------------------------------------------
-def metric_points(reader: InMemoryMetricReader) -> dict[str, list[Any]]:
-    data = reader.get_metrics_data()
-    out: dict[str, list[Any]] = {}
-    for rm in data.resource_metrics:
-        for sm in rm.scope_metrics:
-            for m in sm.metrics:
-                out.setdefault(m.name, []).extend(m.data.data_points)
-    return out
-
-
-def point(points: dict[str, list[Any]], name: str, **attributes: str) -> Any:
-    matches = [p for p in points.get(name, []) if dict(p.attributes) == attributes]
-    assert len(matches) == 1, (name, attributes, points.get(name))
-    return matches[0]
-
-
 def scrape(base: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     r = httpx.get(base + "/metrics", timeout=5)
     assert r.status_code == 200
@@ -69,113 +50,6 @@ async def eventually(check: Any, timeout: float = 10.0) -> Any:
             if time.monotonic() > deadline:
                 raise
         await asyncio.sleep(0.1)
-
-
-# --- in process, in-memory exporters ------------------------------------------------------------------
-async def test_one_publish_one_delivery_in_memory(tmp_path) -> None:
-    """The all-in-one shape in this process (pusher front door, writer behind it), with an
-    InMemorySpanExporter and an InMemoryMetricReader: one publish with a ``traceparent`` header and its
-    delivery produce exactly the expected spans, link and metrics."""
-    from upf_pusher.server import serve
-    from upf_writer.app import create_app
-
-    registry = tm.Registry()
-    spans = InMemorySpanExporter()
-    reader = InMemoryMetricReader()
-    telemetry = tm.setup_telemetry(
-        "upf", "test", env={}, span_exporter=spans, metric_readers=[reader], registry=registry, make_current=False
-    )
-    settings = Settings(store_path=str(tmp_path / "upf.db"), shard_count=4, node_id="mem1", safety_poll_secs=600)
-    store = await open_store(settings)
-    pusher = await serve(
-        settings, store, fallback=create_app(settings, store, telemetry=telemetry), telemetry=telemetry,
-        host="127.0.0.1", port=0,
-    )
-    base = f"http://127.0.0.1:{pusher.port}"
-    try:
-        async with subscribe(base, "telMem1", "json") as s:
-            r = await publish(base, "telMem1", "hello", params={"up": "1"}, headers={"traceparent": PARENT})
-            assert r.status_code == 200
-            msg_id = r.json()["id"]
-            assert (await s.next_message()).id == msg_id
-
-            (publish_span,) = [x for x in spans.get_finished_spans() if x.name == "publish"]
-            (deliver_span,) = await eventually(lambda: _named(spans, "deliver", 1))
-            # publish: a child of the request's traceparent, and named in the stored envelope
-            assert publish_span.context.trace_id == TRACE_ID
-            assert publish_span.parent is not None and publish_span.parent.span_id == PARENT_ID
-            assert publish_span.attributes["upf.message.id"] == msg_id
-            assert publish_span.attributes["upf.message.size"] == 5
-            (stored,) = await store.read_after("telMem1", None)
-            assert stored.envelope.traceparent == tm.traceparent_of(publish_span)
-            assert stored.envelope.published_ms > 0
-            assert stored.stamp == decode_id(msg_id)
-            # deliver: its own trace, linked to the publish span
-            assert deliver_span.context.trace_id != TRACE_ID
-            (link,) = deliver_span.links
-            assert (link.context.trace_id, link.context.span_id) == (TRACE_ID, publish_span.context.span_id)
-            assert deliver_span.attributes["upf.transport"] == "json"
-            assert deliver_span.attributes["upf.trigger"] == "bell"
-            assert deliver_span.attributes["upf.message.id"] == msg_id
-
-            points = metric_points(reader)
-            assert point(points, "upf.writer.publishes", result="stored").value == 1
-            assert point(points, "upf.writer.publishes", result="replayed").value == 0
-            commit = point(points, "upf.writer.publish.commit.duration")
-            assert commit.count == 1 and 0 < commit.sum < 5
-            assert point(points, "upf.writer.publish.size").sum == 5
-            assert point(points, "upf.pusher.deliveries", transport="json").value == 1
-            assert point(points, "upf.pusher.deliveries", transport="ws").value == 0
-            latency = point(points, "upf.pusher.delivery.latency", transport="json")
-            assert latency.count == 1 and 0 <= latency.sum < 5
-            assert point(points, "upf.pusher.connections", transport="json").value == 1
-            assert point(points, "upf.pusher.inbox.entries").value == 1
-            assert point(points, "upf.pusher.safety_poll.deliveries").value == 0
-            assert not [p for p in points.get("upf.writer.rejections", []) if p.value]
-    finally:
-        await pusher.stop()
-        await store.close()
-        telemetry.shutdown()
-    names = sorted(x.name for x in spans.get_finished_spans())
-    assert names == ["deliver", "publish"]
-
-
-def _named(exporter: InMemorySpanExporter, name: str, n: int) -> list[Any]:
-    found = [x for x in exporter.get_finished_spans() if x.name == name]
-    assert len(found) == n, found
-    return found
-
-
-async def test_tracing_off_makes_no_spans_and_stores_no_traceparent(tmp_path) -> None:
-    """Without an exporter nothing is traced (the envelope carries no traceparent), but metrics count."""
-    from upf_pusher.server import serve
-    from upf_writer.app import create_app
-
-    registry = tm.Registry()
-    telemetry = tm.setup_telemetry("upf", "test", env={}, registry=registry, make_current=False)
-    assert not telemetry.tracing and telemetry.tracer is None
-    settings = Settings(store_path=str(tmp_path / "upf.db"), shard_count=4, node_id="mem2")
-    store = await open_store(settings)
-    pusher = await serve(
-        settings, store, fallback=create_app(settings, store, telemetry=telemetry), telemetry=telemetry,
-        host="127.0.0.1", port=0,
-    )
-    base = f"http://127.0.0.1:{pusher.port}"
-    try:
-        async with subscribe(base, "telOff1", "ws") as s:
-            r = await publish(base, "telOff1", "x", headers={"traceparent": PARENT})
-            assert (await s.next_message()).id == r.json()["id"]
-        (stored,) = await store.read_after("telOff1", None)
-        assert stored.envelope.traceparent == "" and stored.envelope.published_ms > 0
-        assert registry.value("upf.writer.publishes", result="stored") == 1
-        await eventually(lambda: _equal(registry.value("upf.pusher.deliveries", transport="ws"), 1))
-    finally:
-        await pusher.stop()
-        await store.close()
-
-
-def _equal(a: Any, b: Any) -> None:
-    assert a == b, (a, b)
 
 
 # --- across processes: OTLP to an in-test receiver ----------------------------------------------------
@@ -313,6 +187,10 @@ async def test_safety_poll_delivery_is_counted(fleet) -> None:
         assert (await s.next_message(10)).id == r.json()["id"]
     p = await eventually(lambda: _with(scrape(pusher.base), "upf_pusher_safety_poll_deliveries_total", 1))
     assert sample(p, "upf_pusher_deliveries_total", transport="json") == 1
+
+
+def _equal(a: Any, b: Any) -> None:
+    assert a == b, (a, b)
 
 
 def _with(samples: dict[Any, float], name: str, value: float) -> dict[Any, float]:

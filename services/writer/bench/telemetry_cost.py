@@ -221,6 +221,7 @@ def main() -> None:
         "--baseline", metavar="REV", default="",
         help="also measure the writer as of git revision REV (e.g. the commit before telemetry) as mode 'before'",
     )
+    p.add_argument("--modes", default="off,traces,1%,all", help="comma list of modes to run (default: all four)")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
@@ -231,7 +232,9 @@ def main() -> None:
         stub_port = int(stub.stdout.readline())  # type: ignore[union-attr]
         stores = ["null", "embedded"] if args.store == "both" else [args.store]
         baseline_src = ""
-        modes: tuple[str, ...] = ("off", "traces", "1%", "all")
+        modes: tuple[str, ...] = tuple(m.strip() for m in args.modes.split(",") if m.strip())
+        if "off" not in modes:
+            modes = ("off", *modes)
         if args.baseline:
             baseline_src = tempfile.mkdtemp(prefix="upf-baseline-")
             repo = subprocess.run(["git", "rev-parse", "--show-toplevel"], capture_output=True, text=True, check=True,
