@@ -1,9 +1,15 @@
-"""The drivers' metrics: transactions, retries and failures by store error code (both drivers),
-physical commit batches (the embedded driver's group commit). Cells per driver are made once."""
+"""The drivers' metrics and their shared retry loop: transactions, retries and failures by store error
+code (both drivers), physical commit batches (the embedded driver's group commit)."""
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+from .. import errors
 from ..telemetry import COUNT_BUCKETS, LATENCY_BUCKETS, REGISTRY
+
+T = TypeVar("T")
 
 TRANSACTIONS = REGISTRY.counter(
     "upf.store.transactions", "transactions run through transact (each may take several attempts)", attributes=("driver",)
@@ -38,3 +44,24 @@ def retried(driver: str, code: int) -> None:
 
 def failed(driver: str, code: int) -> None:
     FAILURES.cell(driver, str(code)).add()
+
+
+async def run(driver: str, tr: Any, fn: Callable[..., Awaitable[T]], args: tuple[Any, ...], kwargs: dict[str, Any]) -> T:
+    """The retry loop both drivers share: run ``fn(tr, ...)`` and commit; on a store error let the
+    transaction decide (``on_error`` backs off and resets, or re-raises), counting what happened."""
+    TRANSACTIONS.cell(driver).add()
+    while True:
+        try:
+            result = await fn(tr, *args, **kwargs)
+            await tr.commit()
+            return result
+        except errors.StoreError as exc:
+            try:
+                await tr.on_error(exc)
+            except BaseException:
+                failed(driver, exc.code)
+                raise
+            retried(driver, exc.code)
+        except BaseException:
+            tr.cancel()
+            raise

@@ -60,7 +60,6 @@ _MAX_BATCH = 2048
 _MAX_WATCHES = 10_000
 _RETRY_LIMIT = 100
 _I64 = struct.Struct("<q")
-_TRANSACTIONS = _metrics.TRANSACTIONS.cell("embedded")
 _BATCH_SIZE = _metrics.COMMIT_BATCH.cell("embedded")
 _COMMIT_DURATION = _metrics.COMMIT_DURATION.cell("embedded")
 
@@ -681,23 +680,7 @@ class EmbeddedDatabase:
         return EmbeddedTransaction(self)
 
     async def transact(self, fn: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> T:
-        tr = self.create_transaction()
-        _TRANSACTIONS.add()
-        while True:
-            try:
-                result = await fn(tr, *args, **kwargs)
-                await tr.commit()
-                return result
-            except errors.StoreError as exc:
-                try:
-                    await tr.on_error(exc)
-                except BaseException:
-                    _metrics.failed("embedded", exc.code)
-                    raise
-                _metrics.retried("embedded", exc.code)
-            except BaseException:
-                tr.cancel()
-                raise
+        return await _metrics.run("embedded", self.create_transaction(), fn, args, kwargs)
 
     async def close(self) -> None:
         if self._closed:

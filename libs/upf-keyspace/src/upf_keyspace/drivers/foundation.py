@@ -25,7 +25,6 @@ API_VERSION = 730
 _TIMEOUT_MS = 5_000
 _RETRY_LIMIT = 100
 T = TypeVar("T")
-_TRANSACTIONS = _metrics.TRANSACTIONS.cell("foundationdb")
 
 
 def load_bindings() -> Any:
@@ -199,23 +198,7 @@ class FoundationDatabase:
         return FoundationTransaction(self)
 
     async def transact(self, fn: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> T:
-        tr = self.create_transaction()
-        _TRANSACTIONS.add()
-        while True:
-            try:
-                result = await fn(tr, *args, **kwargs)
-                await tr.commit()
-                return result
-            except errors.StoreError as exc:
-                try:
-                    await tr.on_error(exc)  # FoundationDB's own backoff and retry rules
-                except BaseException:
-                    _metrics.failed("foundationdb", exc.code)
-                    raise
-                _metrics.retried("foundationdb", exc.code)
-            except BaseException:
-                tr.cancel()
-                raise
+        return await _metrics.run("foundationdb", self.create_transaction(), fn, args, kwargs)
 
     async def close(self) -> None:
         # The network thread cannot be stopped and restarted in one process (fdb-facts.md §1).

@@ -20,12 +20,11 @@ from collections.abc import Mapping
 import msgspec
 from litestar import Request, Response, get, route
 from litestar.types import ASGIApp, ControllerRouterHandler, Receive, Scope, Send
-from upf_keyspace import StoreError, message_from_envelope
+from upf_keyspace import Published, Store, StoreError, message_from_envelope
 from upf_keyspace import telemetry as tm
 
 from .. import ingest, schemas
 from ..context import WriterContext
-from upf_keyspace import Store
 from ..httpio import ClientGone, decode_headers, decode_query, read_body, send_json, send_problem
 from ..ingest import Ingested, PublishError
 
@@ -57,18 +56,21 @@ async def publish_one(
     store = ctx.require_store()
     if ctx.telemetry.tracing:
         return await _publish_traced(ctx, store, ingested, headers, size, start_ns, route)
+    published = await _store(ctx, store, ingested, size, "")
+    body = schemas.encode(message_from_envelope(published.stamp, ingested.topic, published.envelope))
+    return body, published.duplicate
+
+
+async def _store(ctx: WriterContext, store: Store, ingested: Ingested, size: int, traceparent: str) -> Published:
+    """The store call itself, stamped with ``published_ms`` and counted."""
     metrics = ctx.metrics
-    envelope = _replace(ingested.envelope, published_ms=int(time.time() * 1000))
+    envelope = _replace(ingested.envelope, traceparent=traceparent, published_ms=int(time.time() * 1000))
     started = time.perf_counter()
     published = await store.publish(ingested.topic, envelope, idem=ingested.idem)
     metrics.commit.record(time.perf_counter() - started)
     metrics.size.record(size)
-    if published.duplicate:
-        metrics.replayed.add()
-    else:
-        metrics.stored.add()
-    body = schemas.encode(message_from_envelope(published.stamp, ingested.topic, published.envelope))
-    return body, published.duplicate
+    (metrics.replayed if published.duplicate else metrics.stored).add()
+    return published
 
 
 async def _publish_traced(
@@ -92,17 +94,7 @@ async def _publish_traced(
         start_time=start_ns or None,
     )
     try:
-        envelope = _replace(
-            ingested.envelope, traceparent=tm.traceparent_of(span), published_ms=int(time.time() * 1000)
-        )
-        started = time.perf_counter()
-        published = await store.publish(ingested.topic, envelope, idem=ingested.idem)
-        metrics.commit.record(time.perf_counter() - started)
-        metrics.size.record(size)
-        if published.duplicate:
-            metrics.replayed.add()
-        else:
-            metrics.stored.add()
+        published = await _store(ctx, store, ingested, size, tm.traceparent_of(span))
         span.set_attribute("upf.message.id", published.id)
         span.set_attribute("upf.replayed", published.duplicate)
         span.set_attribute("upf.nodes_poked", published.poked)
