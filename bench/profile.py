@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import os
 import shutil
 import subprocess
 import sys
@@ -47,6 +48,31 @@ def py_spy(pid: int, secs: float, out: Path, idle: bool, rate: int) -> subproces
     if idle:
         argv.append("--idle")
     return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=REPO)
+
+
+def thread_cpu(pid: int) -> dict[str, tuple[str, int, int]]:
+    """tid -> (comm, utime, stime) in clock ticks, from /proc/<pid>/task."""
+    out = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            comm = Path(f"/proc/{pid}/task/{tid}/comm").read_text().strip()
+            raw = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
+        except OSError:
+            continue
+        f = raw[raw.rindex(")") + 2 :].split()
+        out[tid] = (comm, int(f[11]), int(f[12]))
+    return out
+
+
+def thread_report(before: dict[str, tuple[str, int, int]], after: dict[str, tuple[str, int, int]], secs: float) -> str:
+    tick = os.sysconf("SC_CLK_TCK")
+    rows = []
+    for tid, (comm, u, s) in after.items():
+        if tid in before:
+            du, ds = (u - before[tid][1]) / tick / secs * 100, (s - before[tid][2]) / tick / secs * 100
+            if du + ds >= 0.5:
+                rows.append(f"  tid {tid} {comm:18s} user {du:5.1f}%  sys {ds:5.1f}%  of a core")
+    return "\n".join(rows)
 
 
 def report(path: Path, top: int) -> str:
@@ -90,6 +116,7 @@ def main() -> None:
     ap.add_argument("--idle", action="store_true", help="include waiting threads (wall-clock view)")
     ap.add_argument("--sample-rate", type=int, default=200)
     ap.add_argument("--top", type=int, default=50)
+    ap.add_argument("--threads-only", action="store_true", help="no py-spy: only each thread's CPU from /proc (undisturbed)")
     a = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="upf-profile-"))
     store = work / "upf.db"
@@ -125,12 +152,24 @@ def main() -> None:
                                      "--message-size", "100", "--quiet", *extra], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                     text=True)
         time.sleep(3.0)  # subscribers connected, load running
-        spies = {name: (py_spy(pid, a.secs, work / f"{name}.raw", a.idle, a.sample_rate), work / f"{name}.raw")
-                 for name, pid in targets.items()}
-        for name, (spy, out) in spies.items():
+        before = {name: thread_cpu(pid) for name, pid in targets.items()}
+        t0 = time.monotonic()
+        if a.threads_only:
+            time.sleep(a.secs)
+        spies = {} if a.threads_only else {
+            name: (py_spy(pid, a.secs, work / f"{name}.raw", a.idle, a.sample_rate), work / f"{name}.raw")
+            for name, pid in targets.items()}
+        for spy, _ in spies.values():
             spy.wait(a.secs + 60)
-            print(f"=== {a.scenario} {'(wall-clock, --idle)' if a.idle else '(on-CPU)'}: {name} ===")
-            print(report(out, a.top) if out.exists() else f"py-spy failed: {spy.stderr.read().decode() if spy.stderr else ''}")
+        after = {name: thread_cpu(pid) for name, pid in targets.items()}
+        secs = time.monotonic() - t0
+        for name in targets:
+            print(f"=== {a.scenario}: {name}: CPU per thread over {secs:.1f}s{'' if a.threads_only else ' (py-spy attached)'} ===")
+            print(thread_report(before[name], after[name], secs))
+            if name in spies:
+                spy, out = spies[name]
+                print(f"--- py-spy {'(wall-clock, --idle)' if a.idle else '(on-CPU)'}")
+                print(report(out, a.top) if out.exists() else f"py-spy failed: {spy.stderr.read().decode() if spy.stderr else ''}")
         if load is not None:
             out_text = load.communicate(timeout=120)[0] if load.stdout else ""
             load = None

@@ -436,6 +436,8 @@ def phase_sweep(kind: str, cfg: dict[str, Any], work: Path, out: Path, n: int = 
         lg = LoadgenRun(argv, shape)
         rep = lg.wait(timeout=len(cfg["sweep_rates"]) * (cfg["sweep_secs"] + 90) + 60)
         shape.check_alive()
+        if png.exists():
+            shrink_png(png)
         marks = [i for i, e in enumerate(lg.events) if e["kind"] in ("step", "point")]
         windows = []  # (step event index, point event index) per completed step
         for i, j in zip(marks, marks[1:]):
@@ -466,6 +468,19 @@ def phase_sweep(kind: str, cfg: dict[str, Any], work: Path, out: Path, n: int = 
         }
     finally:
         shape.stop()
+
+
+def shrink_png(path: Path) -> None:
+    """loadgen's plot is an 800x800 RGBA PNG of ~100 KB; a 64-colour palette keeps it legible at ~25 KB,
+    small enough to commit. Best effort: left as it is without Pillow."""
+    try:
+        from PIL import Image
+
+        with Image.open(path) as im:
+            q = im.convert("RGB").quantize(colors=64, method=Image.Quantize.MEDIANCUT)
+        q.save(path, optimize=True)
+    except Exception as exc:  # noqa: BLE001 - a cosmetic step
+        log(f"could not shrink {path}: {exc}")
 
 
 def knee_rate(sweep: dict[str, Any]) -> float:
