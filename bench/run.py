@@ -312,9 +312,9 @@ class LoadgenRun:
     def wait(self, timeout: float) -> dict[str, Any]:
         try:
             self.p.wait(timeout)
-        except subprocess.TimeoutExpired:
+        except subprocess.TimeoutExpired as exc:
             stop_popen(self.p)
-            raise RuntimeError("loadgen did not finish in time: " + "\n".join(self.stderr_tail))
+            raise RuntimeError("loadgen did not finish in time: " + "\n".join(self.stderr_tail)) from exc
         for t in self._threads:
             t.join(5)
         self.cpu1 = self.shape.cpu()
