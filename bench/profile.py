@@ -116,6 +116,7 @@ def main() -> None:
     ap.add_argument("--sample-rate", type=int, default=200)
     ap.add_argument("--top", type=int, default=50)
     ap.add_argument("--threads-only", action="store_true", help="no py-spy: only each thread's CPU from /proc (undisturbed)")
+    ap.add_argument("--keep", action="store_true", help="keep the work directory (py-spy raw files, server logs)")
     a = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="upf-profile-"))
     store = work / "upf.db"
@@ -179,6 +180,10 @@ def main() -> None:
             load.terminate()
             load.wait(10)
         procs.stop_all()
+        if a.keep:
+            print(f"raw profiles and logs kept in {work}")
+        else:
+            shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":
