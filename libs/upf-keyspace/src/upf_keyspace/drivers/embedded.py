@@ -67,9 +67,9 @@ _COMMIT_DURATION = _metrics.COMMIT_DURATION.cell("embedded")
 _SET, _CLEAR, _CLEAR_RANGE, _ADD, _VS_KEY = range(5)
 
 
-def _connect(path: str) -> sqlite3.Connection:
-    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=30.0)
-    conn.execute("PRAGMA busy_timeout = 30000")
+def _connect(path: str, *, busy_timeout_ms: int = 30_000) -> sqlite3.Connection:
+    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=busy_timeout_ms / 1000)
+    conn.execute(f"PRAGMA busy_timeout = {busy_timeout_ms}")
     conn.execute("PRAGMA synchronous = FULL")
     conn.execute(f"PRAGMA mmap_size = {os.environ.get('UPF_EMBEDDED_MMAP', 1 << 28)}")
     return conn
@@ -86,6 +86,26 @@ def _add_le(base: bytes | None, param: bytes) -> bytes:
 def _stamp_key(raw: bytes, stamp10: bytes) -> bytes:
     key, off = raw[:-4], int.from_bytes(raw[-4:], "little")
     return key[:off] + stamp10 + key[off + 10 :]
+
+
+_LOCK_WAIT_SECS = 30.0
+
+
+def _begin_write(conn: sqlite3.Connection) -> None:
+    """BEGIN IMMEDIATE, waiting for another process's write lock in steps of 0.2-2 ms."""
+    deadline = time.monotonic() + _LOCK_WAIT_SECS
+    pause = 0.0002
+    while True:
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) and "busy" not in str(exc):
+                raise
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(pause)
+            pause = min(pause * 1.5, 0.002)
 
 
 class _Applier:
@@ -448,6 +468,7 @@ class EmbeddedDatabase:
         self._queue: queue.SimpleQueue[_Pending | None] = queue.SimpleQueue()
         self._closed = False
         self._check_scheduled = False
+        self._watch_version = self._committed_version()
         self._last_prune = 0.0
         self._committer = threading.Thread(target=self._commit_loop, name="upf-store-committer", daemon=True)
         self._poller = threading.Thread(target=self._poll_loop, name="upf-store-watches", daemon=True)
@@ -511,7 +532,9 @@ class EmbeddedDatabase:
         self._queue.put(pending)
 
     def _commit_loop(self) -> None:
-        conn = _connect(self.path)
+        # No SQLite busy handler here: its sleeps (1, 2, 5, 10 ... 25 ms) let a waiter oversleep the
+        # other process's lock by tens of ms; _begin_write polls the lock far more finely instead.
+        conn = _connect(self.path, busy_timeout_ms=0)
         try:
             while True:
                 first = self._queue.get()
@@ -547,7 +570,7 @@ class EmbeddedDatabase:
             conn.close()
 
     def _commit_batch(self, conn: sqlite3.Connection, batch: list[_Pending]) -> None:
-        conn.execute("BEGIN IMMEDIATE")
+        _begin_write(conn)
         version = conn.execute("SELECT version FROM meta").fetchone()[0]
         new_version = version + 1
         prefix = new_version.to_bytes(8, "big")
@@ -625,11 +648,16 @@ class EmbeddedDatabase:
         return sum(len(s) for s in self._watches.values())
 
     def _arm(self, watches: list[_Watch]) -> None:
+        """Register watches, firing at once those whose key already changed (before this point the
+        incremental check below cannot see the change: it may predate the checked version)."""
         for w in watches:
-            if not w.future.done():
+            if w.future.done():
+                continue
+            _, value = self._read_point(w.key)
+            if value != w.value:
+                w.future.set_result(None)
+            else:
                 self._watches.setdefault(w.key, set()).add(w)
-        if watches:
-            self._schedule_watch_check()
 
     def _unregister(self, w: _Watch) -> None:
         s = self._watches.get(w.key)
@@ -644,10 +672,23 @@ class EmbeddedDatabase:
             self._loop.call_soon(self._check_watches)
 
     def _check_watches(self) -> None:
+        """Compare the watched keys that commits since the last check wrote: their write sets come
+        from the write log (this process's from memory), so a commit that touched no watched key
+        costs one version read, not a read of every watched key."""
         self._check_scheduled = False
         if not self._watches or self._closed:
             return
-        keys = list(self._watches)
+        current_version = self._committed_version()
+        if current_version == self._watch_version:
+            return
+        try:
+            sets = self._write_sets(self._reader, self._watch_version, current_version)
+        except errors.StoreError:  # the log no longer reaches back that far: compare them all
+            sets = None
+        self._watch_version = current_version
+        keys = [k for k in self._watches if sets is None or any(ws.overlaps(*point(k)) for ws in sets)]
+        if not keys:
+            return
         current: dict[bytes, bytes] = {}
         for i in range(0, len(keys), 500):
             chunk = keys[i : i + 500]
