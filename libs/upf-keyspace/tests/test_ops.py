@@ -87,10 +87,16 @@ async def test_publish_pokes_every_holding_node(store):
     assert pub.poked == 2
     await asyncio.wait_for(d1.bell, 2)
     await asyncio.wait_for(d2.bell, 2)
-    assert (await store.drain_inbox("n1", shard)).topics == {"t"}
-    again = await store.drain_inbox("n1", shard)
+    first = await store.drain_inbox("n1", shard, d1.last)
+    assert first.topics == {"t"}
+    first.bell.cancel()
+    again = await store.drain_inbox("n1", shard, first.last)  # reads after what it saw: nothing new
     assert again.topics == set()
     again.bell.cancel()
+    await store.clear_inbox("n1", shard, first.last)
+    cleared = await store.drain_inbox("n1", shard)  # from the start: the clear removed what was read
+    assert cleared.topics == set() and cleared.last is None
+    cleared.bell.cancel()
     (await store.drain_inbox("n2", shard)).bell.cancel()
 
 
@@ -153,7 +159,7 @@ async def test_ping_reads_the_format(store):
 
 
 async def test_drain_never_loses_a_concurrent_poke(tmp_path):
-    """Publishes racing drains: every poke is reported by exactly one drain, none is cleared unseen."""
+    """Publishes racing drains and clears: every poke is reported by exactly one drain, none is cleared unseen."""
     import asyncio
 
     store = await open_store(Settings(store_path=str(tmp_path / "race.db"), shard_count=1))
@@ -166,13 +172,17 @@ async def test_drain_never_loses_a_concurrent_poke(tmp_path):
             await asyncio.gather(*(store.publish(t, env(t)) for t in topics))
 
         pub = asyncio.create_task(publisher())
+        after = None
         while not pub.done():
-            d = await store.drain_inbox("n1", 0)
+            d = await store.drain_inbox("n1", 0, after)
             d.bell.cancel()
             reported += d.topics
+            if d.last is not None and d.last != after:
+                await store.clear_inbox("n1", 0, d.last)  # clearing races the publishes too
+            after = d.last
             await asyncio.sleep(0)
         await pub
-        d = await store.drain_inbox("n1", 0)
+        d = await store.drain_inbox("n1", 0, after)
         d.bell.cancel()
         reported += d.topics
         assert sorted(reported) == sorted(topics)

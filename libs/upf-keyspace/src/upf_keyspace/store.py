@@ -37,7 +37,9 @@ class Drained(msgspec.Struct):
     bell: Watch
     more: bool
     entries: int = 0
-    """Inbox entries taken (one per poke)."""
+    """Inbox entries read (one per poke)."""
+    last: bytes | None = None
+    """Pass it as ``after`` to the next drain, and to ``clear_inbox`` now and then."""
 
 
 async def open_database(settings: Settings) -> Database:
@@ -113,9 +115,13 @@ class Store:
 
         await self.db.transact(body)
 
-    async def drain_inbox(self, node: str, shard: int) -> Drained:
-        d = await self.db.transact(ops.inbox.drain, node, shard)
-        return Drained(d.topics, d.bell, d.more, d.entries)
+    async def drain_inbox(self, node: str, shard: int, after: bytes | None = None) -> Drained:
+        """The topics poked since ``after`` (a read-only transaction) and the re-armed bell."""
+        d = await self.db.transact(ops.inbox.drain, node, shard, after)
+        return Drained(d.topics, d.bell, d.more, d.entries, d.last)
+
+    async def clear_inbox(self, node: str, shard: int, upto: bytes) -> None:
+        await self.db.transact(ops.inbox.clear, node, shard, upto)
 
     async def heartbeat(self, node: str, now: int) -> bool:
         return await self.db.transact(ops.inbox.heartbeat, node, now)

@@ -44,6 +44,8 @@ SAFETY_CHUNK = 64
 SWEEP_YIELD_EVERY = 512
 HOLD_CHUNK = 256
 _MAX_BELL_WAIT = 60.0
+INBOX_CLEAR_SECS = 1.0
+"""How often a shard's already-read pokes are cleared (a write), at most."""
 TRANSPORTS = ("ws", "json", "sse", "raw")
 MAX_LINKS = 128
 """Links on one ``deliver`` span (the SDK's default limit): a catch-up batch may carry more messages."""
@@ -328,11 +330,19 @@ class Hub:
                 self.run(sub, sub.session.poke(topic))
 
     async def _bell_loop(self, shard: int) -> None:
+        """Drains are read-only (they read after the last poke seen); what was read is cleared at
+        most every ``INBOX_CLEAR_SECS``, off the delivery path, in one small write."""
         timeout = min(self.settings.safety_poll_secs, _MAX_BELL_WAIT)
         backoff = 0.05
+        after: bytes | None = None
+        cleared: bytes | None = None
+        next_clear = 0.0
         while True:
             try:
-                d = await self.store.drain_inbox(self.node, shard)
+                if after is not None and after != cleared and time.monotonic() >= next_clear:
+                    await self.store.clear_inbox(self.node, shard, after)
+                    cleared, next_clear = after, time.monotonic() + INBOX_CLEAR_SECS
+                d = await self.store.drain_inbox(self.node, shard, after)
             except asyncio.CancelledError:
                 raise
             except Exception:
@@ -341,6 +351,7 @@ class Hub:
                 backoff = min(backoff * 2, 5.0)
                 continue
             backoff = 0.05
+            after = d.last
             if d.entries:
                 self.metrics.inbox_entries.add(d.entries)
             for topic in d.topics:

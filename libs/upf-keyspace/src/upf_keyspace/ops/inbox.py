@@ -14,21 +14,31 @@ class Drained(msgspec.Struct):
     more: bool
     """The inbox held more than one batch: drain again (the bell has fired already anyway)."""
     entries: int = 0
-    """Inbox entries taken (one per poke; several may name the same topic)."""
+    """Inbox entries read (one per poke; several may name the same topic)."""
+    last: bytes | None = None
+    """The last inbox key read: the next drain reads after it, and ``clear`` may clear up to it."""
 
 
-async def drain(tr: Transaction, node: str, shard: int) -> Drained:
-    """Take the poked topics of one shard and re-arm its bell in the same transaction, so a poke that
-    lands after this read always fires the new watch."""
+async def drain(tr: Transaction, node: str, shard: int, after: bytes | None = None) -> Drained:
+    """Read the pokes of one shard after ``after`` and re-arm its bell in the same transaction, so a
+    poke that lands after this read always fires the new watch.
+
+    Read-only on purpose: the delivery path takes no write lock and makes no durable commit. A poke
+    committed after this snapshot carries a larger stamp (commit order), so it sorts after ``last``
+    and the next drain reads it; ``clear`` removes what was read, in the background."""
     begin, end = keys.inbox_range(node, shard)
-    # A snapshot read: pokes committed after this read carry larger stamps (commit order), so they
-    # sort after the last key read and survive the clear below; a conflicting read would instead make
-    # every concurrent publish abort the drain.
+    if after is not None:
+        begin = after + b"\x00"
     rows = await tr.get_range(begin, end, limit=_DRAIN_BATCH, snapshot=True)
-    if rows:
-        tr.clear_range(begin, rows[-1][0] + b"\x00")
     bell = tr.watch(keys.bell_key(node, shard))
-    return Drained({v.decode() for _, v in rows}, bell, len(rows) == _DRAIN_BATCH, len(rows))
+    last = rows[-1][0] if rows else after
+    return Drained({v.decode() for _, v in rows}, bell, len(rows) == _DRAIN_BATCH, len(rows), last)
+
+
+async def clear(tr: Transaction, node: str, shard: int, upto: bytes) -> None:
+    """Remove the pokes of one shard up to and including ``upto`` (already read by a drain)."""
+    begin, _ = keys.inbox_range(node, shard)
+    tr.clear_range(begin, upto + b"\x00")
 
 
 async def heartbeat(tr: Transaction, node: str, now: int) -> bool:
