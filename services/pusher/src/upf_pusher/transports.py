@@ -17,6 +17,7 @@ peer) after ``slow_subscriber_timeout_secs`` paused, and resumes with ``since=<l
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import base64
 import binascii
@@ -48,7 +49,7 @@ WS_MAX_FRAME = 4096
 _ws_logger = logging.getLogger("upf.pusher.ws")
 
 
-class Subscriber(asyncio.Protocol):
+class Subscriber(asyncio.Protocol, abc.ABC):
     """The parts every transport shares: the hub's callbacks for backpressure and disconnects."""
 
     __slots__ = ("hub", "session", "transport")
@@ -81,15 +82,17 @@ class Subscriber(asyncio.Protocol):
         pass  # a streaming client has nothing more to say
 
     # hub-facing --------------------------------------------------------------------------------------
+    @abc.abstractmethod
     def accept(self) -> None:
         """Write the response head: the stream or the WebSocket starts now."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def send(self, messages: list[Message]) -> None:
-        raise NotImplementedError
+        """Frame and write ``messages`` in this transport's framing."""
 
+    @abc.abstractmethod
     def close(self, reason: str) -> None:
-        raise NotImplementedError
+        """End the stream (last chunk, or a WebSocket close frame) and the connection."""
 
     def fail(self, http: int, code: int, error: str) -> None:
         """Refuse the request before anything was written (e.g. the store is unreachable)."""
