@@ -70,8 +70,8 @@ def start(uv: list[str], script: str, workdir: Path, port: int, store: Path, **e
         UPF_KEEPALIVE_SECS=str(KEEPALIVE_SECS),
         UPF_HEARTBEAT_SECS="1",
         PYTHONUNBUFFERED="1",
-        **extra,
     )
+    env.update(extra)
     log = workdir / f"{script}-{port}.log"
     with open(log, "wb") as out:
         # --no-sync: the test session already runs in the synced environment, and three processes
@@ -311,3 +311,37 @@ async def test_subscribers_spread_and_survive_a_pusher_exit(uv: list[str], tmp_p
                     assert_delivered(await next_message(events), published, t, "to the survivor")
     finally:
         stack.stop()
+
+
+NGINX_DEFAULT_READ_TIMEOUT = 60
+
+
+@pytest.mark.slow
+async def test_silent_stream_outlives_the_proxys_default_read_timeout(
+    uv: list[str], tmp_path: Path, start_ingress, free_port
+) -> None:
+    """With keepalives rarer than nginx's default 60 s proxy_read_timeout, a stream that stays
+    completely silent for longer still stands behind the shipped config, and then delivers."""
+    store = tmp_path / "upf.db"
+    writer = start(uv, "upf-writer", tmp_path, free_port(), store)
+    pusher = None
+    try:
+        wait_ready([writer])
+        pusher = start(uv, "upf-pusher", tmp_path, free_port(), store, UPF_NODE_ID="pusher-silent", UPF_KEEPALIVE_SECS="600")
+        wait_ready([pusher])
+        ingress = start_ingress([writer.port], [pusher.port])
+        t, body = topic(), "after more than a minute of silence"
+        silence = NGINX_DEFAULT_READ_TIMEOUT + 5
+        async with httpx.AsyncClient(timeout=httpx.Timeout(STEP_TIMEOUT, read=None)) as client:
+            async with client.stream("GET", f"{ingress.url}/{t}/json") as response:
+                events = json_events(response)
+                assert (await anext(events))["event"] == "open"
+                await asyncio.sleep(silence)  # nothing is sent either way meanwhile
+                published = await publish(client, ingress.url, t, body)
+                async with asyncio.timeout(STEP_TIMEOUT):
+                    event = await next_message(events)
+        assert_delivered(event, published, t, body)
+    finally:
+        writer.stop()
+        if pusher is not None:
+            pusher.stop()
