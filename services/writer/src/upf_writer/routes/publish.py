@@ -84,7 +84,6 @@ async def _publish_traced(
 ) -> tuple[bytes, bool]:
     from opentelemetry.trace import SpanKind, Status, StatusCode
 
-    metrics = ctx.metrics
     parent = tm.context_from_headers(headers) if headers else None
     span = ctx.telemetry.tracer.start_span(
         "publish",
