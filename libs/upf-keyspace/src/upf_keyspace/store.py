@@ -11,9 +11,10 @@ from collections.abc import Sequence
 import msgspec
 
 from . import keys, ops
-from .contract import Database, Watch
+from .contract import Database
 from .envelope import Envelope
 from .msgid import encode_id
+from .ops.inbox import Drained
 from .ops.read import Since, Stored
 from .settings import Settings
 
@@ -30,16 +31,6 @@ class Published(msgspec.Struct, frozen=True):
     @property
     def id(self) -> str:
         return encode_id(self.stamp)
-
-
-class Drained(msgspec.Struct):
-    topics: set[str]
-    bell: Watch
-    more: bool
-    entries: int = 0
-    """Inbox entries read (one per poke)."""
-    last: bytes | None = None
-    """Pass it as ``after`` to the next drain, and to ``clear_inbox`` now and then."""
 
 
 async def open_database(settings: Settings) -> Database:
@@ -117,8 +108,7 @@ class Store:
 
     async def drain_inbox(self, node: str, shard: int, after: bytes | None = None) -> Drained:
         """The topics poked since ``after`` (a read-only transaction) and the re-armed bell."""
-        d = await self.db.transact(ops.inbox.drain, node, shard, after)
-        return Drained(d.topics, d.bell, d.more, d.entries, d.last)
+        return await self.db.transact(ops.inbox.drain, node, shard, after)
 
     async def clear_inbox(self, node: str, shard: int, upto: bytes) -> None:
         await self.db.transact(ops.inbox.clear, node, shard, upto)
