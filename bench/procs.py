@@ -172,28 +172,24 @@ def wait_http(proc: Proc, port: int, path: str = "/__lbheartbeat__", timeout: fl
     raise TimeoutError(f"{proc.name} not ready: {proc.log_tail()}")
 
 
-def start_upf_allinone(workdir: Path, store: Path, cpus: set[int] | None = None, **extra: str) -> tuple[Proc, int]:
+def _start_role(module: str, label: str, node: str, workdir: Path, store: Path, cpus: set[int] | None, extra: dict[str, str]) -> tuple[Proc, int]:
     port = free_port()
-    env = _env(UPF_BIND=f"127.0.0.1:{port}", UPF_STORE_PATH=str(store), UPF_NODE_ID="bench-allinone", **extra)
-    p = Proc("upf", [PY, "-m", "upf"], env, workdir / f"upf-{port}.log", cpus)
+    env = _env(UPF_BIND=f"127.0.0.1:{port}", UPF_STORE_PATH=str(store), UPF_NODE_ID=node, **extra)
+    p = Proc(module, [PY, "-m", module], env, workdir / f"{label}-{port}.log", cpus)
     wait_http(p, port)
     return p, port
+
+
+def start_upf_allinone(workdir: Path, store: Path, cpus: set[int] | None = None, **extra: str) -> tuple[Proc, int]:
+    return _start_role("upf", "upf", "bench-allinone", workdir, store, cpus, extra)
 
 
 def start_upf_writer(workdir: Path, store: Path, cpus: set[int] | None = None, **extra: str) -> tuple[Proc, int]:
-    port = free_port()
-    env = _env(UPF_BIND=f"127.0.0.1:{port}", UPF_STORE_PATH=str(store), UPF_NODE_ID="bench-writer", **extra)
-    p = Proc("upf_writer", [PY, "-m", "upf_writer"], env, workdir / f"writer-{port}.log", cpus)
-    wait_http(p, port)
-    return p, port
+    return _start_role("upf_writer", "writer", "bench-writer", workdir, store, cpus, extra)
 
 
 def start_upf_pusher(workdir: Path, store: Path, cpus: set[int] | None = None, **extra: str) -> tuple[Proc, int]:
-    port = free_port()
-    env = _env(UPF_BIND=f"127.0.0.1:{port}", UPF_STORE_PATH=str(store), UPF_NODE_ID="bench-pusher", **extra)
-    p = Proc("upf_pusher", [PY, "-m", "upf_pusher"], env, workdir / f"pusher-{port}.log", cpus)
-    wait_http(p, port)
-    return p, port
+    return _start_role("upf_pusher", "pusher", "bench-pusher", workdir, store, cpus, extra)
 
 
 def start_bare_asgi(workdir: Path, cpus: set[int] | None = None) -> tuple[Proc, int]:
