@@ -82,10 +82,18 @@ def parse_topics(raw: str) -> tuple[str, ...]:
     return tuple(topics)
 
 
+_MAX_SINCE_CHARS = 64
+"""Longer than any valid form: a longer value is refused before any number is parsed (Python's
+4,300-digit int limit and float overflow would otherwise raise out of the handler)."""
+_INT64_MAX = (1 << 63) - 1
+
+
 def _duration_secs(text: str) -> float | None:
     if not _DURATION.fullmatch(text):
         return None
-    return sum(float(n) * _UNIT_SECS[u] for n, u in _DURATION_PART.findall(text))
+    secs = sum(float(n) * _UNIT_SECS[u] for n, u in _DURATION_PART.findall(text))
+    # ntfy parses durations as Go's int64 nanoseconds: past that it is a parse error, so 40008.
+    return secs if secs * 1e9 <= _INT64_MAX else None
 
 
 def parse_since(value: str, *, poll: bool, now: float) -> Since:
@@ -99,12 +107,16 @@ def parse_since(value: str, *, poll: bool, now: float) -> Since:
         return SINCE_NONE
     if value == "latest":
         return SINCE_LATEST
+    if len(value) > _MAX_SINCE_CHARS:
+        raise bad_since()
     stamp = decode_id(value)
     if stamp is not None:
         return Since("stamp", stamp=stamp)
     if _NTFY_ID.fullmatch(value):
         return SINCE_ALL  # an id that is not ours (ntfy's, or expired): ntfy answers with everything
     if value.isascii() and value.isdigit():
+        if int(value) > _INT64_MAX:  # ntfy's ParseInt fails, and it is no duration either
+            raise bad_since()
         return Since("time", time=int(value))
     secs = _duration_secs(value)
     if secs is None:

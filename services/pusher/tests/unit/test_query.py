@@ -88,3 +88,21 @@ def test_parameter_aliases_and_header_precedence() -> None:
     assert r.since == SINCE_ALL and not r.poll
     r = parse_subscribe("a", "raw", {}, {"poll": "true"}, NOW)
     assert r.poll and r.since == SINCE_ALL
+
+
+@pytest.mark.parametrize(
+    "value",
+    ["9" * 400 + "d", "9" * 5000, "9" * 20, "1" * 30 + "h", "106751d" * 2, "9" * 63 + "s"],
+)
+def test_since_that_overflows_is_40008_not_an_exception(value: str) -> None:
+    """Huge numbers and durations (ntfy: Go's int64 parse fails) are 40008, never OverflowError or
+    Python's digit-limit ValueError escaping the handler."""
+    with pytest.raises(QueryError) as err:
+        since(value)
+    assert (err.value.http, err.value.code) == (400, 40008)
+
+
+def test_largest_valid_unix_time_and_duration_still_parse() -> None:
+    """The bounds are ntfy's, not tighter: int64's largest unix time and 106,751 days still parse."""
+    assert since(str((1 << 63) - 1)) == Since("time", time=(1 << 63) - 1)
+    assert since("106751d") == Since("time", time=int(NOW - 106751 * 86400))
