@@ -86,8 +86,8 @@ def render_ingress_config(workdir: Path, writer_ports: Sequence[int], pusher_por
     replace("pid /run/nginx.pid;", f"pid {workdir}/nginx.pid;")
     replace("error_log stderr notice;", f"error_log {workdir}/error.log notice;")
     replace(
-        "access_log /dev/stdout;",
-        f"access_log {workdir}/access.log;\n"
+        "access_log /dev/stdout upf_private;",
+        f"access_log {workdir}/access.log upf_private;\n"
         + "".join(
             f"    {kind}_temp_path {workdir}/{kind}_temp;\n"
             for kind in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import json
 import http.client
 import queue
 import re
@@ -343,3 +344,38 @@ def test_shipped_config_passes_nginx_t(repo: Path, tmp_path: Path, render_ingres
     assert result.returncode == 0, result.stderr
     assert "test is successful" in result.stderr
     assert str(repo / "deploy/ingress/upf-routes.conf") in conf.read_text()
+
+
+def test_metrics_are_not_served_by_the_public_ingress(ingress) -> None:
+    """/metrics is answered 404 with ntfy's error body by the ingress itself and never reaches a role
+    (the collector scrapes each role on the internal network instead)."""
+    url, writer, pusher_a, pusher_b = ingress
+    status, body = get(url.url, "/metrics")
+    assert status == 404
+    assert json.loads(body) == {"code": 40401, "http": 404, "error": "page not found"}
+    assert not any(t.startswith("/metrics") for up in (writer, pusher_a, pusher_b) for _, t, _ in up.requests)
+
+
+def test_access_log_names_routes_never_topics(ingress) -> None:
+    """A topic is a capability: after publishes, subscribes, /auth and ?auth= requests the access log
+    holds the routes' shapes and statuses, and no topic or query string."""
+    url, *_ = ingress
+    secret = "upSECRETtopic0042"
+    for method, target in [
+        ("POST", f"/{secret}?up=1&auth=c2VjcmV0"),
+        ("GET", f"/{secret}/json?poll=1&since=all"),
+        ("GET", f"/{secret},upOTHERsecret99/sse"),
+        ("GET", f"/{secret}/auth"),
+        ("GET", "/v1/health"),
+    ]:
+        status, _ = get(url.url, target, method, body=b"hi" if method == "POST" else None, first_line=True)
+        assert status == 200
+    log_path = url.workdir / "access.log"
+    deadline = time.monotonic() + 5
+    while log_path.read_text().count("\n") < 5 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    text = log_path.read_text()
+    assert '"POST /{topic}" 200' in text and '"GET /{topics}/json" 200' in text and '"GET /{topics}/sse" 200' in text
+    assert '"GET /{topics}/auth" 200' in text and '"GET /v1/health" 200' in text
+    for leak in ("SECRET", "OTHERsecret", "auth=", "since=", "?"):
+        assert leak not in text, text
