@@ -13,7 +13,11 @@ of key can never collide::
     ├── "IN"  / node:str / shard:int / stamp:Versionstamp -> topic (utf-8)      per-node inbox (advisory poke)
     ├── "SIG" / node:str / shard:int                    -> counter (LE i64)       watched bell, one per shard
     ├── "L"   / node:str                                -> heartbeat unix secs (LE i64)   liveness
-    └── "ID"  / topic:str / idem:str / stamp:Versionstamp -> ""                   idempotent-publish marker
+    ├── "ID"  / topic:str / idem:str / stamp:Versionstamp -> ""                   idempotent-publish marker
+    ├── "AU"  / user:str                                -> auth.User (msgpack)    users (password hash, role)
+    ├── "AT"  / user:str / digest:str                   -> auth.Token (msgpack)   access tokens, by SHA-256 digest
+    ├── "AA"  / user:str / pattern:str                  -> auth.Access (msgpack)  ACL entries ("*" = everyone)
+    └── "AV"                                            -> counter (LE i64)       auth version, bumped by every change
 
 Stamps are 12 bytes: 10 commit bytes assigned at commit plus a 2-byte user version, so one
 transaction's Q, X, IN and ID entries of one message share one stamp: one message, one id.
@@ -63,6 +67,16 @@ __all__ = [
     "idem_range",
     "idem_key",
     "unpack_idem_key",
+    "user_key",
+    "user_range",
+    "unpack_user_key",
+    "token_key",
+    "token_range",
+    "unpack_token_key",
+    "access_key",
+    "access_range",
+    "unpack_access_key",
+    "auth_version_key",
     "shard_of",
     "pack_i64",
     "unpack_i64",
@@ -106,6 +120,10 @@ class Prefix(str, enum.Enum):
     BELL = "SIG"
     LIVENESS = "L"
     IDEMPOTENCY = "ID"
+    AUTH_USER = "AU"
+    AUTH_TOKEN = "AT"
+    AUTH_ACCESS = "AA"
+    AUTH_VERSION = "AV"
 
 
 ROOT = fdbtuple.pack(("upf",))
@@ -331,3 +349,49 @@ def idem_range(topic: str, idem: str) -> tuple[bytes, bytes]:
 def unpack_idem_key(key: bytes) -> tuple[str, str, bytes]:
     topic, idem, vs = _unpack(key, Prefix.IDEMPOTENCY, 3)
     return topic, idem, stamp_of(vs)
+
+
+# --- AU / AT / AA / AV --------------------------------------------------------------------------------
+def user_key(user: str) -> bytes:
+    return _pack(Prefix.AUTH_USER.value, user)
+
+
+def user_range() -> tuple[bytes, bytes]:
+    return _range(Prefix.AUTH_USER.value)
+
+
+def unpack_user_key(key: bytes) -> str:
+    (user,) = _unpack(key, Prefix.AUTH_USER, 1)
+    return user
+
+
+def token_key(user: str, digest: str) -> bytes:
+    return _pack(Prefix.AUTH_TOKEN.value, user, digest)
+
+
+def token_range(user: str | None = None) -> tuple[bytes, bytes]:
+    """Every token, or one user's."""
+    return _range(Prefix.AUTH_TOKEN.value) if user is None else _range(Prefix.AUTH_TOKEN.value, user)
+
+
+def unpack_token_key(key: bytes) -> tuple[str, str]:
+    user, digest = _unpack(key, Prefix.AUTH_TOKEN, 2)
+    return user, digest
+
+
+def access_key(user: str, pattern: str) -> bytes:
+    return _pack(Prefix.AUTH_ACCESS.value, user, pattern)
+
+
+def access_range(user: str | None = None) -> tuple[bytes, bytes]:
+    """Every ACL entry, or one user's ("*" is everyone's)."""
+    return _range(Prefix.AUTH_ACCESS.value) if user is None else _range(Prefix.AUTH_ACCESS.value, user)
+
+
+def unpack_access_key(key: bytes) -> tuple[str, str]:
+    user, pattern = _unpack(key, Prefix.AUTH_ACCESS, 2)
+    return user, pattern
+
+
+def auth_version_key() -> bytes:
+    return _pack(Prefix.AUTH_VERSION.value)

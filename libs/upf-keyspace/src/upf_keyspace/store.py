@@ -11,7 +11,8 @@ from collections.abc import Sequence
 import msgspec
 
 from . import keys, ops
-from .contract import Database
+from .auth import AuthState, Permission, Token, User
+from .contract import Database, Watch
 from .envelope import Envelope
 from .msgid import encode_id
 from .ops.inbox import Drained
@@ -124,3 +125,45 @@ class Store:
 
     async def sweep_node(self, node: str, now: int, max_age: int, limit: int = 500) -> int | None:
         return await self.db.transact(ops.janitor.sweep_node, node, now, max_age, limit)
+
+    # --- auth (users, tokens, ACL); roles cache auth_state() and reload when watch_auth() fires -------
+    async def auth_state(self) -> AuthState:
+        return await self.db.transact(ops.auth.load_state)
+
+    async def watch_auth(self) -> tuple[int, Watch]:
+        """The auth version now and a watch that fires when it changes (await it with a timeout)."""
+
+        async def body(tr):  # type: ignore[no-untyped-def]
+            return await ops.auth.version(tr), tr.watch(keys.auth_version_key())
+
+        return await self.db.transact(body)
+
+    async def add_user(self, name: str, user: User) -> None:
+        await self.db.transact(ops.auth.add_user, name, user)
+
+    async def put_user(self, name: str, user: User) -> None:
+        await self.db.transact(ops.auth.put_user, name, user)
+
+    async def get_user(self, name: str) -> User | None:
+        return await self.db.transact(ops.auth.get_user, name)
+
+    async def delete_user(self, name: str) -> None:
+        await self.db.transact(ops.auth.delete_user, name)
+
+    async def list_users(self) -> dict[str, User]:
+        return await self.db.transact(ops.auth.list_users)
+
+    async def set_access(self, name: str, pattern: str, permission: Permission, *, provisioned: bool = False) -> None:
+        await self.db.transact(ops.auth.set_access, name, pattern, permission, provisioned=provisioned)
+
+    async def reset_access(self, name: str | None = None, pattern: str | None = None) -> int:
+        return await self.db.transact(ops.auth.reset_access, name, pattern)
+
+    async def add_token(self, name: str, digest: str, token: Token) -> None:
+        await self.db.transact(ops.auth.add_token, name, digest, token)
+
+    async def list_tokens(self, name: str) -> dict[str, Token]:
+        return await self.db.transact(ops.auth.list_tokens, name)
+
+    async def remove_token(self, name: str, digest: str) -> bool:
+        return await self.db.transact(ops.auth.remove_token, name, digest)

@@ -1,0 +1,157 @@
+"""Users, tokens and ACL entries: one transaction each, every change bumping the auth version.
+
+Roles cache an :class:`~upf_keyspace.auth.AuthState` and watch the version key, so the bump in the
+same transaction as the change is what makes a running fleet see it. Ordering rules (ntfy's
+precedence) and password hashing live above this library; here only storage and its invariants:
+a user's tokens and ACL entries go with the user, and names must exist before they are referenced.
+"""
+
+from __future__ import annotations
+
+from .. import keys
+from ..auth import (
+    EVERYONE,
+    Access,
+    AuthState,
+    Permission,
+    Token,
+    User,
+    decode_access,
+    decode_token,
+    decode_user,
+    encode_record,
+)
+from ..contract import Transaction
+
+__all__ = [
+    "NoSuchUser",
+    "UserExists",
+    "put_user",
+    "add_user",
+    "get_user",
+    "delete_user",
+    "list_users",
+    "set_access",
+    "reset_access",
+    "add_token",
+    "list_tokens",
+    "remove_token",
+    "load_state",
+    "version",
+]
+
+_ONE = keys.pack_i64(1)
+
+
+class NoSuchUser(LookupError):
+    """The named user does not exist."""
+
+
+class UserExists(ValueError):
+    """A user of that name exists already."""
+
+
+def _bump(tr: Transaction) -> None:
+    tr.add(keys.auth_version_key(), _ONE)
+
+
+async def get_user(tr: Transaction, name: str) -> User | None:
+    raw = await tr.get(keys.user_key(name))
+    return None if raw is None else decode_user(raw)
+
+
+async def add_user(tr: Transaction, name: str, user: User) -> None:
+    """Create ``name``; an existing user is an error (change it with ``put_user``)."""
+    if await tr.get(keys.user_key(name)) is not None:
+        raise UserExists(name)
+    await put_user(tr, name, user)
+
+
+async def put_user(tr: Transaction, name: str, user: User) -> None:
+    """Create or replace ``name`` (a password or role change, or provisioning at start)."""
+    tr.set(keys.user_key(name), encode_record(user))
+    _bump(tr)
+
+
+async def delete_user(tr: Transaction, name: str) -> None:
+    """Remove ``name`` with its tokens and ACL entries, so no credential of it outlives it."""
+    if await tr.get(keys.user_key(name)) is None:
+        raise NoSuchUser(name)
+    tr.clear(keys.user_key(name))
+    tr.clear_range(*keys.token_range(name))
+    tr.clear_range(*keys.access_range(name))
+    _bump(tr)
+
+
+async def list_users(tr: Transaction) -> dict[str, User]:
+    rows = await tr.get_range(*keys.user_range())
+    return {keys.unpack_user_key(k): decode_user(v) for k, v in rows}
+
+
+async def _require_user(tr: Transaction, name: str) -> None:
+    if name != EVERYONE and await tr.get(keys.user_key(name)) is None:
+        raise NoSuchUser(name)
+
+
+async def set_access(tr: Transaction, name: str, pattern: str, permission: Permission, *, provisioned: bool = False) -> None:
+    """Grant ``permission`` on topics matching ``pattern`` to ``name`` (or ``*``), replacing an entry
+    for the same pattern."""
+    await _require_user(tr, name)
+    tr.set(keys.access_key(name, pattern), encode_record(Access(permission=permission, provisioned=provisioned)))
+    _bump(tr)
+
+
+async def reset_access(tr: Transaction, name: str | None = None, pattern: str | None = None) -> int:
+    """Remove ACL entries: every entry (no name), a user's, or one pattern's. Returns how many."""
+    if name is None:
+        begin, end = keys.access_range()
+    elif pattern is None:
+        begin, end = keys.access_range(name)
+    else:
+        begin = keys.access_key(name, pattern)
+        end = begin + b"\x00"
+    removed = len(await tr.get_range(begin, end))
+    if removed:
+        tr.clear_range(begin, end)
+        _bump(tr)
+    return removed
+
+
+async def add_token(tr: Transaction, name: str, digest: str, token: Token) -> None:
+    """Store a token (by its digest) for an existing user."""
+    await _require_user(tr, name)
+    tr.set(keys.token_key(name, digest), encode_record(token))
+    _bump(tr)
+
+
+async def list_tokens(tr: Transaction, name: str) -> dict[str, Token]:
+    rows = await tr.get_range(*keys.token_range(name))
+    return {keys.unpack_token_key(k)[1]: decode_token(v) for k, v in rows}
+
+
+async def remove_token(tr: Transaction, name: str, digest: str) -> bool:
+    key = keys.token_key(name, digest)
+    if await tr.get(key) is None:
+        return False
+    tr.clear(key)
+    _bump(tr)
+    return True
+
+
+async def version(tr: Transaction) -> int:
+    return keys.unpack_i64(await tr.get(keys.auth_version_key(), snapshot=True))
+
+
+async def load_state(tr: Transaction) -> AuthState:
+    """The whole auth state in one snapshot (snapshot reads: a cache load must not conflict with
+    the changes it will see through the version watch anyway)."""
+    ver = await version(tr)
+    users = {keys.unpack_user_key(k): decode_user(v) for k, v in await tr.get_range(*keys.user_range(), snapshot=True)}
+    tokens: dict[str, tuple[str, Token]] = {}
+    for k, v in await tr.get_range(*keys.token_range(), snapshot=True):
+        user, digest = keys.unpack_token_key(k)
+        tokens[digest] = (user, decode_token(v))
+    access = [
+        (*keys.unpack_access_key(k), decode_access(v)) for k, v in await tr.get_range(*keys.access_range(), snapshot=True)
+    ]
+    return AuthState(version=ver, users=users, tokens=tokens, access=access)

@@ -1,0 +1,123 @@
+"""Users, tokens and ACL entries in the keyspace: storage invariants and the version a fleet watches."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from upf_keyspace import Settings, keys, open_store
+from upf_keyspace.auth import EVERYONE, Permission, Token, User, token_digest
+from upf_keyspace.ops.auth import NoSuchUser, UserExists
+
+
+@pytest.fixture
+async def store(tmp_path):
+    s = await open_store(Settings(store_path=str(tmp_path / "upf.db"), shard_count=4))
+    yield s
+    await s.close()
+
+
+ALICE = User(role="user", password_hash="$2b$12$hash-of-alice", created=1)
+
+
+async def test_empty_store_has_no_auth_configured(store):
+    """With nothing configured every role keeps today's open behaviour."""
+    state = await store.auth_state()
+    assert not state.configured and state.version == 0 and state.users == {} and state.access == []
+
+
+async def test_users_tokens_and_access_round_trip_in_one_snapshot(store):
+    await store.add_user("alice", ALICE)
+    digest = token_digest("tk_" + "a" * 29)
+    await store.add_token("alice", digest, Token(label="phone", expires=0, created=5, hint="tk_aaa"))
+    await store.set_access("alice", "up*", Permission.READ_WRITE)
+    await store.set_access(EVERYONE, "announce", Permission.READ_ONLY)
+    state = await store.auth_state()
+    assert state.configured and state.version == 4
+    assert state.users == {"alice": ALICE}
+    assert state.tokens[digest][0] == "alice" and state.tokens[digest][1].label == "phone"
+    assert [(u, p, a.permission) for u, p, a in state.access] == [
+        (EVERYONE, "announce", Permission.READ_ONLY),
+        ("alice", "up*", Permission.READ_WRITE),
+    ]
+
+
+async def test_the_store_never_holds_a_token_or_password_in_clear(store, tmp_path):
+    """Only the token's SHA-256 digest is a key; the plain token appears nowhere in the file."""
+    token = "tk_" + "s3cr3t" * 4 + "abcde"
+    await store.add_user("bob", User(role="user", password_hash="$2b$12$only-a-hash"))
+    await store.add_token("bob", token_digest(token), Token(hint=token[:6]))
+    await store.close()
+    raw = b"".join(p.read_bytes() for p in tmp_path.iterdir() if p.name.startswith("upf.db"))
+    assert token.encode() not in raw and token_digest(token).encode() in raw
+
+
+async def test_a_deleted_user_takes_its_tokens_and_acl_entries_along(store):
+    await store.add_user("carol", ALICE)
+    await store.add_token("carol", "d1", Token())
+    await store.set_access("carol", "x*", Permission.WRITE_ONLY)
+    await store.delete_user("carol")
+    state = await store.auth_state()
+    assert state.users == {} and state.tokens == {} and state.access == []
+    with pytest.raises(NoSuchUser):
+        await store.delete_user("carol")
+
+
+async def test_names_must_exist_and_be_unique(store):
+    with pytest.raises(NoSuchUser):
+        await store.set_access("nobody", "t", Permission.READ_ONLY)
+    with pytest.raises(NoSuchUser):
+        await store.add_token("nobody", "d", Token())
+    await store.add_user("dave", ALICE)
+    with pytest.raises(UserExists):
+        await store.add_user("dave", ALICE)
+    await store.put_user("dave", User(role="admin", password_hash="x"))
+    assert (await store.get_user("dave")).role == "admin"  # type: ignore[union-attr]
+
+
+async def test_reset_access_by_pattern_user_or_all(store):
+    await store.add_user("erin", ALICE)
+    for pattern in ("a", "b*"):
+        await store.set_access("erin", pattern, Permission.READ_ONLY)
+    await store.set_access(EVERYONE, "c", Permission.DENY)
+    assert await store.reset_access("erin", "a") == 1
+    assert await store.reset_access("erin", "missing") == 0
+    assert await store.reset_access("erin") == 1
+    assert await store.reset_access() == 1
+    assert (await store.auth_state()).access == []
+
+
+async def test_remove_token_only_when_it_exists(store):
+    await store.add_user("frank", ALICE)
+    await store.add_token("frank", "d", Token(label="x"))
+    assert list(await store.list_tokens("frank")) == ["d"]
+    assert await store.remove_token("frank", "d") is True
+    assert await store.remove_token("frank", "d") is False
+
+
+async def test_a_change_fires_the_auth_watch_of_another_store_handle(store, tmp_path):
+    """Two handles on one file stand for two roles: a CLI change wakes a running role's watch."""
+    other = await open_store(Settings(store_path=str(tmp_path / "upf.db"), shard_count=4))
+    try:
+        version, watch = await other.watch_auth()
+        assert version == 0
+        await store.add_user("gina", ALICE)
+        await asyncio.wait_for(asyncio.ensure_future(_wait(watch)), 5)
+        assert (await other.auth_state()).version == 1
+    finally:
+        await other.close()
+
+
+async def _wait(watch) -> None:  # type: ignore[no-untyped-def]
+    await watch
+
+
+def test_auth_keys_round_trip_and_stay_under_their_prefixes():
+    assert keys.unpack_user_key(keys.user_key("a:b")) == "a:b"
+    assert keys.unpack_token_key(keys.token_key("u", "ff00")) == ("u", "ff00")
+    assert keys.unpack_access_key(keys.access_key("*", "up*")) == ("*", "up*")
+    begin, end = keys.access_range()
+    assert begin < keys.access_key("*", "x") < end and not begin < keys.user_key("x") < end
+    ubegin, uend = keys.token_range("u")
+    assert ubegin < keys.token_key("u", "d") < uend and not ubegin < keys.token_key("uu", "d") < uend
