@@ -17,9 +17,11 @@ How it keeps FoundationDB's meaning:
   increasing across processes) plus the 2-byte batch order.
 - The write log (``wlog``) keeps each physical commit's coalesced write ranges for 10 s (longer than
   the 5 s transaction lifetime), so any process can check conflicts against any other's commits.
-- Watches: armed at commit with the value the transaction saw; a poller notices other connections'
-  commits through ``PRAGMA data_version`` (every 2 ms while watches exist) and this process's own
-  commits directly, then compares the watched keys' values.
+- Watches: armed at commit with the value the transaction saw. This process's commits schedule the
+  check directly; other processes' commits arrive as a datagram on this handle's wake socket (see
+  ``_wake``), read by the event loop, so nothing runs while nothing commits. A 1 s poll of the commit
+  counter, only while watches exist, is the backstop for a lost datagram: it costs latency, never a
+  missed watch. The check compares only the watched keys the new commits wrote.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from typing import Any, TypeVar
 from .. import errors
 from ..contract import KEY_LIMIT, LIFETIME_SECS, TRANSACTION_LIMIT, VALUE_LIMIT
 from . import _metrics
+from ._wake import Doorbell, Inbox
 from ._ranges import BatchWrites, IntervalSet, point
 
 __all__ = ["EmbeddedDatabase", "EmbeddedTransaction", "open_embedded"]
@@ -59,6 +62,7 @@ _WLOG_KEEP_SECS = 10.0
 _MAX_BATCH = 2048
 _MAX_WATCHES = 10_000
 _RETRY_LIMIT = 100
+_FALLBACK_POLL_SECS = 1.0  # the backstop for lost wake datagrams
 _I64 = struct.Struct("<q")
 _BATCH_SIZE = _metrics.COMMIT_BATCH.cell("embedded")
 _COMMIT_DURATION = _metrics.COMMIT_DURATION.cell("embedded")
@@ -470,11 +474,13 @@ class EmbeddedDatabase:
         self._check_scheduled = False
         self._watch_version = self._committed_version()
         self._last_prune = 0.0
+        self.fallback_poll_secs = _FALLBACK_POLL_SECS
+        self._fallback: asyncio.TimerHandle | None = None
+        self._inbox = Inbox(path)
+        self._doorbell = Doorbell(path, self._inbox.name)
+        loop.add_reader(self._inbox.fileno(), self._on_wake)
         self._committer = threading.Thread(target=self._commit_loop, name="upf-store-committer", daemon=True)
-        self._poller = threading.Thread(target=self._poll_loop, name="upf-store-watches", daemon=True)
-        self._stop = threading.Event()
         self._committer.start()
-        self._poller.start()
 
     # --- reads (on the loop thread) -----------------------------------------------------------------
     # One statement is one SQLite snapshot: the commit counter comes first (k IS NULL), then the
@@ -552,7 +558,8 @@ class EmbeddedDatabase:
                     batch.append(nxt)
                 started = time.perf_counter()
                 try:
-                    self._commit_batch(conn, batch)
+                    if self._commit_batch(conn, batch):
+                        self._ring()
                     _COMMIT_DURATION.record(time.perf_counter() - started)
                     _BATCH_SIZE.record(len(batch))
                 except Exception as exc:  # a failed physical commit fails every transaction in it
@@ -569,7 +576,14 @@ class EmbeddedDatabase:
         finally:
             conn.close()
 
-    def _commit_batch(self, conn: sqlite3.Connection, batch: list[_Pending]) -> None:
+    def _ring(self) -> None:
+        try:
+            self._doorbell.ring()
+        except Exception:  # a wake is advisory: peers' fallback poll still sees the commit
+            log.exception("embedded wake failed")
+
+    def _commit_batch(self, conn: sqlite3.Connection, batch: list[_Pending]) -> bool:
+        """Apply one physical commit; True if it committed anything."""
         _begin_write(conn)
         version = conn.execute("SELECT version FROM meta").fetchone()[0]
         new_version = version + 1
@@ -612,8 +626,9 @@ class EmbeddedDatabase:
             if len(self._wlog_cache) > 65536:
                 for v in sorted(self._wlog_cache)[:32768]:
                     self._wlog_cache.pop(v, None)
-        else:
-            conn.execute("ROLLBACK")
+            return True
+        conn.execute("ROLLBACK")
+        return False
 
     @staticmethod
     def _apply(applier: _Applier, mutations: list[tuple[int, bytes, bytes]], stamp: bytes) -> list[tuple[bytes, bytes]]:
@@ -658,6 +673,8 @@ class EmbeddedDatabase:
                 w.future.set_result(None)
             else:
                 self._watches.setdefault(w.key, set()).add(w)
+        if self._watches and self._fallback is None and not self._closed:
+            self._fallback = self._loop.call_later(self.fallback_poll_secs, self._fallback_poll)
 
     def _unregister(self, w: _Watch) -> None:
         s = self._watches.get(w.key)
@@ -700,19 +717,18 @@ class EmbeddedDatabase:
                 if w.value != value and not w.future.done():
                     w.future.set_result(None)
 
-    def _poll_loop(self) -> None:
-        conn = _connect(self.path)
-        try:
-            last = conn.execute("PRAGMA data_version").fetchone()[0]
-            while not self._stop.wait(0.002 if self._watches else 0.05):
-                dv = conn.execute("PRAGMA data_version").fetchone()[0]
-                if dv != last:
-                    last = dv
-                    if self._watches:
-                        with contextlib.suppress(RuntimeError):  # the loop closed under us
-                            self._loop.call_soon_threadsafe(self._schedule_watch_check)
-        finally:
-            conn.close()
+    def _on_wake(self) -> None:
+        """Another process committed (one or many datagrams): one check covers them all."""
+        self._inbox.drain()
+        self._schedule_watch_check()
+
+    def _fallback_poll(self) -> None:
+        """The backstop for lost datagrams: one commit-counter read a second, only while watched."""
+        self._fallback = None
+        if self._closed or not self._watches:
+            return
+        self._schedule_watch_check()
+        self._fallback = self._loop.call_later(self.fallback_poll_secs, self._fallback_poll)
 
     # --- the contract -------------------------------------------------------------------------------
     def create_transaction(self) -> EmbeddedTransaction:
@@ -728,9 +744,13 @@ class EmbeddedDatabase:
             return
         self._closed = True
         self._queue.put(None)
-        self._stop.set()
+        if self._fallback is not None:
+            self._fallback.cancel()
+            self._fallback = None
+        self._loop.remove_reader(self._inbox.fileno())
+        self._inbox.close()
         await asyncio.to_thread(self._committer.join)
-        await asyncio.to_thread(self._poller.join)
+        self._doorbell.close()
         for s in list(self._watches.values()):
             for w in list(s):
                 w.cancel()
