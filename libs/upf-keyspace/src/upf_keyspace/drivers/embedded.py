@@ -63,6 +63,8 @@ _MAX_BATCH = 2048
 _MAX_WATCHES = 10_000
 _RETRY_LIMIT = 100
 _FALLBACK_POLL_SECS = 1.0  # the backstop for lost wake datagrams
+_RANGE_CACHE_ENTRIES = 8192  # small range results kept, with the version they were valid at
+_RANGE_CACHE_ROWS = 4  # only results this small are kept (affinity reads: 0 or 1 row)
 _I64 = struct.Struct("<q")
 _BATCH_SIZE = _metrics.COMMIT_BATCH.cell("embedded")
 _COMMIT_DURATION = _metrics.COMMIT_DURATION.cell("embedded")
@@ -310,7 +312,7 @@ class EmbeddedTransaction:
             return []
         self._check_readable(begin, end)
         local = self._touched(begin, end)
-        version, rows = self._db._read_range(begin, end, 0 if local else limit, reverse)
+        version, rows = self._db._read_range_at(begin, end, 0 if local else limit, reverse, self._read_version)
         if local:
             merged = {k: v for k, v in rows}
             for k in list(merged) + [k for k in self._overlay if begin <= k < end] + [
@@ -467,12 +469,14 @@ class EmbeddedDatabase:
         self.path = path
         self._loop = loop
         self._reader = _connect(path)
+        self._grv: int | None = None
         self._watches: dict[bytes, set[_Watch]] = {}
         self._wlog_cache: dict[int, IntervalSet] = {}
         self._queue: queue.SimpleQueue[_Pending | None] = queue.SimpleQueue()
         self._closed = False
         self._check_scheduled = False
         self._watch_version = self._committed_version()
+        self._range_cache: dict[tuple[bytes, bytes, int, bool], tuple[int, list[tuple[bytes, bytes]]]] = {}
         self._last_prune = 0.0
         self.fallback_poll_secs = _FALLBACK_POLL_SECS
         self._fallback: asyncio.TimerHandle | None = None
@@ -489,7 +493,7 @@ class EmbeddedDatabase:
 
     def _read_point(self, key: bytes) -> tuple[int, bytes | None]:
         rows = self._reader.execute(self._POINT_SQL, (key,)).fetchall()
-        return self._split(rows, 1)[0], (rows[1][1] if len(rows) > 1 else None)
+        return self._observed(self._split(rows, 1)[0]), (rows[1][1] if len(rows) > 1 else None)
 
     @staticmethod
     def _split(rows: list[tuple[Any, Any]], _n: int) -> tuple[int, list[tuple[bytes, bytes]]]:
@@ -505,10 +509,59 @@ class EmbeddedDatabase:
         )
         rows = self._reader.execute(sql, (begin, end, limit or -1)).fetchall()
         version, _ = self._split(rows, 0)
-        return version, rows[1:]
+        return self._observed(version), rows[1:]
+
+    def _read_version_now(self) -> int:
+        """The commit counter for a transaction's first read, read once per event-loop iteration and
+        shared, as FoundationDB's proxies batch read-version requests. Still externally consistent:
+        every transaction started in this iteration started after whatever woke the iteration (a
+        commit's acknowledgement reaches its waiter in a later iteration, and so does any request
+        sent after another process's acknowledgement)."""
+        v = self._grv
+        if v is None:
+            v = self._grv = self._committed_version()
+            self._loop.call_soon(self._expire_grv)
+        return v
+
+    def _expire_grv(self) -> None:
+        self._grv = None
+
+    def _read_range_at(
+        self, begin: bytes, end: bytes, limit: int, reverse: bool, at: int | None
+    ) -> tuple[int, list[tuple[bytes, bytes]]]:
+        """A range read for a transaction whose snapshot is ``at`` (None: not chosen yet). A small
+        result read before is reused when no commit between its version and the snapshot wrote into
+        the range (the write sets are in memory for this process's commits), so a publish's affinity
+        read usually costs no SQLite statement on the loop thread. Otherwise it is read from the file."""
+        key = (begin, end, limit, reverse)
+        hit = self._range_cache.get(key)
+        if hit is not None:
+            target = self._read_version_now() if at is None else at
+            cached, rows = hit
+            try:
+                lo, hi = (cached, target) if cached <= target else (target, cached)
+                if lo == hi or not self._changed_since(lo, hi, [(begin, end)]):
+                    if cached < target:
+                        self._range_cache[key] = (target, rows)
+                    return target, list(rows)
+            except errors.StoreError:  # the write log no longer reaches back: read the file
+                pass
+        version, rows = self._read_range(begin, end, limit, reverse)
+        if len(rows) <= _RANGE_CACHE_ROWS:
+            if hit is None and len(self._range_cache) >= _RANGE_CACHE_ENTRIES:
+                del self._range_cache[next(iter(self._range_cache))]  # the oldest entry
+            self._range_cache[key] = (version, list(rows))
+        return version, rows
 
     def _committed_version(self) -> int:
-        return self._reader.execute("SELECT version FROM meta").fetchone()[0]
+        return self._observed(self._reader.execute("SELECT version FROM meta").fetchone()[0])
+
+    def _observed(self, version: int) -> int:
+        """Whatever this iteration has seen of the file, a transaction started later in it sees too
+        (a read-only transaction completes without yielding to the loop)."""
+        if self._grv is not None and version > self._grv:
+            self._grv = version
+        return version
 
     def _write_sets(self, conn: sqlite3.Connection, after: int, upto: int) -> list[IntervalSet]:
         """The write sets of commits after..upto: from this process's cache, else from the file."""
@@ -649,6 +702,7 @@ class EmbeddedDatabase:
         return stamped
 
     def _resolve(self, batch: list[_Pending]) -> None:
+        self._grv = None  # what starts after these acknowledgements reads past them
         for p in batch:
             if p.future.done():
                 continue
