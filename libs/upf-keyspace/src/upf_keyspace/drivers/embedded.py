@@ -10,6 +10,10 @@ How it keeps FoundationDB's meaning:
   retryable) if anything it has seen changed, so every transaction sees one snapshot. At commit the
   committer fails it the same way if a commit after its read version wrote anything it read (the
   resolver's rule), including earlier transactions of the same batch.
+- Reads that avoid the file: a transaction's first read version may be the commit counter read once
+  per event-loop iteration and shared (FoundationDB's proxies batch read versions the same way), and a
+  small range result read before is reused while no commit between its version and the snapshot wrote
+  into the range. A publish's affinity read thus usually costs no SQLite statement on the loop thread.
 - Group commit: one committer thread per process takes every waiting transaction, and applies them in
   one SQLite write transaction (BEGIN IMMEDIATE, so processes serialise on the file lock), each with
   its own batch order, then commits with ``synchronous=FULL``: a commit returns only once the WAL is
