@@ -76,4 +76,12 @@ class BatchWrites:
         return False
 
     def to_set(self) -> IntervalSet:
-        return IntervalSet([(p, p + b"\x00") for p in self.points] + self.ranges)
+        if self.ranges:
+            return IntervalSet([(p, p + b"\x00") for p in self.points] + self.ranges)
+        # Points only (a batch of publishes): already sorted, so skip the general sort and merge.
+        # Adjacent points stay separate intervals; they are still disjoint and sorted, which is all
+        # ``overlaps`` needs.
+        s = IntervalSet()
+        s.begins = list(dict.fromkeys(self.points))
+        s.ends = [p + b"\x00" for p in s.begins]
+        return s

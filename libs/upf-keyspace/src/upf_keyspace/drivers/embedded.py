@@ -10,6 +10,10 @@ How it keeps FoundationDB's meaning:
   retryable) if anything it has seen changed, so every transaction sees one snapshot. At commit the
   committer fails it the same way if a commit after its read version wrote anything it read (the
   resolver's rule), including earlier transactions of the same batch.
+- Reads that avoid the file: a transaction's first read version may be the commit counter read once
+  per event-loop iteration and shared (FoundationDB's proxies batch read versions the same way), and a
+  small range result read before is reused while no commit between its version and the snapshot wrote
+  into the range. A publish's affinity read thus usually costs no SQLite statement on the loop thread.
 - Group commit: one committer thread per process takes every waiting transaction, and applies them in
   one SQLite write transaction (BEGIN IMMEDIATE, so processes serialise on the file lock), each with
   its own batch order, then commits with ``synchronous=FULL``: a commit returns only once the WAL is
@@ -17,9 +21,11 @@ How it keeps FoundationDB's meaning:
   increasing across processes) plus the 2-byte batch order.
 - The write log (``wlog``) keeps each physical commit's coalesced write ranges for 10 s (longer than
   the 5 s transaction lifetime), so any process can check conflicts against any other's commits.
-- Watches: armed at commit with the value the transaction saw; a poller notices other connections'
-  commits through ``PRAGMA data_version`` (every 2 ms while watches exist) and this process's own
-  commits directly, then compares the watched keys' values.
+- Watches: armed at commit with the value the transaction saw. This process's commits schedule the
+  check directly; other processes' commits arrive as a datagram on this handle's wake socket (see
+  ``_wake``), read by the event loop, so nothing runs while nothing commits. A 1 s poll of the commit
+  counter, only while watches exist, is the backstop for a lost datagram: it costs latency, never a
+  missed watch. The check compares only the watched keys the new commits wrote.
 """
 
 from __future__ import annotations
@@ -40,6 +46,7 @@ from typing import Any, TypeVar
 from .. import errors
 from ..contract import KEY_LIMIT, LIFETIME_SECS, TRANSACTION_LIMIT, VALUE_LIMIT
 from . import _metrics
+from ._wake import Doorbell, Inbox
 from ._ranges import BatchWrites, IntervalSet, point
 
 __all__ = ["EmbeddedDatabase", "EmbeddedTransaction", "open_embedded"]
@@ -59,6 +66,9 @@ _WLOG_KEEP_SECS = 10.0
 _MAX_BATCH = 2048
 _MAX_WATCHES = 10_000
 _RETRY_LIMIT = 100
+_FALLBACK_POLL_SECS = 1.0  # the backstop for lost wake datagrams
+_RANGE_CACHE_ENTRIES = 8192  # small range results kept, with the version they were valid at
+_RANGE_CACHE_ROWS = 4  # only results this small are kept (affinity reads: 0 or 1 row)
 _I64 = struct.Struct("<q")
 _BATCH_SIZE = _metrics.COMMIT_BATCH.cell("embedded")
 _COMMIT_DURATION = _metrics.COMMIT_DURATION.cell("embedded")
@@ -306,7 +316,7 @@ class EmbeddedTransaction:
             return []
         self._check_readable(begin, end)
         local = self._touched(begin, end)
-        version, rows = self._db._read_range(begin, end, 0 if local else limit, reverse)
+        version, rows = self._db._read_range_at(begin, end, 0 if local else limit, reverse, self._read_version)
         if local:
             merged = {k: v for k, v in rows}
             for k in list(merged) + [k for k in self._overlay if begin <= k < end] + [
@@ -463,18 +473,22 @@ class EmbeddedDatabase:
         self.path = path
         self._loop = loop
         self._reader = _connect(path)
+        self._grv: int | None = None
         self._watches: dict[bytes, set[_Watch]] = {}
         self._wlog_cache: dict[int, IntervalSet] = {}
         self._queue: queue.SimpleQueue[_Pending | None] = queue.SimpleQueue()
         self._closed = False
         self._check_scheduled = False
         self._watch_version = self._committed_version()
+        self._range_cache: dict[tuple[bytes, bytes, int, bool], tuple[int, list[tuple[bytes, bytes]]]] = {}
         self._last_prune = 0.0
+        self.fallback_poll_secs = _FALLBACK_POLL_SECS
+        self._fallback: asyncio.TimerHandle | None = None
+        self._inbox = Inbox(path)
+        self._doorbell = Doorbell(path, self._inbox.name)
+        loop.add_reader(self._inbox.fileno(), self._on_wake)
         self._committer = threading.Thread(target=self._commit_loop, name="upf-store-committer", daemon=True)
-        self._poller = threading.Thread(target=self._poll_loop, name="upf-store-watches", daemon=True)
-        self._stop = threading.Event()
         self._committer.start()
-        self._poller.start()
 
     # --- reads (on the loop thread) -----------------------------------------------------------------
     # One statement is one SQLite snapshot: the commit counter comes first (k IS NULL), then the
@@ -483,7 +497,7 @@ class EmbeddedDatabase:
 
     def _read_point(self, key: bytes) -> tuple[int, bytes | None]:
         rows = self._reader.execute(self._POINT_SQL, (key,)).fetchall()
-        return self._split(rows, 1)[0], (rows[1][1] if len(rows) > 1 else None)
+        return self._observed(self._split(rows, 1)[0]), (rows[1][1] if len(rows) > 1 else None)
 
     @staticmethod
     def _split(rows: list[tuple[Any, Any]], _n: int) -> tuple[int, list[tuple[bytes, bytes]]]:
@@ -499,10 +513,59 @@ class EmbeddedDatabase:
         )
         rows = self._reader.execute(sql, (begin, end, limit or -1)).fetchall()
         version, _ = self._split(rows, 0)
-        return version, rows[1:]
+        return self._observed(version), rows[1:]
+
+    def _read_version_now(self) -> int:
+        """The commit counter for a transaction's first read, read once per event-loop iteration and
+        shared, as FoundationDB's proxies batch read-version requests. Still externally consistent:
+        every transaction started in this iteration started after whatever woke the iteration (a
+        commit's acknowledgement reaches its waiter in a later iteration, and so does any request
+        sent after another process's acknowledgement)."""
+        v = self._grv
+        if v is None:
+            v = self._grv = self._committed_version()
+            self._loop.call_soon(self._expire_grv)
+        return v
+
+    def _expire_grv(self) -> None:
+        self._grv = None
+
+    def _read_range_at(
+        self, begin: bytes, end: bytes, limit: int, reverse: bool, at: int | None
+    ) -> tuple[int, list[tuple[bytes, bytes]]]:
+        """A range read for a transaction whose snapshot is ``at`` (None: not chosen yet). A small
+        result read before is reused when no commit between its version and the snapshot wrote into
+        the range (the write sets are in memory for this process's commits), so a publish's affinity
+        read usually costs no SQLite statement on the loop thread. Otherwise it is read from the file."""
+        key = (begin, end, limit, reverse)
+        hit = self._range_cache.get(key)
+        if hit is not None:
+            target = self._read_version_now() if at is None else at
+            cached, rows = hit
+            try:
+                lo, hi = (cached, target) if cached <= target else (target, cached)
+                if lo == hi or not self._changed_since(lo, hi, [(begin, end)]):
+                    if cached < target:
+                        self._range_cache[key] = (target, rows)
+                    return target, list(rows)
+            except errors.StoreError:  # the write log no longer reaches back: read the file
+                pass
+        version, rows = self._read_range(begin, end, limit, reverse)
+        if len(rows) <= _RANGE_CACHE_ROWS:
+            if hit is None and len(self._range_cache) >= _RANGE_CACHE_ENTRIES:
+                del self._range_cache[next(iter(self._range_cache))]  # the oldest entry
+            self._range_cache[key] = (version, list(rows))
+        return version, rows
 
     def _committed_version(self) -> int:
-        return self._reader.execute("SELECT version FROM meta").fetchone()[0]
+        return self._observed(self._reader.execute("SELECT version FROM meta").fetchone()[0])
+
+    def _observed(self, version: int) -> int:
+        """Whatever this iteration has seen of the file, a transaction started later in it sees too
+        (a read-only transaction completes without yielding to the loop)."""
+        if self._grv is not None and version > self._grv:
+            self._grv = version
+        return version
 
     def _write_sets(self, conn: sqlite3.Connection, after: int, upto: int) -> list[IntervalSet]:
         """The write sets of commits after..upto: from this process's cache, else from the file."""
@@ -552,7 +615,8 @@ class EmbeddedDatabase:
                     batch.append(nxt)
                 started = time.perf_counter()
                 try:
-                    self._commit_batch(conn, batch)
+                    if self._commit_batch(conn, batch):
+                        self._ring()
                     _COMMIT_DURATION.record(time.perf_counter() - started)
                     _BATCH_SIZE.record(len(batch))
                 except Exception as exc:  # a failed physical commit fails every transaction in it
@@ -569,7 +633,14 @@ class EmbeddedDatabase:
         finally:
             conn.close()
 
-    def _commit_batch(self, conn: sqlite3.Connection, batch: list[_Pending]) -> None:
+    def _ring(self) -> None:
+        try:
+            self._doorbell.ring()
+        except Exception:  # a wake is advisory: peers' fallback poll still sees the commit
+            log.exception("embedded wake failed")
+
+    def _commit_batch(self, conn: sqlite3.Connection, batch: list[_Pending]) -> bool:
+        """Apply one physical commit; True if it committed anything."""
         _begin_write(conn)
         version = conn.execute("SELECT version FROM meta").fetchone()[0]
         new_version = version + 1
@@ -612,8 +683,9 @@ class EmbeddedDatabase:
             if len(self._wlog_cache) > 65536:
                 for v in sorted(self._wlog_cache)[:32768]:
                     self._wlog_cache.pop(v, None)
-        else:
-            conn.execute("ROLLBACK")
+            return True
+        conn.execute("ROLLBACK")
+        return False
 
     @staticmethod
     def _apply(applier: _Applier, mutations: list[tuple[int, bytes, bytes]], stamp: bytes) -> list[tuple[bytes, bytes]]:
@@ -634,6 +706,7 @@ class EmbeddedDatabase:
         return stamped
 
     def _resolve(self, batch: list[_Pending]) -> None:
+        self._grv = None  # what starts after these acknowledgements reads past them
         for p in batch:
             if p.future.done():
                 continue
@@ -658,6 +731,8 @@ class EmbeddedDatabase:
                 w.future.set_result(None)
             else:
                 self._watches.setdefault(w.key, set()).add(w)
+        if self._watches and self._fallback is None and not self._closed:
+            self._fallback = self._loop.call_later(self.fallback_poll_secs, self._fallback_poll)
 
     def _unregister(self, w: _Watch) -> None:
         s = self._watches.get(w.key)
@@ -700,19 +775,18 @@ class EmbeddedDatabase:
                 if w.value != value and not w.future.done():
                     w.future.set_result(None)
 
-    def _poll_loop(self) -> None:
-        conn = _connect(self.path)
-        try:
-            last = conn.execute("PRAGMA data_version").fetchone()[0]
-            while not self._stop.wait(0.002 if self._watches else 0.05):
-                dv = conn.execute("PRAGMA data_version").fetchone()[0]
-                if dv != last:
-                    last = dv
-                    if self._watches:
-                        with contextlib.suppress(RuntimeError):  # the loop closed under us
-                            self._loop.call_soon_threadsafe(self._schedule_watch_check)
-        finally:
-            conn.close()
+    def _on_wake(self) -> None:
+        """Another process committed (one or many datagrams): one check covers them all."""
+        self._inbox.drain()
+        self._schedule_watch_check()
+
+    def _fallback_poll(self) -> None:
+        """The backstop for lost datagrams: one commit-counter read a second, only while watched."""
+        self._fallback = None
+        if self._closed or not self._watches:
+            return
+        self._schedule_watch_check()
+        self._fallback = self._loop.call_later(self.fallback_poll_secs, self._fallback_poll)
 
     # --- the contract -------------------------------------------------------------------------------
     def create_transaction(self) -> EmbeddedTransaction:
@@ -728,9 +802,13 @@ class EmbeddedDatabase:
             return
         self._closed = True
         self._queue.put(None)
-        self._stop.set()
+        if self._fallback is not None:
+            self._fallback.cancel()
+            self._fallback = None
+        self._loop.remove_reader(self._inbox.fileno())
+        self._inbox.close()
         await asyncio.to_thread(self._committer.join)
-        await asyncio.to_thread(self._poller.join)
+        self._doorbell.close()
         for s in list(self._watches.values()):
             for w in list(s):
                 w.cancel()

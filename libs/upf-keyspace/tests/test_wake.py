@@ -1,0 +1,266 @@
+"""Cross-process wake-ups of the embedded store: a commit in one handle (or process) wakes another's
+watches through its datagram socket; a lost datagram is caught by the slow fallback poll, duplicates
+are harmless, and sockets left by killed processes are cleaned up."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from upf_keyspace.drivers._wake import wake_dir
+from upf_keyspace.drivers.embedded import open_embedded
+
+KEY = b"\x01test-wake/bell"
+
+
+async def _set(db, value: bytes) -> None:
+    async def body(tr):
+        tr.set(KEY, value)
+
+    await db.transact(body)
+
+
+async def _watch(db):
+    async def body(tr):
+        return tr.watch(KEY)
+
+    return await db.transact(body)
+
+
+async def _wait(watch) -> None:
+    await watch
+
+
+@pytest.fixture
+async def pair(tmp_path):
+    """Two handles on one file: each has its own wake socket, exactly as two processes would."""
+    path = str(tmp_path / "store.db")
+    a = await open_embedded(path)
+    b = await open_embedded(path)
+    yield a, b
+    await a.close()
+    await b.close()
+
+
+async def test_other_handle_commit_wakes_watch_without_polling(pair):
+    """With the fallback poll pushed out of reach, only the datagram can fire the watch."""
+    a, b = pair
+    a.fallback_poll_secs = 3600
+    await _set(b, b"0")
+    watch = await _watch(a)
+    await _set(b, b"1")
+    await asyncio.wait_for(_wait(watch), 10)
+    assert watch.done()
+
+
+async def test_dropped_wakes_still_fire_through_the_fallback_poll(pair):
+    """Every datagram to ``a`` is dropped (its reader is gone); the 1 s backstop (here 0.1 s) fires it."""
+    a, b = pair
+    a.fallback_poll_secs = 0.1
+    a._loop.remove_reader(a._inbox.fileno())
+    await _set(b, b"0")
+    watch = await _watch(a)
+    await _set(b, b"1")
+    await asyncio.wait_for(_wait(watch), 10)
+    assert a._inbox.drain() >= 1, "the commit sent a wake that nobody read"
+
+
+async def test_duplicate_wakes_fire_a_watch_once_and_nothing_else(pair):
+    a, b = pair
+    a.fallback_poll_secs = 3600
+    await _set(b, b"0")
+    first = await _watch(a)
+    await _set(b, b"1")
+    await asyncio.wait_for(_wait(first), 10)
+    second = await _watch(a)  # armed on the new value b"1"
+    sender = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    try:
+        for _ in range(5):
+            sender.sendto(b"!", a._inbox.dir.address(a._inbox.name))
+    finally:
+        sender.close()
+    for _ in range(20):  # let the loop read the duplicates and run the check they schedule
+        await asyncio.sleep(0.01)
+    assert a._inbox.drain() == 0, "the loop read the duplicates"
+    assert not second.done(), "a wake without a change fired a watch"
+    await _set(b, b"2")
+    await asyncio.wait_for(_wait(second), 10)
+    assert first.future.result() is None and second.future.result() is None
+
+
+async def test_close_removes_the_socket(tmp_path):
+    path = str(tmp_path / "store.db")
+    db = await open_embedded(path)
+    name = db._inbox.name
+    assert name in os.listdir(wake_dir(path))
+    await db.close()
+    assert name not in os.listdir(wake_dir(path))
+
+
+KILLED = textwrap.dedent(
+    """
+    import asyncio, sys
+    from upf_keyspace.drivers.embedded import open_embedded
+
+    async def main(path):
+        db = await open_embedded(path)
+        print(db._inbox.name, flush=True)
+        await asyncio.sleep(60)
+
+    asyncio.run(main(sys.argv[1]))
+    """
+)
+
+
+@pytest.mark.slow
+async def test_socket_of_a_killed_process_is_removed_and_commits_go_on(tmp_path):
+    path = str(tmp_path / "store.db")
+    a = await open_embedded(path)
+    proc = subprocess.Popen([sys.executable, "-c", KILLED, path], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        stale = proc.stdout.readline().strip()
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
+    try:
+        assert stale in os.listdir(wake_dir(path)), "kill -9 left its socket behind"
+        b = await open_embedded(path)
+        try:
+            b.fallback_poll_secs = 3600
+            await _set(a, b"0")
+            watch = await _watch(b)
+            await _set(a, b"1")  # the committer's send to the stale socket is refused: it removes it
+            await asyncio.wait_for(_wait(watch), 10)
+            assert stale not in os.listdir(wake_dir(path))
+        finally:
+            await b.close()
+    finally:
+        await a.close()
+
+
+async def test_long_store_path_still_wakes(tmp_path):
+    """A wake directory too deep for sun_path (108 bytes) is reached through /proc/self/fd."""
+    deep = tmp_path / ("d" * 60) / ("e" * 60)
+    path = str(deep / "store.db")
+    a = await open_embedded(path)
+    b = await open_embedded(path)
+    try:
+        assert len(os.path.join(wake_dir(path), a._inbox.name)) > 108
+        a.fallback_poll_secs = 3600
+        await _set(b, b"0")
+        watch = await _watch(a)
+        await _set(b, b"1")
+        await asyncio.wait_for(_wait(watch), 10)
+    finally:
+        await a.close()
+        await b.close()
+
+
+WATCH_ONLY = textwrap.dedent(
+    """
+    import asyncio, sys
+    from upf_keyspace.drivers.embedded import open_embedded
+
+    async def main(path):
+        db = await open_embedded(path)
+        db.fallback_poll_secs = 3600
+        async def arm(tr):
+            return tr.watch(b"\\x01test-wake/bell")
+        watch = await db.transact(arm)
+        print("armed", flush=True)
+        await asyncio.wait_for(watch, 30)
+        print("fired", flush=True)
+        await db.close()
+
+    asyncio.run(main(sys.argv[1]))
+    """
+)
+
+
+@pytest.mark.slow
+async def test_watch_in_another_process_fires_by_notification(tmp_path):
+    """A real second process, its fallback poll out of reach: the datagram alone wakes it."""
+    path = str(tmp_path / "store.db")
+    db = await open_embedded(path)
+    try:
+        await _set(db, b"0")
+        proc = subprocess.Popen([sys.executable, "-c", WATCH_ONLY, path], stdout=subprocess.PIPE, text=True)
+        try:
+            assert proc.stdout is not None
+            assert proc.stdout.readline().strip() == "armed"
+            await _set(db, b"1")
+            line = await asyncio.to_thread(proc.stdout.readline)
+            assert line.strip() == "fired"
+            assert proc.wait(timeout=30) == 0
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            if proc.stdout is not None:
+                proc.stdout.close()
+    finally:
+        await db.close()
+
+
+async def _rows(db, begin: bytes, end: bytes):
+    async def body(tr):
+        return await tr.get_range(begin, end)
+
+    return await db.transact(body)
+
+
+async def test_cached_small_range_sees_commits_of_this_and_other_handles(pair):
+    """A small range result is reused only while no commit wrote into it: a write by this handle or
+    by another (not in this handle's memory: its write set comes from the file's log) is seen."""
+    a, b = pair
+    begin, end = b"\x01test-cache/", b"\x01test-cache0"
+    assert await _rows(a, begin, end) == []
+    assert await _rows(a, begin, end) == []  # now from the cache
+    assert (begin, end, 0, False) in a._range_cache
+    await _set(b, b"unrelated")  # a commit elsewhere that leaves the range alone
+    assert await _rows(a, begin, end) == []
+
+    async def put(tr, k, v):
+        tr.set(k, v)
+
+    await b.transact(put, begin + b"x", b"1")
+    assert await _rows(a, begin, end) == [(begin + b"x", b"1")]
+    await a.transact(put, begin + b"y", b"2")
+    assert await _rows(a, begin, end) == [(begin + b"x", b"1"), (begin + b"y", b"2")]
+
+
+async def test_cached_read_still_conflicts(pair):
+    """A transaction whose range read came from the cache still fails (and retries) if another
+    commit wrote into the range after its snapshot: the read is recorded as before."""
+    a, b = pair
+    begin, end = b"\x01test-cache/", b"\x01test-cache0"
+    await _rows(a, begin, end)  # cached
+    attempts = []
+
+    async def body(tr):
+        rows = await tr.get_range(begin, end)
+        attempts.append(len(rows))
+        if len(attempts) == 1:
+
+            async def sneak(tr2):
+                tr2.set(begin + b"z", b"!")
+
+            await b.transact(sneak)
+        tr.set(begin + b"count", str(len(rows)).encode())
+
+    await a.transact(body)
+    assert attempts == [0, 1]
+    assert (begin + b"count", b"1") in await _rows(a, begin, end)
