@@ -294,7 +294,7 @@ class Hub:
                     self.metrics.slow_closes.add()
                 sub.close(cmd.reason)
 
-    def _write(self, sub: Subscriber, sends: list[tuple[Send, str]], frames: _FrameCache) -> None:
+    def _write(self, sub: Subscriber, sends: list[tuple[Send, str]], frames: _FrameCache, now_ms: float | None = None) -> None:
         """Write ``sends`` to ``sub`` in one call: events framed for this connection, queued messages
         framed once per frame kind through ``frames`` (shared by a round). Counts what was delivered,
         records latency from ``published_ms`` and, when tracing, wraps the write in one ``deliver``
@@ -321,6 +321,8 @@ class Hub:
         if not queued:
             sub.write(parts)
             return
+        if now_ms is None:
+            now_ms = time.time() * 1000.0
         if self.telemetry.tracing:
             span = self._deliver_span(sub, queued, frames)
             try:
@@ -330,7 +332,6 @@ class Hub:
         else:
             sub.write(parts)
         cells = self.metrics.transports[sub.transport_name]
-        now_ms = time.time() * 1000.0
         latency = cells.latency
         for cmd, trigger in queued:
             n = len(cmd.rows)
@@ -415,9 +416,10 @@ class Hub:
                 except Exception:  # one broken connection must not stall the round for the others
                     log.warning("delivery failed", exc_info=True)
         frames: _FrameCache = {}
+        now_ms = time.time() * 1000.0
         for sub, sends in out.items():
             try:
-                self._write(sub, sends, frames)
+                self._write(sub, sends, frames, now_ms)
             except Exception:
                 log.warning("delivery failed", exc_info=True)
 

@@ -58,15 +58,15 @@ class Send(msgspec.Struct, frozen=True):
     per-connection Message objects, so the hub frames each message once per transport and shares
     the bytes among every connection it goes to."""
 
-    events: list[Message] = []
-    rows: list[Stored] = []
-    topics: list[str] = []
+    events: Sequence[Message] = ()
+    rows: Sequence[Stored] = ()
+    topics: Sequence[str] = ()
     """The topic of each row (a merged catch-up interleaves topics)."""
 
     @property
     def messages(self) -> list[Message]:
         """The ntfy Message objects this sends (events, then rows): tests and diagnostics."""
-        return self.events + [message_from_envelope(r.stamp, t, r.envelope) for t, r in zip(self.topics, self.rows)]
+        return [*self.events, *(message_from_envelope(r.stamp, t, r.envelope) for t, r in zip(self.topics, self.rows))]
 
     @property
     def envelopes(self) -> list[Envelope] | None:
@@ -210,7 +210,10 @@ class Session:
             return []
         full = len(rows) >= self.config.batch
         cur = ts.cursor
-        fresh = [r for r in rows if cur is None or r.stamp > cur]
+        if cur is None or not rows or rows[0].stamp > cur:
+            fresh = rows  # the usual case: shared as is with every connection that read it
+        else:
+            fresh = [r for r in rows if r.stamp > cur]
         if self.phase is Phase.CATCHING_UP:
             ts.more = full
             if ts.buffer is None:

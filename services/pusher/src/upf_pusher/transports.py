@@ -98,8 +98,9 @@ class Subscriber(asyncio.Protocol, abc.ABC):
         """Frames written now would reach the peer (the stream or WebSocket is open)."""
 
     def write(self, frames: list[bytes]) -> None:
-        """Write already-framed bytes in one call (one send, not one per frame)."""
-        if frames and self.writable():
+        """Write already-framed bytes in one call (one send, not one per frame); the caller checked
+        ``writable``."""
+        if frames:
             self.transport.write(frames[0] if len(frames) == 1 else b"".join(frames))
 
     def send(self, messages: list[Message]) -> None:
