@@ -149,11 +149,15 @@ class Hub:
         self.drain_errors = 0
         self._wanted: _Wanted = {}
         """Reads for the next round, by (topic, cursor, limit): the connections waiting on each."""
-        self._reader: asyncio.Task[None] | None = None
+        self._reader: asyncio.Task[Any] | None = None
+        """The task running read rounds: a spawned one, or the bell loop running them inline."""
         self._round_waiters: list[asyncio.Future[None]] = []
         self._rung: set[int] = set()
         """Shards whose bell fired since the bell loop last drained."""
-        self._wake = asyncio.Event()
+        self._wake: asyncio.Future[None] | None = None
+        """What the idle bell loop waits on: a bell waiter resolves it (or the loop's timeout does)."""
+        self._in_bell = False
+        """The bell loop is poking: it runs the read round itself right after (no task hop)."""
         self._paused: set[Subscriber] = set()
         """Paused connections: between keepalives the sweep only has to look at these."""
 
@@ -371,7 +375,7 @@ class Hub:
             self._wanted[key] = [(sub, trigger)]
         else:
             waiting.append((sub, trigger))
-        if self._reader is None and not self._closing:
+        if self._reader is None and not self._closing and not self._in_bell:
             self._reader = asyncio.get_running_loop().create_task(self._read_rounds())
 
     async def _read_rounds(self) -> None:
@@ -457,10 +461,15 @@ class Hub:
         try:
             while True:
                 if not rung:
-                    self._wake.clear()
+                    loop = asyncio.get_running_loop()
+                    wake = self._wake = loop.create_future()
+                    timer = loop.call_later(timeout, _resolve, wake)
                     try:
-                        await asyncio.wait_for(self._wake.wait(), timeout)
-                    except TimeoutError:
+                        await wake
+                    finally:
+                        timer.cancel()
+                        self._wake = None
+                    if not rung:  # the timeout: re-drain every shard
                         rung.update(range(k))
                 shards = sorted(rung)
                 rung.clear()
@@ -499,8 +508,21 @@ class Hub:
                         self._spawn(self._bell_waiter(shard, d.bell))
                 if entries:
                     self.metrics.inbox_entries.add(entries)
-                for topic in topics:
-                    self.poke_topic(topic)
+                self._in_bell = True
+                try:
+                    for topic in topics:
+                        self.poke_topic(topic)
+                finally:
+                    self._in_bell = False
+                if self._wanted and self._reader is None:
+                    # Read what the pokes asked for here: bells that ring meanwhile gather for one drain.
+                    self._reader = asyncio.current_task()
+                    try:
+                        await self._read_rounds()
+                    except asyncio.CancelledError:
+                        raise
+                    except Exception:  # never let a delivery bug stop the bells
+                        log.warning("read round failed", exc_info=True)
         finally:
             for bell in bells.values():
                 bell.cancel()
@@ -517,7 +539,8 @@ class Hub:
         else:
             self.metrics.bells.add()
         self._rung.add(shard)
-        self._wake.set()
+        if self._wake is not None:
+            _resolve(self._wake)
 
     # --- periodic work ------------------------------------------------------------------------------
     async def safety_pass(self) -> None:
@@ -646,6 +669,11 @@ async def _wait_watch(bell: Watch, timeout: float) -> bool:
         if not bell.done():
             bell.cancel()
     return False
+
+
+def _resolve(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
 
 
 async def _as_awaitable(bell: Watch) -> None:
