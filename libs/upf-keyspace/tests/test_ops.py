@@ -100,6 +100,46 @@ async def test_publish_pokes_every_holding_node(store):
     (await store.drain_inbox("n2", shard)).bell.cancel()
 
 
+async def test_read_many_answers_each_topic_cursor_and_limit_in_order(store):
+    """One transaction reads several (topic, cursor, limit): each answer equals its own read_after."""
+    a = [await store.publish("a", env(f"a{i}")) for i in range(4)]
+    await store.publish("b", env("b0"))
+    wants = [("a", None, 2), ("b", None, 10), ("a", a[1].stamp, 10), ("none", None, 10)]
+    got = await store.read_many(wants)
+    assert [[r.envelope.message for r in rows] for rows in got] == [["a0", "a1"], ["b0"], ["a2", "a3"], []]
+    for (topic, after, limit), rows in zip(wants, got):
+        assert rows == await store.read_after(topic, after, limit)
+
+
+async def test_drain_and_clear_several_shards_at_once(store):
+    """drain_inboxes reads each shard's pokes after its own position and re-arms each shard's bell;
+    clear_inboxes clears each shard up to what was read."""
+    by_shard: dict[int, str] = {}
+    for i in range(64):
+        by_shard.setdefault(keys.shard_of(f"t{i}", 8), f"t{i}")
+        if len(by_shard) == 2:
+            break
+    (s1, t1), (s2, t2) = sorted(by_shard.items())
+    await store.subscribe([t1, t2], "n1", SINCE_NONE)
+    await store.publish(t1, env("x"))
+    await store.publish(t2, env("y"))
+    first = await store.drain_inboxes("n1", {s1: None, s2: None})
+    assert first[s1].topics == {t1} and first[s2].topics == {t2}
+    for d in first.values():
+        d.bell.cancel()
+    again = await store.drain_inboxes("n1", {s1: first[s1].last, s2: None})
+    assert again[s1].topics == set() and again[s2].topics == {t2}
+    await store.publish(t1, env("z"))
+    await asyncio.wait_for(again[s1].bell, 2)  # the re-armed bell fires on the next poke
+    again[s2].bell.cancel()
+    await store.clear_inboxes("n1", {s1: first[s1].last, s2: first[s2].last})
+    cleared = await store.drain_inboxes("n1", {s1: None, s2: None})
+    assert cleared[s1].topics == {t1} and cleared[s1].entries == 1  # only the poke after the cleared one
+    assert cleared[s2].topics == set() and cleared[s2].last is None
+    for d in cleared.values():
+        d.bell.cancel()
+
+
 async def test_release_stops_pokes(store):
     await store.subscribe(["t"], "n1", SINCE_NONE)
     await store.release(["t"], "n1")

@@ -6,7 +6,7 @@ file), checks the format version, and keeps retry policy in one place (the drive
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import msgspec
 
@@ -81,6 +81,10 @@ class Store:
     async def read_after(self, topic: str, after: bytes | None, limit: int = 256) -> list[Stored]:
         return await self.db.transact(ops.read.read_after, topic, after, limit)
 
+    async def read_many(self, wants: Sequence[tuple[str, bytes | None, int]]) -> list[list[Stored]]:
+        """Several (topic, cursor, limit) reads in one snapshot transaction, answers in order."""
+        return await self.db.transact(ops.read.read_many, wants)
+
     async def subscribe(self, topics: Sequence[str], node: str, since: Since) -> dict[str, bytes | None]:
         """Hold ``topics`` for ``node`` and resolve ``since`` to a cursor per topic, atomically: any
         publish either lands at or before the cursor or sees the affinity and pokes ``node``."""
@@ -113,6 +117,14 @@ class Store:
 
     async def clear_inbox(self, node: str, shard: int, upto: bytes) -> None:
         await self.db.transact(ops.inbox.clear, node, shard, upto)
+
+    async def drain_inboxes(self, node: str, afters: Mapping[int, bytes | None]) -> dict[int, Drained]:
+        """``drain_inbox`` for several shards (shard -> after) in one read-only transaction."""
+        return await self.db.transact(ops.inbox.drain_many, node, afters)
+
+    async def clear_inboxes(self, node: str, uptos: Mapping[int, bytes]) -> None:
+        """``clear_inbox`` for several shards (shard -> upto) in one transaction."""
+        await self.db.transact(ops.inbox.clear_many, node, uptos)
 
     async def heartbeat(self, node: str, now: int) -> bool:
         return await self.db.transact(ops.inbox.heartbeat, node, now)

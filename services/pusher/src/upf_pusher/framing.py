@@ -6,14 +6,25 @@ stream writes for it (the stream adapter wraps them in a chunk). One process-wid
 
 from __future__ import annotations
 
-import secrets
+import random
 import string
 
 import msgspec
 
 from upf_keyspace import Message
 
-__all__ = ["CONTENT_TYPES", "ENCODERS", "encode", "encode_json", "encode_sse", "encode_raw", "encode_ws", "event", "random_id"]
+__all__ = [
+    "CONTENT_TYPES",
+    "ENCODERS",
+    "encode",
+    "encode_json",
+    "encode_sse",
+    "encode_raw",
+    "encode_ws",
+    "event",
+    "random_id",
+    "ws_text_frame",
+]
 
 _encoder = msgspec.json.Encoder()
 _ALNUM = string.ascii_letters + string.digits
@@ -26,8 +37,9 @@ CONTENT_TYPES = {
 
 
 def random_id() -> str:
-    """ntfy's id for open/keepalive events: 12 random alphanumerics."""
-    return "".join(secrets.choice(_ALNUM) for _ in range(12))
+    """ntfy's id for open/keepalive events: 12 random alphanumerics. Not a secret (clients ignore
+    it), so the cheap PRNG: a keepalive pass makes one per connection."""
+    return "".join(random.choices(_ALNUM, k=12))
 
 
 def event(kind: str, topics_raw: str, now: int) -> Message:
@@ -61,6 +73,17 @@ def encode_raw(msg: Message) -> bytes:
 def encode_ws(msg: Message) -> bytes:
     """/ws: the JSON object with a trailing newline, as gorilla's WriteJSON sends it."""
     return encode_json(msg)
+
+
+def ws_text_frame(payload: bytes) -> bytes:
+    """A whole unmasked, unfragmented WebSocket text frame (RFC 6455 5.2) carrying ``payload``: what
+    a server sends is the same bytes for every connection, so one frame serves a whole fan-out."""
+    n = len(payload)
+    if n < 126:
+        return bytes((0x81, n)) + payload
+    if n < 65536:
+        return bytes((0x81, 126)) + n.to_bytes(2, "big") + payload
+    return bytes((0x81, 127)) + n.to_bytes(8, "big") + payload
 
 
 ENCODERS = {"json": encode_json, "sse": encode_sse, "raw": encode_raw, "ws": encode_ws}

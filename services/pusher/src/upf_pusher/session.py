@@ -2,7 +2,7 @@
 
 It knows nothing of sockets, transports or the store. The hub feeds it events (cursors resolved, a
 batch read, a poke, write paused/resumed, a tick, the peer gone) and carries out the commands it
-returns, in order: ``Send`` (frames, already as ntfy Message objects), ``Read`` (a topic's queue
+returns, in order: ``Send`` (events as ntfy Message objects, queued messages as their stored rows), ``Read`` (a topic's queue
 after a cursor) and ``Close``.
 
 Rule 1, phases (``RULES`` below is the whole table; an event missing from it for the current phase
@@ -52,10 +52,26 @@ class Phase(enum.Enum):
 
 
 class Send(msgspec.Struct, frozen=True):
-    messages: list[Message]
-    envelopes: list[Envelope] | None = None
-    """For queued messages, their stored envelopes in the same order (the hub's delivery metrics and
-    trace links read them); None for events (open, keepalive)."""
+    """Frames to write, in order: ``events`` (open, keepalive) first, then queued ``rows``.
+
+    Queued rows stay rows (the shared ``Stored`` objects of a read, with their topic) rather than
+    per-connection Message objects, so the hub frames each message once per transport and shares
+    the bytes among every connection it goes to."""
+
+    events: Sequence[Message] = ()
+    rows: Sequence[Stored] = ()
+    topics: Sequence[str] = ()
+    """The topic of each row (a merged catch-up interleaves topics)."""
+
+    @property
+    def messages(self) -> list[Message]:
+        """The ntfy Message objects this sends (events, then rows): tests and diagnostics."""
+        return [*self.events, *(message_from_envelope(r.stamp, t, r.envelope) for t, r in zip(self.topics, self.rows))]
+
+    @property
+    def envelopes(self) -> list[Envelope] | None:
+        """The queued messages' stored envelopes, or None when this sends only events."""
+        return [r.envelope for r in self.rows] if self.rows else None
 
 
 class Read(msgspec.Struct, frozen=True):
@@ -194,7 +210,10 @@ class Session:
             return []
         full = len(rows) >= self.config.batch
         cur = ts.cursor
-        fresh = [r for r in rows if cur is None or r.stamp > cur]
+        if cur is None or not rows or rows[0].stamp > cur:
+            fresh = rows  # the usual case: shared as is with every connection that read it
+        else:
+            fresh = [r for r in rows if r.stamp > cur]
         if self.phase is Phase.CATCHING_UP:
             ts.more = full
             if ts.buffer is None:
@@ -212,7 +231,7 @@ class Session:
         out: list[Command] = []
         if fresh:
             ts.cursor = fresh[-1].stamp
-            out.append(Send([message_from_envelope(r.stamp, topic, r.envelope) for r in fresh], [r.envelope for r in fresh]))
+            out.append(Send(rows=fresh, topics=[topic] * len(fresh)))
         return out + self._live_read(topic, ts)
 
     def read_failed(self, topic: str) -> list[Command]:
@@ -266,8 +285,8 @@ class Session:
         """Hand out the buffered backlog in global stamp order, as far as every topic's next stamp is known."""
         if self.paused:
             return []
-        sends: list[Message] = []
-        envelopes: list[Envelope] = []
+        rows: list[Stored] = []
+        topics: list[str] = []
         reads: list[Command] = []
         done = False
         while True:
@@ -291,9 +310,9 @@ class Session:
             t, ts = best
             row = ts.buffer.popleft()  # type: ignore[union-attr]
             ts.cursor = row.stamp
-            sends.append(message_from_envelope(row.stamp, t, row.envelope))
-            envelopes.append(row.envelope)
-        out: list[Command] = [Send(sends, envelopes)] if sends else []
+            rows.append(row)
+            topics.append(t)
+        out: list[Command] = [Send(rows=rows, topics=topics)] if rows else []
         out += reads
         if done:
             for ts in self.topics.values():
@@ -309,15 +328,15 @@ class Session:
 
     def _flush_held(self) -> list[Command]:
         """Send what LIVE reads returned while the connection was paused."""
-        sends: list[Message] = []
-        envelopes: list[Envelope] = []
+        rows: list[Stored] = []
+        topics: list[str] = []
         for t, ts in self.topics.items():
             if ts.buffer:
                 ts.cursor = ts.buffer[-1].stamp
-                sends += [message_from_envelope(r.stamp, t, r.envelope) for r in ts.buffer]
-                envelopes += [r.envelope for r in ts.buffer]
+                rows += ts.buffer
+                topics += [t] * len(ts.buffer)
             ts.buffer = None
-        return [Send(sends, envelopes)] if sends else []
+        return [Send(rows=rows, topics=topics)] if rows else []
 
     def _live_read(self, topic: str, ts: _Topic) -> list[Command]:
         if self.paused or ts.reading or not (ts.more or ts.dirty):

@@ -55,6 +55,8 @@ class Subscriber(asyncio.Protocol, abc.ABC):
     __slots__ = ("hub", "session", "transport")
 
     transport_name = ""
+    frame_kind = ""
+    """Connections of one kind frame a message to identical bytes (``frame``)."""
 
     def __init__(self, hub: Hub, session: Session, transport: asyncio.Transport) -> None:
         self.hub = hub
@@ -87,8 +89,24 @@ class Subscriber(asyncio.Protocol, abc.ABC):
         """Write the response head: the stream or the WebSocket starts now."""
 
     @abc.abstractmethod
+    def frame(self, msg: Message) -> bytes:
+        """``msg`` as the bytes this transport writes for it. Depends only on ``frame_kind``, so the hub
+        frames a message once per kind and shares the bytes among connections."""
+
+    @abc.abstractmethod
+    def writable(self) -> bool:
+        """Frames written now would reach the peer (the stream or WebSocket is open)."""
+
+    def write(self, frames: list[bytes]) -> None:
+        """Write already-framed bytes in one call (one send, not one per frame); the caller checked
+        ``writable``."""
+        if frames:
+            self.transport.write(frames[0] if len(frames) == 1 else b"".join(frames))
+
     def send(self, messages: list[Message]) -> None:
-        """Frame and write ``messages`` in this transport's framing."""
+        """Frame and write ``messages``."""
+        if self.writable():
+            self.write([self.frame(m) for m in messages])
 
     @abc.abstractmethod
     def close(self, reason: str) -> None:
@@ -104,12 +122,12 @@ class Subscriber(asyncio.Protocol, abc.ABC):
 class StreamSubscriber(Subscriber):
     """/json, /sse and /raw: a chunked HTTP/1.1 response that never ends (or ends after a poll)."""
 
-    __slots__ = ("encode", "chunked", "transport_name", "accepted")
+    __slots__ = ("frame_kind", "chunked", "transport_name", "accepted")
 
     def __init__(self, hub: Hub, session: Session, transport: asyncio.Transport, name: str, *, chunked: bool) -> None:
         super().__init__(hub, session, transport)
         self.transport_name = name
-        self.encode = framing.ENCODERS[name]
+        self.frame_kind = name + "/chunked" if chunked else name
         self.chunked = chunked
         self.accepted = False
 
@@ -126,14 +144,12 @@ class StreamSubscriber(Subscriber):
             headers.append((b"Transfer-Encoding", b"chunked"))
         self.transport.write(response_head(200, headers))
 
-    def send(self, messages: list[Message]) -> None:
-        if self.transport.is_closing():
-            return
-        enc = self.encode
-        if self.chunked:
-            self.transport.write(b"".join([chunk(enc(m)) for m in messages]))
-        else:
-            self.transport.write(b"".join([enc(m) for m in messages]))
+    def frame(self, msg: Message) -> bytes:
+        data = framing.ENCODERS[self.transport_name](msg)
+        return chunk(data) if self.chunked else data
+
+    def writable(self) -> bool:
+        return not self.transport.is_closing()
 
     def close(self, reason: str) -> None:
         if self.transport.is_closing():
@@ -150,6 +166,8 @@ class WsSubscriber(Subscriber):
     """/ws: one text frame per event; pings are answered by the sans-I/O core."""
 
     __slots__ = ("ws", "head", "transport_name")
+
+    frame_kind = "ws"
 
     def __init__(self, hub: Hub, session: Session, transport: asyncio.Transport, ws: ServerProtocol, head: bytes) -> None:
         super().__init__(hub, session, transport)
@@ -181,13 +199,13 @@ class WsSubscriber(Subscriber):
         self.ws.receive_eof()
         return False
 
-    def send(self, messages: list[Message]) -> None:
-        ws = self.ws
-        if ws.state is not State.OPEN or self.transport.is_closing():
-            return
-        for m in messages:
-            ws.send_text(framing.encode_ws(m))
-        self._flush()
+    def frame(self, msg: Message) -> bytes:
+        # Server frames are unmasked and, with no extension negotiated, carry no per-connection state:
+        # written straight to the transport they are exactly what the sans-I/O core's send_text emits.
+        return framing.ws_text_frame(framing.encode_ws(msg))
+
+    def writable(self) -> bool:
+        return self.ws.state is State.OPEN and not self.transport.is_closing()
 
     def close(self, reason: str) -> None:
         if self.transport.is_closing():

@@ -253,17 +253,17 @@ async def test_store_errors_during_a_drain_are_survived(start_pusher: Any, store
     p = await start_pusher(safety_poll_secs=0.2)
     c = await clients(p.port, "json", "/err/json")
     await c.next()
-    real = store.read_after
+    real = store.read_many
     failures = 0
 
-    async def flaky(topic: str, after: Any, limit: int = 256) -> Any:
+    async def flaky(wants: Any) -> Any:
         nonlocal failures
         if failures < 3:
             failures += 1
             raise RuntimeError("store hiccup")
-        return await real(topic, after, limit)
+        return await real(wants)
 
-    p.store.read_after = flaky  # type: ignore[method-assign]
+    p.store.read_many = flaky  # type: ignore[method-assign]
     try:
         await publish(store, "err", "eventually")
         assert (await c.next_message(5000))["message"] == "eventually"
@@ -273,7 +273,7 @@ async def test_store_errors_during_a_drain_are_survived(start_pusher: Any, store
         # A topic is a capability (whoever knows it can publish and subscribe): it is never logged.
         assert not any(v == "err" for r in drained for v in vars(r).values())
     finally:
-        p.store.read_after = real  # type: ignore[method-assign]
+        p.store.read_many = real  # type: ignore[method-assign]
 
 
 async def test_http10_stream_is_not_chunked(pusher: Pusher, store: Store) -> None:

@@ -60,3 +60,16 @@ def test_events_have_random_alnum_ids_and_integer_time() -> None:
     assert a.id != b.id and len(a.id) == 12 and a.id.isalnum()
     assert json.loads(framing.encode_json(a))["time"] == 1700000000
     assert a.topic == "x,y"
+
+
+def test_ws_text_frame_matches_the_websockets_core_at_every_length_class() -> None:
+    """The pre-built server frame is byte for byte what websockets' sans-I/O server would send, for
+    payloads under 126 bytes, under 64 KiB and above (the three length encodings)."""
+    from websockets.protocol import State
+    from websockets.server import ServerProtocol
+
+    for n in (0, 125, 126, 4000, 65535, 65536, 70000):
+        payload = b"x" * n
+        ws = ServerProtocol(state=State.OPEN)
+        ws.send_text(payload)
+        assert framing.ws_text_frame(payload) == b"".join(ws.data_to_send())

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import msgspec
 
 from .. import keys
@@ -35,10 +37,21 @@ async def drain(tr: Transaction, node: str, shard: int, after: bytes | None = No
     return Drained({v.decode() for _, v in rows}, bell, len(rows) == _DRAIN_BATCH, len(rows), last)
 
 
+async def drain_many(tr: Transaction, node: str, afters: Mapping[int, bytes | None]) -> dict[int, Drained]:
+    """``drain`` for several shards in one read-only transaction: one wake-up may follow several bells."""
+    return {shard: await drain(tr, node, shard, after) for shard, after in afters.items()}
+
+
 async def clear(tr: Transaction, node: str, shard: int, upto: bytes) -> None:
     """Remove the pokes of one shard up to and including ``upto`` (already read by a drain)."""
     begin, _ = keys.inbox_range(node, shard)
     tr.clear_range(begin, upto + b"\x00")
+
+
+async def clear_many(tr: Transaction, node: str, uptos: Mapping[int, bytes]) -> None:
+    """``clear`` for several shards in one small write."""
+    for shard, upto in uptos.items():
+        await clear(tr, node, shard, upto)
 
 
 async def heartbeat(tr: Transaction, node: str, now: int) -> bool:

@@ -35,6 +35,12 @@ async def read_after(tr: Transaction, topic: str, after: bytes | None, limit: in
     return [Stored(keys.unpack_queue_key(k)[1], decode_envelope(v)) for k, v in rows]
 
 
+async def read_many(tr: Transaction, wants: Sequence[tuple[str, bytes | None, int]]) -> list[list[Stored]]:
+    """``read_after`` for several (topic, cursor, limit) in one snapshot transaction, answers in order:
+    a pusher's wake-up reads every topic it was poked for at the price of one transaction."""
+    return [await read_after(tr, topic, after, limit) for topic, after, limit in wants]
+
+
 async def position(tr: Transaction, topic: str, since: Since) -> bytes | None:
     """The cursor (read strictly after it; None = from the start) that ``since`` means for ``topic``."""
     if since.kind == "all":
