@@ -5,7 +5,10 @@
   nothing of the request parsing.
 - ``GET /v1/health``, ``/__lbheartbeat__``, ``/__heartbeat__``, ``/__version__``, ``/metrics``
   (Prometheus text: every metric of this process, so in the all-in-one program every role's): ops routes.
-- Anything else: the optional fallback ASGI app (the writer, in the all-in-one program), else 404.
+- A request the optional ``handler`` wants (an ``upf_edge.Handler``: the writer's publish, in the
+  all-in-one program): its body is read here and the handler awaited directly -- one parse, no ASGI.
+- Anything else: the optional fallback ASGI app (the writer's cold routes, in the all-in-one program),
+  else 404.
 
 Limits: a request head over 16 KB is 431; a head not complete within ``HEAD_TIMEOUT`` seconds, or a
 keep-alive connection idle for ``IDLE_TIMEOUT``, is closed. Error replies are ntfy's JSON.
@@ -23,12 +26,23 @@ from typing import Any
 import msgspec
 from websockets.exceptions import InvalidHandshake, InvalidUpgrade
 
+from upf_edge import NO_BODY, Handler
+from upf_edge.http11 import (
+    HttpError,
+    RequestBody,
+    RequestHead,
+    error_response,
+    find_head_end,
+    json_response,
+    parse_head,
+    reply_response,
+    response_head,
+)
 from upf_keyspace import Settings, Store
 from upf_keyspace import telemetry as tm
 
 from . import __version__
-from .asgi_bridge import ASGIApp, Cycle, Lifespan
-from .http11 import HttpError, RequestHead, error_response, find_head_end, json_response, parse_head, response_head
+from .asgi_bridge import MAX_BODY, ASGIApp, Cycle, Lifespan
 from .hub import Hub
 from .query import QueryError, match_subscribe_path, parse_subscribe
 from .session import Session
@@ -51,8 +65,68 @@ def _package_version() -> str:
         return __version__
 
 
+class HandlerCycle:
+    """One request served by the ``upf_edge`` handler: read its body, await the handler, write the reply.
+
+    Same framing and limits as the ASGI fallback (``MAX_BODY``, chunked, 100-continue), without an
+    ASGI scope or messages: the head parsed once is all the handler needs."""
+
+    __slots__ = ("owner", "head", "handler", "reader", "task", "keep_alive")
+
+    def __init__(self, owner: HttpProtocol, head: RequestHead, handler: Handler) -> None:
+        self.owner = owner
+        self.head = head
+        self.handler = handler
+        self.reader: RequestBody | None = None
+        self.task: asyncio.Task[None] | None = None
+        self.keep_alive = head.keep_alive
+
+    def begin(self, buf: bytes) -> bytes | None:
+        """As ``Cycle.begin``: the bytes after the body once it is complete (the handler then runs)."""
+        self.reader = RequestBody(self.head, MAX_BODY)
+        if self.reader.expect_continue:
+            self.owner.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        return self.feed(buf)
+
+    def feed(self, data: bytes) -> bytes | None:
+        assert self.reader is not None
+        rest = self.reader.feed(data)
+        if rest is not None:
+            self.task = self.owner.spawn(self._run(self.reader.body))
+        return rest
+
+    @property
+    def reading_body(self) -> bool:
+        return self.task is None
+
+    def connection_lost(self) -> None:
+        """Nothing to wake: the handler finishes its store call; its reply is dropped."""
+
+    async def _run(self, raw: bytes) -> None:
+        head = self.head
+        method = head.method
+        t = self.owner.transport
+        finished = False
+        try:
+            topic = head.path[1:]
+            limit = self.handler.body_limit(method, topic)
+            body = b"" if limit == NO_BODY else raw if len(raw) <= limit else None
+            reply = await self.handler(method, topic, head.headers, head.query_string, body)
+            if not t.is_closing():
+                t.write(reply_response(reply, keep_alive=self.keep_alive, head_only=method == "HEAD"))
+            finished = True
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("publish handler failed", extra={"method": method})  # never the path: it names a topic
+            if not t.is_closing():
+                t.write(error_response(500, 50000, "internal server error"))
+        finally:
+            self.owner.cycle_done(self, self.keep_alive and finished)
+
+
 class HttpProtocol(asyncio.Protocol):
-    """A connection until it is routed: parses heads, answers ops and errors, runs fallback cycles."""
+    """A connection until it is routed: parses heads, answers ops and errors, runs handler and fallback cycles."""
 
     __slots__ = ("pusher", "transport", "buf", "busy", "timer", "cycle", "gone")
 
@@ -62,7 +136,7 @@ class HttpProtocol(asyncio.Protocol):
         self.buf = b""
         self.busy = False
         self.timer: asyncio.TimerHandle | None = None
-        self.cycle: Cycle | None = None
+        self.cycle: Cycle | HandlerCycle | None = None
         self.gone = False
 
     # --- asyncio callbacks --------------------------------------------------------------------------
@@ -161,22 +235,29 @@ class HttpProtocol(asyncio.Protocol):
                 status, body = _OPS[head.path](p)
                 self._reply(head, json_response(status, body, keep_alive=keep), keep)
                 return False
+        handler = p.handler
+        if handler is not None and handler.wants(head.method, head.path):
+            return self._begin(HandlerCycle(self, head, handler))
         if p.fallback is not None:
-            self.busy = True
-            self.cycle = Cycle(self, head, p.fallback, p.lifespan.state if p.lifespan else None)
-            buf, self.buf = self.buf, b""
-            try:
-                rest = self.cycle.begin(buf)
-            except HttpError as e:
-                self._refuse(e)
-                return True
-            if rest is not None:
-                self.buf = rest
-            else:
-                self._arm(HEAD_TIMEOUT)  # a body that never arrives
-            return True
+            return self._begin(Cycle(self, head, p.fallback, p.lifespan.state if p.lifespan else None))
         self._reply(head, error_response(404, 40401, "page not found", keep_alive=keep), keep)
         return False
+
+    def _begin(self, cycle: Cycle | HandlerCycle) -> bool:
+        """Hand the request (and what has arrived of its body) to a cycle; parsing waits for it."""
+        self.busy = True
+        self.cycle = cycle
+        buf, self.buf = self.buf, b""
+        try:
+            rest = cycle.begin(buf)
+        except HttpError as e:
+            self._refuse(e)
+            return True
+        if rest is not None:
+            self.buf = rest
+        else:
+            self._arm(HEAD_TIMEOUT)  # a body that never arrives
+        return True
 
     def _subscribe(self, head: RequestHead, topics_raw: str, transport_name: str) -> bool:
         p = self.pusher
@@ -236,7 +317,7 @@ class HttpProtocol(asyncio.Protocol):
     def spawn(self, coro: Any) -> asyncio.Task[Any]:
         return self.pusher._spawn(coro)
 
-    def cycle_done(self, cycle: Cycle, keep_alive: bool) -> None:
+    def cycle_done(self, cycle: Cycle | HandlerCycle, keep_alive: bool) -> None:
         self.cycle = None
         self.busy = False
         if self.gone or self.transport.is_closing():
@@ -294,11 +375,13 @@ class Pusher:
         store: Store,
         *,
         fallback: ASGIApp | None = None,
+        handler: Handler | None = None,
         telemetry: tm.Telemetry | None = None,
     ) -> None:
         self.settings = settings
         self.store = store
         self.fallback = fallback
+        self.handler = handler
         self.telemetry = tm.current() if telemetry is None else telemetry
         self.lifespan: Lifespan | None = Lifespan(fallback) if fallback is not None else None
         self.hub = Hub(settings, store, self.telemetry)
@@ -340,7 +423,12 @@ class Pusher:
             )
         log.info(
             "pusher listening",
-            extra={"port": self.port, "node": self.settings.node_id, "fallback": self.fallback is not None},
+            extra={
+                "port": self.port,
+                "node": self.settings.node_id,
+                "fallback": self.fallback is not None,
+                "handler": self.handler is not None,
+            },
         )
 
     async def check_store(self) -> bool:
@@ -383,6 +471,7 @@ async def serve(
     store: Store,
     *,
     fallback: ASGIApp | None = None,
+    handler: Handler | None = None,
     ready: asyncio.Event | None = None,
     host: str | None = None,
     port: int | None = None,
@@ -391,9 +480,11 @@ async def serve(
 ) -> Pusher:
     """Start a pusher in the running loop and return it (call ``await pusher.stop()`` to end it).
 
-    The all-in-one program calls this with the writer's ASGI app as ``fallback``.
+    The all-in-one program calls this with the writer's plain-function front as ``handler`` (its hot
+    routes, called directly) and the writer's ASGI app as ``fallback`` (its cold routes). The pusher
+    never imports the writer: both arrive as callables.
     """
-    pusher = Pusher(settings, store, fallback=fallback, telemetry=telemetry)
+    pusher = Pusher(settings, store, fallback=fallback, handler=handler, telemetry=telemetry)
     await pusher.start(host=host, port=port, sock=sock)
     if ready is not None:
         ready.set()
