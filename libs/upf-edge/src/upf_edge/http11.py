@@ -43,9 +43,9 @@ MAX_HEAD = 16 * 1024
 MAX_HEADERS = 100
 LAST_CHUNK = b"0\r\n\r\n"
 
-_METHOD = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
-_TOKEN = _METHOD
-_VERSION = re.compile(rb"HTTP/1\.[01]")
+_REQUEST_LINE = re.compile(rb"([!#$%&'*+\-.^_`|~0-9A-Za-z]+) ([^ ]+) HTTP/1\.([01])")
+_FIELD = re.compile(rb"([!#$%&'*+\-.^_`|~0-9A-Za-z]+):[ \t]*([^\r\n\x00]*?)[ \t]*")
+_BAD_PATH_BYTE = re.compile(rb"[\x00-\x20\x7f]")
 
 
 class HttpError(NtfyError):
@@ -139,37 +139,40 @@ def find_head_end(buf: bytes | bytearray) -> int:
 
 
 def parse_head(raw: bytes) -> RequestHead:
-    """Parse a complete head (ending in CRLF CRLF). Raises HttpError (400) on anything malformed."""
+    """Parse a complete head (ending in CRLF CRLF). Raises HttpError (400) on anything malformed.
+
+    One compiled regex per line (request line, each field) rather than split-and-check steps: it is
+    on every publish's path, and this takes about a third off its cost (12 -> 8 us for a publish's
+    four-line head, measured in one run on the project's 2-vCPU machine)."""
     if len(raw) > MAX_HEAD:
         raise too_large()
     lines = raw[:-4].split(b"\r\n")
-    parts = lines[0].split(b" ")
-    if len(parts) != 3:
+    m = _REQUEST_LINE.fullmatch(lines[0])
+    if m is None:
         raise bad_request()
-    method, target, version = parts
-    if not _METHOD.fullmatch(method) or not _VERSION.fullmatch(version) or not target:
-        raise bad_request()
+    method, target, minor = m.groups()
     if len(lines) - 1 > MAX_HEADERS:
         raise too_large()
     headers: list[tuple[bytes, bytes]] = []
+    field = _FIELD.fullmatch
     for line in lines[1:]:
-        name, sep, value = line.partition(b":")
-        if not sep or not _TOKEN.fullmatch(name) or b"\n" in value or b"\r" in value or b"\x00" in value:
+        f = field(line)
+        if f is None:
             raise bad_request()
-        headers.append((name.lower(), value.strip(b" \t")))
-    if target.startswith(b"/"):
+        headers.append((f[1].lower(), f[2]))
+    if target[0] == 0x2F:  # "/"
         raw_path, _, query_string = target.partition(b"?")
     elif target == b"*":
         raw_path, query_string = target, b""
     else:
         raise bad_request()
-    if any(c < 0x21 or c == 0x7F for c in raw_path):
+    if _BAD_PATH_BYTE.search(raw_path) is not None:
         raise bad_request()
     try:
-        path = unquote_to_bytes(raw_path).decode("utf-8")
+        path = (unquote_to_bytes(raw_path) if b"%" in raw_path else raw_path).decode("utf-8")
     except UnicodeDecodeError:
         raise bad_request("invalid request: path is not UTF-8") from None
-    return RequestHead(method.decode("ascii"), target, path, raw_path, query_string, version[5:].decode(), headers)
+    return RequestHead(method.decode("ascii"), target, path, raw_path, query_string, "1." + chr(minor[0]), headers)
 
 
 def _reason(status: int) -> str:
