@@ -54,6 +54,8 @@ log = logging.getLogger("upf.pusher.server")
 
 HEAD_TIMEOUT = 30.0
 IDLE_TIMEOUT = 75.0
+SWEEP_SECS = 0.5  # how late a timeout may fire
+_monotonic = time.monotonic
 _MAX_PENDING = 64 * 1024
 _encoder = msgspec.json.Encoder()
 
@@ -128,14 +130,14 @@ class HandlerCycle:
 class HttpProtocol(asyncio.Protocol):
     """A connection until it is routed: parses heads, answers ops and errors, runs handler and fallback cycles."""
 
-    __slots__ = ("pusher", "transport", "buf", "busy", "timer", "cycle", "gone")
+    __slots__ = ("pusher", "transport", "buf", "busy", "deadline", "cycle", "gone")
 
     def __init__(self, pusher: Pusher) -> None:
         self.pusher = pusher
         self.transport: asyncio.Transport = None  # type: ignore[assignment]
         self.buf = b""
         self.busy = False
-        self.timer: asyncio.TimerHandle | None = None
+        self.deadline = 0.0  # time.monotonic() past which _timeout runs (0: none); see Pusher._sweep
         self.cycle: Cycle | HandlerCycle | None = None
         self.gone = False
 
@@ -172,18 +174,17 @@ class HttpProtocol(asyncio.Protocol):
         self._process()
 
     # --- timers -------------------------------------------------------------------------------------
+    # A deadline, not a loop timer: arming and cancelling a TimerHandle on every request of a keep-alive
+    # connection costs more than parsing its head; one sweep per second (Pusher._sweep) enforces them all.
     def _arm(self, secs: float) -> None:
-        self._disarm()
-        self.timer = asyncio.get_running_loop().call_later(secs, self._timeout)
+        self.deadline = _monotonic() + secs
 
     def _disarm(self) -> None:
-        if self.timer is not None:
-            self.timer.cancel()
-            self.timer = None
+        self.deadline = 0.0
 
     def _timeout(self) -> None:
         """No request head (or no request body) in time, or idle too long between requests: close."""
-        self.timer = None
+        self.deadline = 0.0
         if not self.busy or (self.cycle is not None and self.cycle.reading_body):
             self.transport.close()
 
@@ -389,6 +390,7 @@ class Pusher:
         self._server: asyncio.base_events.Server | None = None
         self._http: set[HttpProtocol] = set()
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._sweeper: asyncio.TimerHandle | None = None
 
     @property
     def port(self) -> int:
@@ -405,12 +407,20 @@ class Pusher:
         task.add_done_callback(self._tasks.discard)
         return task
 
+    def _sweep(self) -> None:
+        """Run the timeout of every connection past its deadline (see HttpProtocol._arm)."""
+        now = _monotonic()
+        for proto in [p for p in self._http if p.deadline and p.deadline <= now]:
+            proto._timeout()
+        self._sweeper = asyncio.get_running_loop().call_later(SWEEP_SECS, self._sweep)
+
     async def start(self, *, host: str | None = None, port: int | None = None, sock: socket.socket | None = None) -> None:
         """Run the fallback's lifespan startup, start the hub, then listen (settings' bind address by default)."""
         if self.lifespan is not None:
             await self.lifespan.startup()
         await self.hub.start()
         loop = asyncio.get_running_loop()
+        self._sweeper = loop.call_later(SWEEP_SECS, self._sweep)
         if sock is not None:
             self._server = await loop.create_server(lambda: HttpProtocol(self), sock=sock, backlog=4096)
         else:
@@ -443,6 +453,9 @@ class Pusher:
         if self.closing:
             return
         self.closing = True
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            self._sweeper = None
         if self._server is not None:
             self._server.close()
         for proto in list(self._http):

@@ -407,3 +407,22 @@ async def test_handler_limits_head_and_failures(tmp_path: Any, store: Store) -> 
         assert status == 500 and json.loads(body)["http"] == 500 and headers["connection"] == "close"
     finally:
         await p.stop()
+
+
+async def test_idle_keep_alive_connection_is_closed(start_pusher: Any, monkeypatch: Any) -> None:
+    """A keep-alive connection that sends nothing after its reply is closed by the server (the
+    per-connection deadline enforced by the server's sweep)."""
+    from upf_pusher import server
+
+    monkeypatch.setattr(server, "IDLE_TIMEOUT", 0.2)
+    p = await start_pusher()
+    reader, writer = await asyncio.open_connection("127.0.0.1", p.port)
+    try:
+        writer.write(b"GET /v1/health HTTP/1.1\r\nHost: x\r\n\r\n")
+        out = b""
+        while chunk := await asyncio.wait_for(reader.read(65536), 5000 * MS):
+            out += chunk
+        assert out.startswith(b"HTTP/1.1 200 ") and b"Connection: keep-alive" in out
+        assert reader.at_eof()
+    finally:
+        writer.close()
