@@ -4,7 +4,8 @@
   (``transport.set_protocol``) and the hub; this object is dropped, so an idle subscriber carries
   nothing of the request parsing.
 - ``GET /v1/health``, ``/__lbheartbeat__``, ``/__heartbeat__``, ``/__version__``, ``/metrics``
-  (Prometheus text: every metric of this process, so in the all-in-one program every role's): ops routes.
+  (Prometheus text: every metric of this process, so in the all-in-one program every role's): the ops
+  routes every role shares (``upf_edge.ops``), served like the handler below.
 - A request the optional ``handler`` wants (an ``upf_edge.Handler``: the writer's publish, in the
   all-in-one program): its body is read here and the handler awaited directly -- one parse, no ASGI.
 - Anything else: the optional fallback ASGI app (the writer's cold routes, in the all-in-one program),
@@ -23,20 +24,18 @@ import time
 from importlib import metadata
 from typing import Any
 
-import msgspec
 from websockets.exceptions import InvalidHandshake, InvalidUpgrade
 
 from upf_edge import NO_BODY, Handler
+from upf_edge.ops import OpsRoutes
 from upf_edge.http11 import (
     HttpError,
     RequestBody,
     RequestHead,
     error_response,
     find_head_end,
-    json_response,
     parse_head,
     reply_response,
-    response_head,
 )
 from upf_keyspace import Settings, Store
 from upf_keyspace import telemetry as tm
@@ -54,10 +53,10 @@ log = logging.getLogger("upf.pusher.server")
 
 HEAD_TIMEOUT = 30.0
 IDLE_TIMEOUT = 75.0
+STORE_CHECK_TIMEOUT = 5.0
 SWEEP_SECS = 0.5  # how late a timeout may fire
 _monotonic = time.monotonic
 _MAX_PENDING = 64 * 1024
-_encoder = msgspec.json.Encoder()
 
 
 def _package_version() -> str:
@@ -225,17 +224,8 @@ class HttpProtocol(asyncio.Protocol):
             match = match_subscribe_path(head.path)
             if match is not None:
                 return self._subscribe(head, *match)
-            if head.path in _OPS:
-                if head.path == "/__heartbeat__":
-                    self.busy = True
-                    self.spawn(self._heartbeat(head))
-                    return True
-                if head.path == "/metrics":
-                    self._reply(head, _metrics_response(p, keep), keep)
-                    return False
-                status, body = _OPS[head.path](p)
-                self._reply(head, json_response(status, body, keep_alive=keep), keep)
-                return False
+        if p.ops.wants(head.method, head.path):
+            return self._begin(HandlerCycle(self, head, p.ops))
         handler = p.handler
         if handler is not None and handler.wants(head.method, head.path):
             return self._begin(HandlerCycle(self, head, handler))
@@ -305,15 +295,6 @@ class HttpProtocol(asyncio.Protocol):
         self._disarm()
         self.pusher._http.discard(self)
 
-    async def _heartbeat(self, head: RequestHead) -> None:
-        ok = await self.pusher.check_store()
-        body = b'{"status":"ok","store":"ok"}' if ok else b'{"status":"error","store":"error"}'
-        keep = head.keep_alive
-        self.busy = False
-        if not self.gone and not self.transport.is_closing():
-            self._reply(head, json_response(200 if ok else 503, body, keep_alive=keep), keep)
-            self._process()
-
     # --- fallback cycles ----------------------------------------------------------------------------
     def spawn(self, coro: Any) -> asyncio.Task[Any]:
         return self.pusher._spawn(coro)
@@ -329,37 +310,6 @@ class HttpProtocol(asyncio.Protocol):
         self.transport.resume_reading()
         self._arm(IDLE_TIMEOUT)
         self._process()
-
-
-def _health(p: Pusher) -> tuple[int, bytes]:
-    return 200, b'{"healthy":true}\n'
-
-
-def _lbheartbeat(p: Pusher) -> tuple[int, bytes]:
-    return 200, b"{}"
-
-
-def _version(p: Pusher) -> tuple[int, bytes]:
-    return 200, _encoder.encode({"name": "upf-pusher", "version": _package_version()})
-
-
-def _metrics_response(p: Pusher, keep_alive: bool) -> bytes:
-    body = tm.render_metrics(p.telemetry.registry)
-    headers = [
-        (b"Content-Type", tm.METRICS_CONTENT_TYPE.encode("ascii")),
-        (b"Content-Length", str(len(body)).encode("ascii")),
-        (b"Connection", b"keep-alive" if keep_alive else b"close"),
-    ]
-    return response_head(200, headers) + body
-
-
-_OPS: dict[str, Any] = {
-    "/v1/health": _health,
-    "/__lbheartbeat__": _lbheartbeat,
-    "/__version__": _version,
-    "/__heartbeat__": None,  # async, handled in _route
-    "/metrics": None,  # text, handled in _route
-}
 
 
 class Pusher:
@@ -386,6 +336,15 @@ class Pusher:
         self.telemetry = tm.current() if telemetry is None else telemetry
         self.lifespan: Lifespan | None = Lifespan(fallback) if fallback is not None else None
         self.hub = Hub(settings, store, self.telemetry)
+        registry = self.telemetry.registry
+        self.ops = OpsRoutes(
+            "upf-pusher",
+            _package_version(),
+            self.check_store,
+            lambda: tm.render_metrics(registry),
+            tm.METRICS_CONTENT_TYPE,
+            heartbeat_timeout=STORE_CHECK_TIMEOUT + 1.0,
+        )
         self.closing = False
         self._server: asyncio.base_events.Server | None = None
         self._http: set[HttpProtocol] = set()
@@ -443,7 +402,7 @@ class Pusher:
 
     async def check_store(self) -> bool:
         try:
-            await asyncio.wait_for(self.store.read_after("__heartbeat__", None, 1), 5.0)
+            await asyncio.wait_for(self.store.read_after("__heartbeat__", None, 1), STORE_CHECK_TIMEOUT)
             return True
         except Exception:
             log.warning("store check failed", exc_info=True)

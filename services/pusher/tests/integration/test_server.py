@@ -45,7 +45,7 @@ async def test_unknown_path_without_fallback_is_ntfy_404(pusher: Pusher) -> None
 async def test_ops_routes(pusher: Pusher) -> None:
     """Health, load-balancer heartbeat, store heartbeat and version answer as documented."""
     assert (await get(pusher.port, "/v1/health"))[::2] == (200, b'{"healthy":true}\n')
-    assert (await get(pusher.port, "/__lbheartbeat__"))[::2] == (200, b"{}")
+    assert (await get(pusher.port, "/__lbheartbeat__"))[::2] == (200, b"{}\n")
     status, _, body = await get(pusher.port, "/__heartbeat__")
     assert status == 200 and json.loads(body)["store"] == "ok"
     status, _, body = await get(pusher.port, "/__version__")
@@ -53,14 +53,14 @@ async def test_ops_routes(pusher: Pusher) -> None:
 
 
 async def test_heartbeat_is_503_when_the_store_fails(pusher: Pusher, monkeypatch: Any) -> None:
-    """__heartbeat__ reports 503 when a store read fails."""
+    """__heartbeat__ reports 503, with ntfy's error JSON as every role does, when a store read fails."""
 
     async def broken(*a: Any, **k: Any) -> Any:
         raise RuntimeError("store down")
 
     monkeypatch.setattr(pusher.store, "read_after", broken)
     status, _, body = await get(pusher.port, "/__heartbeat__")
-    assert status == 503 and json.loads(body)["store"] == "error"
+    assert status == 503 and json.loads(body) == {"code": 50301, "http": 503, "error": "service unavailable: store not responding"}
 
 
 async def test_keep_alive_serves_requests_in_order(pusher: Pusher) -> None:

@@ -16,6 +16,7 @@ from contextlib import asynccontextmanager
 from litestar import Litestar, Request, Response
 from litestar.types import Receive, Scope, Send
 from upf_edge.asgi import serve_asgi
+from upf_edge.ops import PATHS as OPS_PATHS
 from litestar.exceptions import HTTPException, MethodNotAllowedException, NotFoundException
 from upf_keyspace import Settings, Store, open_store
 from upf_keyspace.telemetry import Telemetry
@@ -26,6 +27,7 @@ from .httpio import problem_body
 from .ingest import Problem, PublishError
 from .routes import build_route_handlers
 from .front import WriterFront
+from .routes.ops import build_ops
 from .routes.publish import failure_problem
 
 __all__ = ["create_app", "StoreFactory", "WriterApp"]
@@ -72,8 +74,9 @@ def _on_exception(_: Request, exc: Exception) -> Response[bytes]:
 
 class WriterApp(Litestar):
     """The Litestar app behind a thin ASGI adapter: a request the writer's plain-function front
-    (``front.WriterFront``: publish, JSON publish, the UnifiedPush check) wants is served by it
-    straight from the ASGI scope; everything else (lifespan, cold routes, 404/405) is plain Litestar.
+    (``front.WriterFront``: publish, JSON publish, the UnifiedPush check) or the shared ops endpoints
+    (``upf_edge.ops``) want is served straight from the ASGI scope; everything else (lifespan, cold
+    routes, 404/405) is plain Litestar.
     ``front`` is also what the all-in-one program hands the pusher's front door directly."""
 
     def __init__(self, *, ctx: WriterContext, **kwargs: object) -> None:
@@ -81,12 +84,18 @@ class WriterApp(Litestar):
         litestar_paths = frozenset(
             r.path for r in self.routes if "{" not in r.path and r.path.rfind("/") == 0 and r.path != "/"
         )
-        self.front = WriterFront(ctx, litestar_paths)
+        self.front = WriterFront(ctx, litestar_paths | OPS_PATHS)
+        self.ops = build_ops(ctx)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:  # type: ignore[override]
-        if scope["type"] == "http" and self.front.wants(scope["method"], scope["path"]):
-            await serve_asgi(self.front, scope, receive, send)  # type: ignore[arg-type]  # litestar's ASGI aliases
-            return
+        if scope["type"] == "http":
+            method, path = scope["method"], scope["path"]
+            if self.front.wants(method, path):
+                await serve_asgi(self.front, scope, receive, send)  # type: ignore[arg-type]  # litestar's ASGI aliases
+                return
+            if self.ops.wants(method, path):
+                await serve_asgi(self.ops, scope, receive, send)  # type: ignore[arg-type]  # litestar's ASGI aliases
+                return
         await super().__call__(scope, receive, send)
 
 
