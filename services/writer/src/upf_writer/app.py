@@ -23,7 +23,6 @@ from upf_keyspace.telemetry import Telemetry
 
 from . import ingest
 from .context import WriterContext
-from .httpio import problem_body
 from .ingest import Problem, PublishError
 from .routes import build_route_handlers
 from .front import WriterFront
@@ -45,7 +44,7 @@ _HTTP_PROBLEMS = {
 
 
 def _problem_response(problem: Problem, headers: dict[str, str] | None = None) -> Response[bytes]:
-    return Response(problem_body(problem), status_code=problem.http, media_type="application/json", headers=headers)
+    return Response(problem.body(), status_code=problem.http, media_type="application/json", headers=headers)
 
 
 def _on_publish_error(_: Request, exc: PublishError) -> Response[bytes]:
