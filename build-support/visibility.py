@@ -4,10 +4,10 @@ Loaded by `[GLOBAL].build_file_prelude_globs` in pants.toml. Each package's BUIL
 macro here, which declares the package's targets and its `__dependencies_rules__` / `__dependents_rules__`
 (backend `pants.backend.experimental.visibility`). The rules are the architecture, enforced:
 
-  upf_shared_library  libs/upf-keyspace   depends on itself and third-party code only; may be used by the
-                                          services (roles and the all-in-one program) and by tests/ - not
+  upf_shared_library  libs/upf-keyspace,  depends on itself and third-party code only; may be used by the
+                      libs/upf-edge       services (roles and the all-in-one program) and by tests/ - not
                                           by loadgen.
-  upf_role            services/writer,    depends on itself, the keyspace library's sources and
+  upf_role            services/writer,    depends on itself, the shared libraries' sources and
                       services/pusher,    third-party code - never on another role, on loadgen, or on the
                       services/janitor    database bindings (only the keyspace library's store drivers
                                           touch a database). Used only by itself and by services/upf.
@@ -30,6 +30,7 @@ ROLES = ("writer", "pusher", "janitor")
 _THIRD_PARTY = "//3rdparty/python/**"
 _DB_BINDINGS = "//3rdparty/python/reqs#foundationdb"
 _KEYSPACE_SOURCES = "//libs/upf-keyspace/src/**"
+_EDGE_SOURCES = "//libs/upf-edge/src/**"
 
 
 def _python_package(dist, module, version, console_script=None, entry_point=None):
@@ -63,7 +64,8 @@ def _python_package(dist, module, version, console_script=None, entry_point=None
 
 
 def upf_shared_library(name, dist, module, version):
-    """libs/<name>: the keyspace library, shared by the services."""
+    """libs/<name>: a library shared by the services (the keyspace; the edge). Never another library:
+    each stays a leaf, so a role can take one without the other's dependencies."""
     _python_package(dist, module, version)
     __dependencies_rules__(
         (
@@ -92,6 +94,7 @@ def upf_role(name, dist, module, version, console_script, entry_point):
             "*",
             "/**",
             _KEYSPACE_SOURCES,
+            _EDGE_SOURCES,
             "!" + _DB_BINDINGS,
             _THIRD_PARTY,
             "!*",  # never another role, loadgen, or anything else first-party
@@ -116,6 +119,7 @@ def upf_program(name, dist, module, version, console_script, entry_point):
             "/**",
             *[f"//services/{role}/src/**" for role in ROLES],
             _KEYSPACE_SOURCES,
+            _EDGE_SOURCES,
             "!" + _DB_BINDINGS,
             _THIRD_PARTY,
             "!*",

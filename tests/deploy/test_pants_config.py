@@ -124,6 +124,7 @@ def workspace() -> dict[str, dict[str, Any]]:
 
 EXPECTED_MACRO = {
     "libs/upf-keyspace": "upf_shared_library",
+    "libs/upf-edge": "upf_shared_library",
     "services/writer": "upf_role",
     "services/pusher": "upf_role",
     "services/janitor": "upf_role",
@@ -232,6 +233,7 @@ def req(name: str) -> Node:
 
 
 KEYSPACE = src("libs/upf-keyspace", "upf_keyspace", "store.py")
+EDGE = src("libs/upf-edge", "upf_edge", "http11.py")
 LOADGEN = src("loadgen", "upf_loadgen", "wire.py")
 UPF = src("services/upf", "upf", "__main__.py")
 ROLE = {r: src(f"services/{r}", f"upf_{r}", "app.py") for r in ROLES}
@@ -240,6 +242,11 @@ CROSS_ROLE_TEST = Node("tests/e2e/test_split.py", "", "python_tests")
 CASES = [
     *[(f"{a} -> {b}", ROLE[a], ROLE[b], "deny") for a in ROLES for b in ROLES if a != b],
     *[(f"{r} -> keyspace", ROLE[r], KEYSPACE, "allow") for r in ROLES],
+    *[(f"{r} -> edge", ROLE[r], EDGE, "allow") for r in ROLES],
+    ("upf -> edge", UPF, EDGE, "allow"),
+    ("edge -> keyspace", EDGE, KEYSPACE, "deny"),
+    *[(f"edge -> {r}", EDGE, ROLE[r], "deny") for r in ROLES],
+    ("loadgen -> edge", LOADGEN, EDGE, "deny"),
     *[(f"{r} -> loadgen", ROLE[r], LOADGEN, "deny") for r in ROLES],
     *[(f"{r} -> upf", ROLE[r], UPF, "deny") for r in ROLES],
     *[(f"{r} -> third-party", ROLE[r], req("msgspec"), "allow") for r in ROLES],

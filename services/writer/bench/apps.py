@@ -47,15 +47,17 @@ async def routed_publish(topic: str, request: Request) -> Response[bytes]:
 routed = Litestar([routed_publish], openapi_config=None, logging_config=None)
 
 
-def _endpoint_only():  # the topic endpoint alone, as a bare ASGI app (no Litestar in front)
-    from upf_writer.context import WriterContext
-    from upf_writer.routes.publish import build_topic_endpoint
+def _endpoint_only():  # the writer's plain-function front alone, under the thin ASGI adapter (no Litestar)
+    from upf_edge.asgi import serve_asgi
 
-    endpoint = build_topic_endpoint(WriterContext(SETTINGS, NullStore()))  # type: ignore[arg-type]
+    from upf_writer.context import WriterContext
+    from upf_writer.front import WriterFront
+
+    front = WriterFront(WriterContext(SETTINGS, NullStore()))  # type: ignore[arg-type]
 
     async def app(scope, receive, send):  # type: ignore[no-untyped-def]
         if scope["type"] == "http":
-            await endpoint(scope, receive, send)
+            await serve_asgi(front, scope, receive, send)
 
     return app
 

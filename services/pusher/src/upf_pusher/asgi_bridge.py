@@ -17,7 +17,7 @@ import logging
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any, Protocol
 
-from .http11 import LAST_CHUNK, ChunkedDecoder, HttpError, RequestHead, chunk, error_response, response_head
+from upf_edge.http11 import LAST_CHUNK, RequestBody, RequestHead, chunk, error_response, response_head
 
 __all__ = ["ASGIApp", "MAX_BODY", "Cycle", "Lifespan"]
 
@@ -53,9 +53,7 @@ class Cycle:
         "app",
         "scope",
         "keep_alive",
-        "body",
-        "remaining",
-        "decoder",
+        "reader",
         "body_given",
         "started",
         "finished",
@@ -90,9 +88,7 @@ class Cycle:
         if state is not None:
             self.scope["state"] = dict(state)
         self.keep_alive = head.keep_alive
-        self.body = bytearray()
-        self.remaining = 0
-        self.decoder: ChunkedDecoder | None = None
+        self.reader: RequestBody | None = None
         self.body_given = False
         self.started = self.finished = self.head_sent = self.chunked = False
         self.status = 0
@@ -101,44 +97,20 @@ class Cycle:
         self._disconnect: asyncio.Future[None] | None = None
         self.task: asyncio.Task[None] | None = None
 
-    # --- request body -------------------------------------------------------------------------------
+    # --- request body ---------------------------------------------------------------------------------
     def begin(self, buf: bytes) -> bytes | None:
         """Decide the body framing and consume what ``buf`` holds of it. Returns the bytes after the body
         once it is complete (the app is then running), else None. Raises HttpError (400, 413, 501)."""
-        head = self.head
-        te = head.header(b"transfer-encoding")
-        cl = head.header(b"content-length")
-        if te is not None:
-            codings = [c.strip().lower() for c in te.split(b",")]
-            if codings[-1] != b"chunked" or len(codings) != 1:
-                raise HttpError(501, 50100, "transfer coding not supported")
-            self.decoder = ChunkedDecoder(MAX_BODY)
-        elif cl is not None:
-            if not cl.isdigit() or len(cl) > 18:
-                raise HttpError(400, 40000, "invalid request: bad Content-Length")
-            self.remaining = int(cl)
-            if self.remaining > MAX_BODY:
-                raise HttpError(413, 41300, "request entity too large")
-        expects_body = self.decoder is not None or self.remaining > 0
-        if expects_body and (head.header(b"expect") or b"").lower() == b"100-continue":
+        self.reader = RequestBody(self.head, MAX_BODY)
+        if self.reader.expect_continue:
             self.owner.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
         return self.feed(buf)
 
     def feed(self, data: bytes) -> bytes | None:
-        if self.decoder is not None:
-            rest = self.decoder.feed(data)
-            if rest is None:
-                return None
-            self.body = self.decoder.body
-            self.decoder = None
-        else:
-            take = min(self.remaining, len(data))
-            self.body += data[:take]
-            self.remaining -= take
-            rest = data[take:]
-            if self.remaining:
-                return None
-        self.task = self.owner.spawn(self._run())
+        assert self.reader is not None
+        rest = self.reader.feed(data)
+        if rest is not None:
+            self.task = self.owner.spawn(self._run())
         return rest
 
     @property
@@ -172,7 +144,8 @@ class Cycle:
     async def receive(self) -> dict[str, Any]:
         if not self.body_given:
             self.body_given = True
-            return {"type": "http.request", "body": bytes(self.body), "more_body": False}
+            body = self.reader.body if self.reader is not None else b""
+            return {"type": "http.request", "body": body, "more_body": False}
         if not (self.finished or self.disconnected):
             if self._disconnect is None:
                 self._disconnect = asyncio.get_running_loop().create_future()

@@ -4,8 +4,12 @@
   (``transport.set_protocol``) and the hub; this object is dropped, so an idle subscriber carries
   nothing of the request parsing.
 - ``GET /v1/health``, ``/__lbheartbeat__``, ``/__heartbeat__``, ``/__version__``, ``/metrics``
-  (Prometheus text: every metric of this process, so in the all-in-one program every role's): ops routes.
-- Anything else: the optional fallback ASGI app (the writer, in the all-in-one program), else 404.
+  (Prometheus text: every metric of this process, so in the all-in-one program every role's): the ops
+  routes every role shares (``upf_edge.ops``), served like the handler below.
+- A request the optional ``handler`` wants (an ``upf_edge.Handler``: the writer's publish, in the
+  all-in-one program): its body is read here and the handler awaited directly -- one parse, no ASGI.
+- Anything else: the optional fallback ASGI app (the writer's cold routes, in the all-in-one program),
+  else 404.
 
 Limits: a request head over 16 KB is 431; a head not complete within ``HEAD_TIMEOUT`` seconds, or a
 keep-alive connection idle for ``IDLE_TIMEOUT``, is closed. Error replies are ntfy's JSON.
@@ -20,15 +24,24 @@ import time
 from importlib import metadata
 from typing import Any
 
-import msgspec
 from websockets.exceptions import InvalidHandshake, InvalidUpgrade
 
+from upf_edge import NO_BODY, Handler
+from upf_edge.ops import OpsRoutes
+from upf_edge.http11 import (
+    HttpError,
+    RequestBody,
+    RequestHead,
+    error_response,
+    find_head_end,
+    parse_head,
+    reply_response,
+)
 from upf_keyspace import Settings, Store
 from upf_keyspace import telemetry as tm
 
 from . import __version__
-from .asgi_bridge import ASGIApp, Cycle, Lifespan
-from .http11 import HttpError, RequestHead, error_response, find_head_end, json_response, parse_head, response_head
+from .asgi_bridge import MAX_BODY, ASGIApp, Cycle, Lifespan
 from .hub import Hub
 from .query import QueryError, match_subscribe_path, parse_subscribe
 from .session import Session
@@ -40,8 +53,10 @@ log = logging.getLogger("upf.pusher.server")
 
 HEAD_TIMEOUT = 30.0
 IDLE_TIMEOUT = 75.0
+STORE_CHECK_TIMEOUT = 5.0
+SWEEP_SECS = 0.5  # how late a timeout may fire
+_monotonic = time.monotonic
 _MAX_PENDING = 64 * 1024
-_encoder = msgspec.json.Encoder()
 
 
 def _package_version() -> str:
@@ -51,18 +66,78 @@ def _package_version() -> str:
         return __version__
 
 
-class HttpProtocol(asyncio.Protocol):
-    """A connection until it is routed: parses heads, answers ops and errors, runs fallback cycles."""
+class HandlerCycle:
+    """One request served by the ``upf_edge`` handler: read its body, await the handler, write the reply.
 
-    __slots__ = ("pusher", "transport", "buf", "busy", "timer", "cycle", "gone")
+    Same framing and limits as the ASGI fallback (``MAX_BODY``, chunked, 100-continue), without an
+    ASGI scope or messages: the head parsed once is all the handler needs."""
+
+    __slots__ = ("owner", "head", "handler", "reader", "task", "keep_alive")
+
+    def __init__(self, owner: HttpProtocol, head: RequestHead, handler: Handler) -> None:
+        self.owner = owner
+        self.head = head
+        self.handler = handler
+        self.reader: RequestBody | None = None
+        self.task: asyncio.Task[None] | None = None
+        self.keep_alive = head.keep_alive
+
+    def begin(self, buf: bytes) -> bytes | None:
+        """As ``Cycle.begin``: the bytes after the body once it is complete (the handler then runs)."""
+        self.reader = RequestBody(self.head, MAX_BODY)
+        if self.reader.expect_continue:
+            self.owner.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        return self.feed(buf)
+
+    def feed(self, data: bytes) -> bytes | None:
+        assert self.reader is not None
+        rest = self.reader.feed(data)
+        if rest is not None:
+            self.task = self.owner.spawn(self._run(self.reader.body))
+        return rest
+
+    @property
+    def reading_body(self) -> bool:
+        return self.task is None
+
+    def connection_lost(self) -> None:
+        """Nothing to wake: the handler finishes its store call; its reply is dropped."""
+
+    async def _run(self, raw: bytes) -> None:
+        head = self.head
+        method = head.method
+        t = self.owner.transport
+        finished = False
+        try:
+            topic = head.path[1:]
+            limit = self.handler.body_limit(method, topic)
+            body = b"" if limit == NO_BODY else raw if len(raw) <= limit else None
+            reply = await self.handler(method, topic, head.headers, head.query_string, body)
+            if not t.is_closing():
+                t.write(reply_response(reply, keep_alive=self.keep_alive, head_only=method == "HEAD"))
+            finished = True
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("publish handler failed", extra={"method": method})  # never the path: it names a topic
+            if not t.is_closing():
+                t.write(error_response(500, 50000, "internal server error"))
+        finally:
+            self.owner.cycle_done(self, self.keep_alive and finished)
+
+
+class HttpProtocol(asyncio.Protocol):
+    """A connection until it is routed: parses heads, answers ops and errors, runs handler and fallback cycles."""
+
+    __slots__ = ("pusher", "transport", "buf", "busy", "deadline", "cycle", "gone")
 
     def __init__(self, pusher: Pusher) -> None:
         self.pusher = pusher
         self.transport: asyncio.Transport = None  # type: ignore[assignment]
         self.buf = b""
         self.busy = False
-        self.timer: asyncio.TimerHandle | None = None
-        self.cycle: Cycle | None = None
+        self.deadline = 0.0  # time.monotonic() past which _timeout runs (0: none); see Pusher._sweep
+        self.cycle: Cycle | HandlerCycle | None = None
         self.gone = False
 
     # --- asyncio callbacks --------------------------------------------------------------------------
@@ -98,18 +173,17 @@ class HttpProtocol(asyncio.Protocol):
         self._process()
 
     # --- timers -------------------------------------------------------------------------------------
+    # A deadline, not a loop timer: arming and cancelling a TimerHandle on every request of a keep-alive
+    # connection costs more than parsing its head; one sweep per second (Pusher._sweep) enforces them all.
     def _arm(self, secs: float) -> None:
-        self._disarm()
-        self.timer = asyncio.get_running_loop().call_later(secs, self._timeout)
+        self.deadline = _monotonic() + secs
 
     def _disarm(self) -> None:
-        if self.timer is not None:
-            self.timer.cancel()
-            self.timer = None
+        self.deadline = 0.0
 
     def _timeout(self) -> None:
         """No request head (or no request body) in time, or idle too long between requests: close."""
-        self.timer = None
+        self.deadline = 0.0
         if not self.busy or (self.cycle is not None and self.cycle.reading_body):
             self.transport.close()
 
@@ -150,33 +224,31 @@ class HttpProtocol(asyncio.Protocol):
             match = match_subscribe_path(head.path)
             if match is not None:
                 return self._subscribe(head, *match)
-            if head.path in _OPS:
-                if head.path == "/__heartbeat__":
-                    self.busy = True
-                    self.spawn(self._heartbeat(head))
-                    return True
-                if head.path == "/metrics":
-                    self._reply(head, _metrics_response(p, keep), keep)
-                    return False
-                status, body = _OPS[head.path](p)
-                self._reply(head, json_response(status, body, keep_alive=keep), keep)
-                return False
+        if p.ops.wants(head.method, head.path):
+            return self._begin(HandlerCycle(self, head, p.ops))
+        handler = p.handler
+        if handler is not None and handler.wants(head.method, head.path):
+            return self._begin(HandlerCycle(self, head, handler))
         if p.fallback is not None:
-            self.busy = True
-            self.cycle = Cycle(self, head, p.fallback, p.lifespan.state if p.lifespan else None)
-            buf, self.buf = self.buf, b""
-            try:
-                rest = self.cycle.begin(buf)
-            except HttpError as e:
-                self._refuse(e)
-                return True
-            if rest is not None:
-                self.buf = rest
-            else:
-                self._arm(HEAD_TIMEOUT)  # a body that never arrives
-            return True
+            return self._begin(Cycle(self, head, p.fallback, p.lifespan.state if p.lifespan else None))
         self._reply(head, error_response(404, 40401, "page not found", keep_alive=keep), keep)
         return False
+
+    def _begin(self, cycle: Cycle | HandlerCycle) -> bool:
+        """Hand the request (and what has arrived of its body) to a cycle; parsing waits for it."""
+        self.busy = True
+        self.cycle = cycle
+        buf, self.buf = self.buf, b""
+        try:
+            rest = cycle.begin(buf)
+        except HttpError as e:
+            self._refuse(e)
+            return True
+        if rest is not None:
+            self.buf = rest
+        else:
+            self._arm(HEAD_TIMEOUT)  # a body that never arrives
+        return True
 
     def _subscribe(self, head: RequestHead, topics_raw: str, transport_name: str) -> bool:
         p = self.pusher
@@ -223,20 +295,11 @@ class HttpProtocol(asyncio.Protocol):
         self._disarm()
         self.pusher._http.discard(self)
 
-    async def _heartbeat(self, head: RequestHead) -> None:
-        ok = await self.pusher.check_store()
-        body = b'{"status":"ok","store":"ok"}' if ok else b'{"status":"error","store":"error"}'
-        keep = head.keep_alive
-        self.busy = False
-        if not self.gone and not self.transport.is_closing():
-            self._reply(head, json_response(200 if ok else 503, body, keep_alive=keep), keep)
-            self._process()
-
     # --- fallback cycles ----------------------------------------------------------------------------
     def spawn(self, coro: Any) -> asyncio.Task[Any]:
         return self.pusher._spawn(coro)
 
-    def cycle_done(self, cycle: Cycle, keep_alive: bool) -> None:
+    def cycle_done(self, cycle: Cycle | HandlerCycle, keep_alive: bool) -> None:
         self.cycle = None
         self.busy = False
         if self.gone or self.transport.is_closing():
@@ -247,37 +310,6 @@ class HttpProtocol(asyncio.Protocol):
         self.transport.resume_reading()
         self._arm(IDLE_TIMEOUT)
         self._process()
-
-
-def _health(p: Pusher) -> tuple[int, bytes]:
-    return 200, b'{"healthy":true}\n'
-
-
-def _lbheartbeat(p: Pusher) -> tuple[int, bytes]:
-    return 200, b"{}"
-
-
-def _version(p: Pusher) -> tuple[int, bytes]:
-    return 200, _encoder.encode({"name": "upf-pusher", "version": _package_version()})
-
-
-def _metrics_response(p: Pusher, keep_alive: bool) -> bytes:
-    body = tm.render_metrics(p.telemetry.registry)
-    headers = [
-        (b"Content-Type", tm.METRICS_CONTENT_TYPE.encode("ascii")),
-        (b"Content-Length", str(len(body)).encode("ascii")),
-        (b"Connection", b"keep-alive" if keep_alive else b"close"),
-    ]
-    return response_head(200, headers) + body
-
-
-_OPS: dict[str, Any] = {
-    "/v1/health": _health,
-    "/__lbheartbeat__": _lbheartbeat,
-    "/__version__": _version,
-    "/__heartbeat__": None,  # async, handled in _route
-    "/metrics": None,  # text, handled in _route
-}
 
 
 class Pusher:
@@ -294,18 +326,30 @@ class Pusher:
         store: Store,
         *,
         fallback: ASGIApp | None = None,
+        handler: Handler | None = None,
         telemetry: tm.Telemetry | None = None,
     ) -> None:
         self.settings = settings
         self.store = store
         self.fallback = fallback
+        self.handler = handler
         self.telemetry = tm.current() if telemetry is None else telemetry
         self.lifespan: Lifespan | None = Lifespan(fallback) if fallback is not None else None
         self.hub = Hub(settings, store, self.telemetry)
+        registry = self.telemetry.registry
+        self.ops = OpsRoutes(
+            "upf-pusher",
+            _package_version(),
+            self.check_store,
+            lambda: tm.render_metrics(registry),
+            tm.METRICS_CONTENT_TYPE,
+            heartbeat_timeout=STORE_CHECK_TIMEOUT + 1.0,
+        )
         self.closing = False
         self._server: asyncio.base_events.Server | None = None
         self._http: set[HttpProtocol] = set()
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._sweeper: asyncio.TimerHandle | None = None
 
     @property
     def port(self) -> int:
@@ -322,12 +366,20 @@ class Pusher:
         task.add_done_callback(self._tasks.discard)
         return task
 
+    def _sweep(self) -> None:
+        """Run the timeout of every connection past its deadline (see HttpProtocol._arm)."""
+        now = _monotonic()
+        for proto in [p for p in self._http if p.deadline and p.deadline <= now]:
+            proto._timeout()
+        self._sweeper = asyncio.get_running_loop().call_later(SWEEP_SECS, self._sweep)
+
     async def start(self, *, host: str | None = None, port: int | None = None, sock: socket.socket | None = None) -> None:
         """Run the fallback's lifespan startup, start the hub, then listen (settings' bind address by default)."""
         if self.lifespan is not None:
             await self.lifespan.startup()
         await self.hub.start()
         loop = asyncio.get_running_loop()
+        self._sweeper = loop.call_later(SWEEP_SECS, self._sweep)
         if sock is not None:
             self._server = await loop.create_server(lambda: HttpProtocol(self), sock=sock, backlog=4096)
         else:
@@ -340,12 +392,17 @@ class Pusher:
             )
         log.info(
             "pusher listening",
-            extra={"port": self.port, "node": self.settings.node_id, "fallback": self.fallback is not None},
+            extra={
+                "port": self.port,
+                "node": self.settings.node_id,
+                "fallback": self.fallback is not None,
+                "handler": self.handler is not None,
+            },
         )
 
     async def check_store(self) -> bool:
         try:
-            await asyncio.wait_for(self.store.read_after("__heartbeat__", None, 1), 5.0)
+            await asyncio.wait_for(self.store.read_after("__heartbeat__", None, 1), STORE_CHECK_TIMEOUT)
             return True
         except Exception:
             log.warning("store check failed", exc_info=True)
@@ -355,6 +412,9 @@ class Pusher:
         if self.closing:
             return
         self.closing = True
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            self._sweeper = None
         if self._server is not None:
             self._server.close()
         for proto in list(self._http):
@@ -383,6 +443,7 @@ async def serve(
     store: Store,
     *,
     fallback: ASGIApp | None = None,
+    handler: Handler | None = None,
     ready: asyncio.Event | None = None,
     host: str | None = None,
     port: int | None = None,
@@ -391,9 +452,11 @@ async def serve(
 ) -> Pusher:
     """Start a pusher in the running loop and return it (call ``await pusher.stop()`` to end it).
 
-    The all-in-one program calls this with the writer's ASGI app as ``fallback``.
+    The all-in-one program calls this with the writer's plain-function front as ``handler`` (its hot
+    routes, called directly) and the writer's ASGI app as ``fallback`` (its cold routes). The pusher
+    never imports the writer: both arrive as callables.
     """
-    pusher = Pusher(settings, store, fallback=fallback, telemetry=telemetry)
+    pusher = Pusher(settings, store, fallback=fallback, handler=handler, telemetry=telemetry)
     await pusher.start(host=host, port=port, sock=sock)
     if ready is not None:
         ready.set()

@@ -1,4 +1,5 @@
-"""The front door over real sockets: routing, ops routes, errors, the ASGI fallback, shutdown, affinity races."""
+"""The front door over real sockets: routing, ops routes, errors, the direct handler, the ASGI fallback,
+shutdown, affinity races."""
 
 from __future__ import annotations
 
@@ -8,12 +9,13 @@ import socket
 from typing import Any
 
 import websockets
-from upf_pusher_testkit import MS, eventually, publish, raw_request
+from upf_pusher_testkit import MS, eventually, publish, raw_request, settings_for
 
+from upf_edge import NO_BODY, Reply
 from upf_keyspace import Store
 
 from upf_pusher import __version__
-from upf_pusher.server import Pusher
+from upf_pusher.server import Pusher, serve
 
 
 def status_and_body(raw: bytes) -> tuple[int, dict[str, str], bytes]:
@@ -43,7 +45,7 @@ async def test_unknown_path_without_fallback_is_ntfy_404(pusher: Pusher) -> None
 async def test_ops_routes(pusher: Pusher) -> None:
     """Health, load-balancer heartbeat, store heartbeat and version answer as documented."""
     assert (await get(pusher.port, "/v1/health"))[::2] == (200, b'{"healthy":true}\n')
-    assert (await get(pusher.port, "/__lbheartbeat__"))[::2] == (200, b"{}")
+    assert (await get(pusher.port, "/__lbheartbeat__"))[::2] == (200, b"{}\n")
     status, _, body = await get(pusher.port, "/__heartbeat__")
     assert status == 200 and json.loads(body)["store"] == "ok"
     status, _, body = await get(pusher.port, "/__version__")
@@ -51,14 +53,14 @@ async def test_ops_routes(pusher: Pusher) -> None:
 
 
 async def test_heartbeat_is_503_when_the_store_fails(pusher: Pusher, monkeypatch: Any) -> None:
-    """__heartbeat__ reports 503 when a store read fails."""
+    """__heartbeat__ reports 503, with ntfy's error JSON as every role does, when a store read fails."""
 
     async def broken(*a: Any, **k: Any) -> Any:
         raise RuntimeError("store down")
 
     monkeypatch.setattr(pusher.store, "read_after", broken)
     status, _, body = await get(pusher.port, "/__heartbeat__")
-    assert status == 503 and json.loads(body)["store"] == "error"
+    assert status == 503 and json.loads(body) == {"code": 50301, "http": 503, "error": "service unavailable: store not responding"}
 
 
 async def test_keep_alive_serves_requests_in_order(pusher: Pusher) -> None:
@@ -341,3 +343,86 @@ def dechunk(body: bytes) -> bytes:
             return out
         out += body[i + 2 : i + 2 + size]
         pos = i + 2 + size + 2
+
+
+# --- the direct handler (the writer's publish in the all-in-one program) ---------------------------
+class RecordingHandler:
+    """An ``upf_edge.Handler`` that records what it is called with and answers with it as JSON."""
+
+    LIMIT = 8
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str, bytes | None]] = []
+
+    def wants(self, method: str, path: str) -> bool:
+        return len(path) > 1 and path.rfind("/") == 0
+
+    def body_limit(self, method: str, topic: str) -> int:
+        return NO_BODY if method in ("GET", "HEAD") else self.LIMIT
+
+    async def __call__(self, method: str, topic: str, headers: Any, query: bytes, body: bytes | None) -> Reply:
+        self.calls.append((method, topic, body))
+        if topic == "boom":
+            raise RuntimeError("boom")
+        out = {"topic": topic, "query": query.decode(), "title": dict(headers).get(b"x-title", b"").decode()}
+        return Reply(200, json.dumps(out).encode(), ((b"x-handled", b"1"),))
+
+
+async def test_handler_is_called_directly_and_the_fallback_keeps_the_rest(tmp_path: Any, store: Store) -> None:
+    """One-segment paths go to the handler (decoded topic, raw headers and query, whole body, chunked
+    too); other paths still reach the fallback; keep-alive serves them in order on one connection."""
+    handler, app = RecordingHandler(), EchoApp()
+    p = await serve(settings_for(tmp_path), store, fallback=app, handler=handler, host="127.0.0.1", port=0)
+    try:
+        reqs = (
+            b"POST /up%41?up=1 HTTP/1.1\r\nHost: x\r\nX-Title: hi\r\nContent-Length: 5\r\n\r\nhello"
+            b"PUT /t HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n"
+            b"POST /a/b HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nConnection: close\r\n\r\nzz"
+        )
+        out = await raw_request(p.port, reqs)
+        first, second, third = out.split(b"HTTP/1.1 ")[1:]
+        status, headers, body = status_and_body(b"HTTP/1.1 " + first)
+        assert status == 200 and headers["x-handled"] == "1" and headers["connection"] == "keep-alive"
+        assert json.loads(body) == {"topic": "upA", "query": "up=1", "title": "hi"}
+        assert status_and_body(b"HTTP/1.1 " + second)[0] == 200
+        assert json.loads(status_and_body(b"HTTP/1.1 " + third)[2])["path"] == "/a/b"  # the fallback's
+        assert handler.calls == [("POST", "upA", b"hello"), ("PUT", "t", b"abc")]
+    finally:
+        await p.stop()
+
+
+async def test_handler_limits_head_and_failures(tmp_path: Any, store: Store) -> None:
+    """A body over the handler's limit reaches it as None; HEAD gets the head only; a handler that
+    raises gives ntfy's 500 JSON and a close."""
+    handler = RecordingHandler()
+    p = await serve(settings_for(tmp_path), store, handler=handler, host="127.0.0.1", port=0)
+    try:
+        await raw_request(p.port, b"POST /t HTTP/1.1\r\nHost: x\r\nContent-Length: 9\r\nConnection: close\r\n\r\n123456789")
+        assert handler.calls[-1] == ("POST", "t", None)
+        out = await raw_request(p.port, b"HEAD /t?up=1 HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        status, headers, body = status_and_body(out)
+        assert status == 200 and int(headers["content-length"]) > 0 and body == b""
+        assert handler.calls[-1] == ("HEAD", "t", b"")
+        status, headers, body = status_and_body(await raw_request(p.port, b"GET /boom HTTP/1.1\r\nHost: x\r\n\r\n"))
+        assert status == 500 and json.loads(body)["http"] == 500 and headers["connection"] == "close"
+    finally:
+        await p.stop()
+
+
+async def test_idle_keep_alive_connection_is_closed(start_pusher: Any, monkeypatch: Any) -> None:
+    """A keep-alive connection that sends nothing after its reply is closed by the server (the
+    per-connection deadline enforced by the server's sweep)."""
+    from upf_pusher import server
+
+    monkeypatch.setattr(server, "IDLE_TIMEOUT", 0.2)
+    p = await start_pusher()
+    reader, writer = await asyncio.open_connection("127.0.0.1", p.port)
+    try:
+        writer.write(b"GET /v1/health HTTP/1.1\r\nHost: x\r\n\r\n")
+        out = b""
+        while chunk := await asyncio.wait_for(reader.read(65536), 5000 * MS):
+            out += chunk
+        assert out.startswith(b"HTTP/1.1 200 ") and b"Connection: keep-alive" in out
+        assert reader.at_eof()
+    finally:
+        writer.close()

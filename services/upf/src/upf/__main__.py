@@ -34,13 +34,16 @@ async def run_with_pusher(settings: Settings) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    fallback = None
+    fallback = handler = None
     if "writer" in settings.roles:
         from upf_writer.app import create_app
 
+        # The writer's hot routes (publish, JSON publish, the UnifiedPush check) as a plain function the
+        # pusher's front door calls directly; its ASGI app only for the cold routes.
         fallback = create_app(settings, store, telemetry=telemetry)
+        handler = fallback.front
     try:
-        pusher = await serve(settings, store, fallback=fallback, telemetry=telemetry)
+        pusher = await serve(settings, store, fallback=fallback, handler=handler, telemetry=telemetry)
         janitor_task = None
         if "janitor" in settings.roles:
             janitor_task = asyncio.create_task(Janitor(store, settings, telemetry).run(stop))

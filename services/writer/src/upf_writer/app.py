@@ -14,17 +14,20 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
 from litestar import Litestar, Request, Response
-from litestar.types import ASGIApp, Receive, Scope, Send
+from litestar.types import Receive, Scope, Send
+from upf_edge.asgi import serve_asgi
+from upf_edge.ops import PATHS as OPS_PATHS
 from litestar.exceptions import HTTPException, MethodNotAllowedException, NotFoundException
 from upf_keyspace import Settings, Store, open_store
 from upf_keyspace.telemetry import Telemetry
 
 from . import ingest
 from .context import WriterContext
-from .httpio import problem_body
 from .ingest import Problem, PublishError
 from .routes import build_route_handlers
-from .routes.publish import build_topic_endpoint, failure_problem
+from .front import WriterFront
+from .routes.ops import build_ops
+from .routes.publish import failure_problem
 
 __all__ = ["create_app", "StoreFactory", "WriterApp"]
 
@@ -41,7 +44,7 @@ _HTTP_PROBLEMS = {
 
 
 def _problem_response(problem: Problem, headers: dict[str, str] | None = None) -> Response[bytes]:
-    return Response(problem_body(problem), status_code=problem.http, media_type="application/json", headers=headers)
+    return Response(problem.body(), status_code=problem.http, media_type="application/json", headers=headers)
 
 
 def _on_publish_error(_: Request, exc: PublishError) -> Response[bytes]:
@@ -69,22 +72,28 @@ def _on_exception(_: Request, exc: Exception) -> Response[bytes]:
 
 
 class WriterApp(Litestar):
-    """The Litestar app plus one routing shortcut in front of Litestar's router: an HTTP request for a
-    one-segment path (``/{topic}``) that is not one of Litestar's own plain routes goes straight to
-    the lean topic endpoint. Everything else (lifespan, other routes, 404/405) is plain Litestar."""
+    """The Litestar app behind a thin ASGI adapter: a request the writer's plain-function front
+    (``front.WriterFront``: publish, JSON publish, the UnifiedPush check) or the shared ops endpoints
+    (``upf_edge.ops``) want is served straight from the ASGI scope; everything else (lifespan, cold
+    routes, 404/405) is plain Litestar.
+    ``front`` is also what the all-in-one program hands the pusher's front door directly."""
 
-    def __init__(self, *, topic_endpoint: ASGIApp, **kwargs: object) -> None:
+    def __init__(self, *, ctx: WriterContext, **kwargs: object) -> None:
         super().__init__(**kwargs)  # type: ignore[arg-type]
-        self.topic_endpoint = topic_endpoint
-        self.litestar_paths = frozenset(
+        litestar_paths = frozenset(
             r.path for r in self.routes if "{" not in r.path and r.path.rfind("/") == 0 and r.path != "/"
         )
+        self.front = WriterFront(ctx, litestar_paths | OPS_PATHS)
+        self.ops = build_ops(ctx)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:  # type: ignore[override]
         if scope["type"] == "http":
-            path = scope["path"]
-            if len(path) > 1 and path.rfind("/") == 0 and path not in self.litestar_paths:
-                await self.topic_endpoint(scope, receive, send)
+            method, path = scope["method"], scope["path"]
+            if self.front.wants(method, path):
+                await serve_asgi(self.front, scope, receive, send)  # type: ignore[arg-type]  # litestar's ASGI aliases
+                return
+            if self.ops.wants(method, path):
+                await serve_asgi(self.ops, scope, receive, send)  # type: ignore[arg-type]  # litestar's ASGI aliases
                 return
         await super().__call__(scope, receive, send)
 
@@ -121,7 +130,7 @@ def create_app(
             log.info("writer store closed")
 
     app = WriterApp(
-        topic_endpoint=build_topic_endpoint(ctx),
+        ctx=ctx,
         route_handlers=build_route_handlers(ctx),
         lifespan=[store_lifespan],
         exception_handlers={

@@ -30,10 +30,9 @@ import base64
 import binascii
 import re
 from collections.abc import Mapping
-from typing import NamedTuple
-
 import msgspec
-from upf_keyspace import Envelope, ErrorBody, Settings
+from upf_edge import NtfyError, Problem
+from upf_keyspace import Envelope, Settings
 
 from .schemas import JsonPublish, MatrixPush
 
@@ -77,17 +76,6 @@ __all__ = [
 ]
 
 
-class Problem(NamedTuple):
-    """One documented error: ntfy's ``code``, the HTTP status and a static message."""
-
-    code: int
-    http: int
-    error: str
-
-    def body(self) -> ErrorBody:
-        return ErrorBody(self.code, self.http, self.error)
-
-
 # ntfy's own codes and messages (server/errors.go), plus UPF's few additions (marked UPF).
 PRIORITY_INVALID = Problem(40007, 400, "invalid request: priority invalid")
 TOPIC_INVALID = Problem(40009, 400, "invalid request: topic invalid")
@@ -124,20 +112,8 @@ CATALOG: tuple[Problem, ...] = (
 )
 
 
-class PublishError(Exception):
-    """The one exception of the ingest core: a request rejected with a documented :class:`Problem`."""
-
-    def __init__(self, problem: Problem) -> None:
-        super().__init__(problem.error)
-        self.problem = problem
-
-    @property
-    def code(self) -> int:
-        return self.problem.code
-
-    @property
-    def http(self) -> int:
-        return self.problem.http
+PublishError = NtfyError
+"""The one exception of the ingest core: ``upf_edge``'s ntfy error, so every front door answers it alike."""
 
 
 class Limits(msgspec.Struct, frozen=True):

@@ -20,6 +20,6 @@ def log_dictconfig(level: str = "INFO") -> dict[str, Any]:
         "fmt": "%(asctime)s [%(levelname)s] %(name)s: %(message)s",
     }
     config["handlers"]["upf"] = {"formatter": "upf", "class": "logging.StreamHandler", "stream": "ext://sys.stderr"}
-    for name in ("upf_writer", "upf", "upf_keyspace"):
+    for name in ("upf_writer", "upf", "upf_keyspace", "upf_edge"):
         config["loggers"][name] = {"handlers": ["upf"], "level": level, "propagate": False}
     return config

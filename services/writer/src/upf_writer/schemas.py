@@ -1,13 +1,13 @@
 """HTTP request and response bodies of the writer as msgspec Structs, and their one shared JSON encoder.
 
-The ntfy message (``upf_keyspace.wire.Message``) and error (``upf_keyspace.wire.ErrorBody``) objects
-come from the library, since the pusher emits the same shapes; the rest are writer-only.
+The ntfy message (``upf_keyspace.wire.Message``) comes from the keyspace library and the error body
+from ``upf_edge.errors``, since the pusher emits the same shapes; the rest are writer-only.
 """
 
 from __future__ import annotations
 
 import msgspec
-from upf_keyspace import ErrorBody, Message
+from upf_keyspace import Message
 
 __all__ = [
     "JsonPublish",
@@ -20,9 +20,6 @@ __all__ = [
     "MatrixDiscovery",
     "MatrixResponse",
     "AuthResponse",
-    "HealthResponse",
-    "HeartbeatResponse",
-    "VersionResponse",
     "encode",
     "UP_DISCOVERY",
     "MATRIX_DISCOVERY",
@@ -89,24 +86,10 @@ class AuthResponse(msgspec.Struct, frozen=True):
     success: bool = True
 
 
-class HealthResponse(msgspec.Struct, frozen=True):
-    healthy: bool = True
-
-
-class HeartbeatResponse(msgspec.Struct, frozen=True):
-    status: str = "ok"
-    store: str = "ok"
-
-
-class VersionResponse(msgspec.Struct, frozen=True):
-    name: str
-    version: str
-
-
 _encoder = msgspec.json.Encoder()
 
 
-def encode(obj: msgspec.Struct | Message | ErrorBody) -> bytes:
+def encode(obj: msgspec.Struct | Message) -> bytes:
     """JSON plus the trailing newline ntfy writes after every object."""
     buf = bytearray()
     _encoder.encode_into(obj, buf)

@@ -1,14 +1,10 @@
-"""Publish routes: ``POST``/``PUT /{topic}`` (the hot path, also ``GET /{topic}?up=1``), JSON publish on
-``/`` and the Matrix push gateway.
+"""The one store call of every publish (``publish_one``), its failure policy, and the Matrix push
+gateway routes.
 
-``/{topic}`` is a bare ASGI callable (``build_topic_endpoint``), not a Litestar route handler:
-Litestar's per-request machinery (signature model, parameter parsing, response building) nearly
-halves what this route can serve (bench/README.md: ~11k vs ~4.4-6.4k publishes/s with a no-op store
-on one core), and this route carries nearly all of the writer's traffic. It
-answers every method itself; ``WriterApp`` (app.py) hands it every one-segment path that is not one
-of Litestar's own plain routes. (An ``@asgi`` route at ``/{topic:str}`` would be the obvious way, but
-Litestar 2.25 raises KeyError routing an ``@asgi`` handler that has a path parameter.) The JSON and
-Matrix routes are rare and stay ordinary Litestar handlers.
+The hot publish routes (``/{topic}`` and JSON publish on ``/``) are not Litestar handlers: they are
+the plain function of ``upf_writer.front`` (Litestar's per-request machinery nearly halves what a
+route can serve: bench/README.md, ~11k vs ~4.4-6.4k publishes/s with a no-op store on one core). The
+Matrix gateway is rare and stays an ordinary Litestar handler.
 """
 
 from __future__ import annotations
@@ -19,20 +15,19 @@ from collections.abc import Mapping
 
 import msgspec
 from litestar import Request, Response, get, route
-from litestar.types import ASGIApp, ControllerRouterHandler, Receive, Scope, Send
+from litestar.types import ControllerRouterHandler
 from upf_keyspace import Published, Store, StoreError, message_from_envelope
 from upf_keyspace import telemetry as tm
 
 from .. import ingest, schemas
 from ..context import WriterContext
-from ..httpio import ClientGone, decode_headers, decode_query, read_body, send_json, send_problem
+from ..httpio import ClientGone, decode_headers, read_body
 from ..ingest import Ingested, PublishError
 
-__all__ = ["build", "build_topic_endpoint", "publish_one", "failure_problem"]
+__all__ = ["build", "publish_one", "failure_problem"]
 
 log = logging.getLogger("upf_writer.publish")
 
-_REPLAYED = ((b"idempotent-replayed", b"true"),)
 _JSON = "application/json"
 
 
@@ -117,55 +112,6 @@ def failure_problem(exc: BaseException, route_name: str) -> ingest.Problem:
     return ingest.INTERNAL_ERROR
 
 
-def build_topic_endpoint(ctx: WriterContext) -> ASGIApp:
-    """``/{topic}``: POST/PUT publish, GET/HEAD UnifiedPush discovery. The topic is the path after
-    its one leading slash (the caller routes only one-segment paths here)."""
-    limits = ctx.limits
-    metrics = ctx.metrics
-    tracing = ctx.telemetry.tracing
-
-    async def topic_endpoint(scope: Scope, receive: Receive, send: Send) -> None:
-        method = scope["method"]
-        topic: str = scope["path"][1:]
-        publishing = False
-        try:
-            if method == "POST" or method == "PUT":
-                publishing = True
-                start_ns = time.time_ns() if tracing else 0
-                headers = decode_headers(scope["headers"])
-                ingest.validate_topic(topic)
-                ingest.check_content_length(headers, limits.max_message_bytes, ingest.MESSAGE_TOO_LARGE)
-                body = await read_body(receive, limits.max_message_bytes)
-                if body is None:
-                    raise PublishError(ingest.MESSAGE_TOO_LARGE)
-                query = decode_query(scope["query_string"])
-                ingested = ingest.ingest_publish(topic, headers, query, body, now=ctx.clock(), limits=limits)
-                payload, replayed = await publish_one(ctx, ingested, headers, len(body), start_ns)
-                await send_json(send, 200, payload, _REPLAYED if replayed else ())
-            elif method == "GET" or method == "HEAD":
-                ingest.validate_topic(topic)
-                headers = decode_headers(scope["headers"])
-                query = decode_query(scope["query_string"])
-                if not ingest.unifiedpush_requested(headers, query):
-                    raise PublishError(ingest.NOT_FOUND)
-                await send_json(send, 200, schemas.UP_DISCOVERY)
-            else:
-                await send_problem(send, ingest.METHOD_NOT_ALLOWED, {"allow": "GET, HEAD, POST, PUT"})
-        except PublishError as exc:
-            if publishing:
-                metrics.rejected(exc.problem.code)
-            await send_problem(send, exc.problem)
-        except ClientGone:
-            return
-        except Exception as exc:  # noqa: BLE001 - every failure still answers with ntfy's error JSON
-            problem = failure_problem(exc, "topic")
-            if publishing:
-                metrics.rejected(problem.code)
-            await send_problem(send, problem)
-
-    return topic_endpoint
-
-
 def _count_rejection(ctx: WriterContext, exc: BaseException) -> None:
     """A Litestar-routed publish failed: count it under the code its exception handler will answer with."""
     if isinstance(exc, PublishError):
@@ -177,28 +123,8 @@ def _count_rejection(ctx: WriterContext, exc: BaseException) -> None:
 
 
 def build(ctx: WriterContext) -> list[ControllerRouterHandler]:
-    """The Litestar-routed publish handlers (JSON publish, Matrix gateway)."""
+    """The Litestar-routed publish handlers (the Matrix gateway: rare, so it keeps the framework)."""
     limits = ctx.limits
-
-    @route("/", http_method=["POST", "PUT"], name="json_publish", status_code=200)
-    async def json_publish(request: Request) -> Response[bytes]:
-        start_ns = time.time_ns() if ctx.telemetry.tracing else 0
-        try:
-            headers = decode_headers(request.scope["headers"])
-            limit = ingest.json_body_limit(limits)
-            ingest.check_content_length(headers, limit, ingest.JSON_TOO_LARGE)
-            body = await read_body(request.receive, limit)
-            if body is None:
-                raise PublishError(ingest.JSON_TOO_LARGE)
-            query = decode_query(request.scope["query_string"])
-            ingested = ingest.ingest_json(headers, query, body, now=ctx.clock(), limits=limits)
-            payload, replayed = await publish_one(ctx, ingested, headers, len(body), start_ns, "json")
-        except ClientGone:
-            raise
-        except BaseException as exc:
-            _count_rejection(ctx, exc)
-            raise
-        return Response(payload, media_type=_JSON, headers={"idempotent-replayed": "true"} if replayed else None)
 
     @get("/_matrix/push/v1/notify", name="matrix_discovery")
     async def matrix_discovery() -> Response[bytes]:
@@ -226,5 +152,5 @@ def build(ctx: WriterContext) -> list[ControllerRouterHandler]:
             raise
         return Response(schemas.encode(schemas.MatrixResponse()), media_type=_JSON)
 
-    return [json_publish, matrix_discovery, matrix_notify]
+    return [matrix_discovery, matrix_notify]
 

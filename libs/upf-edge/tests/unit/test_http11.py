@@ -6,14 +6,19 @@ import json
 
 import pytest
 
-from upf_pusher.http11 import (
+from upf_edge import NtfyError, Problem, Reply, error_body
+from upf_edge.http11 import (
     MAX_HEAD,
     ChunkedDecoder,
     HttpError,
+    RequestBody,
     chunk,
+    decode_headers,
+    decode_query,
     error_response,
     find_head_end,
     parse_head,
+    reply_response,
 )
 
 
@@ -118,3 +123,74 @@ def test_chunked_decoder_limits_and_framing() -> None:
         with pytest.raises(HttpError) as e:
             ChunkedDecoder(100).feed(bad)
         assert e.value.http == 400
+
+
+# --- what the front doors share: request bodies, field decoding, replies, ntfy errors ----------------
+
+
+def test_request_body_by_content_length_returns_what_follows() -> None:
+    """A Content-Length body fed in pieces completes exactly at its length; the rest is the next request."""
+    b = RequestBody(parse_head(head("POST /t HTTP/1.1\nContent-Length: 5")), 100)
+    assert b.feed(b"he") is None
+    assert b.feed(b"lloGET") == b"GET" and b.body == b"hello"
+    assert not b.expect_continue
+
+
+def test_request_body_chunked_and_expect_continue() -> None:
+    """A chunked body decodes whole; Expect: 100-continue is reported only when a body is coming."""
+    b = RequestBody(parse_head(head("PUT /t HTTP/1.1\nTransfer-Encoding: chunked\nExpect: 100-continue")), 100)
+    assert b.expect_continue
+    assert b.feed(b"3\r\nabc\r\n0\r\n\r\n") == b"" and b.body == b"abc"
+    assert not RequestBody(parse_head(head("GET /t HTTP/1.1\nExpect: 100-continue")), 100).expect_continue
+    assert RequestBody(parse_head(head("GET /t HTTP/1.1")), 100).feed(b"NEXT") == b"NEXT"
+
+
+@pytest.mark.parametrize(
+    ("fields", "http"),
+    [
+        ("Content-Length: 101", 413),
+        ("Content-Length: -1", 400),
+        ("Transfer-Encoding: gzip, chunked", 501),
+    ],
+)
+def test_request_body_refusals(fields: str, http: int) -> None:
+    """Over the limit is 413, a malformed length 400, a transfer coding other than chunked 501."""
+    with pytest.raises(HttpError) as e:
+        RequestBody(parse_head(head(f"POST /t HTTP/1.1\n{fields}")), 100)
+    assert e.value.http == http
+
+
+def test_decode_headers_and_query_take_the_first_value() -> None:
+    """Header names lower-cased, values UTF-8 (bad bytes replaced); query percent-decoded; first wins."""
+    headers = decode_headers([(b"X-Title", "h\u00e9".encode()), (b"x-title", b"second"), (b"x-bad", b"\xff")])
+    assert headers == {"x-title": "h\u00e9", "x-bad": "\ufffd"}
+    assert decode_query(b"up=1&t=a%20b&up=2&flag") == {"up": "1", "t": "a b", "flag": ""}
+    assert decode_query(b"up=1&m=x&up=2") == {"up": "1", "m": "x"}
+    assert decode_query(b"") == {}
+
+
+def test_reply_response_head_and_keep_alive() -> None:
+    """A handler's Reply becomes a full response; HEAD keeps the length but drops the body."""
+    reply = Reply(200, b'{"a":1}\n', ((b"idempotent-replayed", b"true"),))
+    raw = reply_response(reply)
+    head_part, _, body = raw.partition(b"\r\n\r\n")
+    lines = head_part.split(b"\r\n")
+    assert lines[0] == b"HTTP/1.1 200 OK" and body == b'{"a":1}\n'
+    assert set(lines[1:]) == {
+        b"Content-Type: application/json",
+        b"Content-Length: 8",
+        b"idempotent-replayed: true",
+        b"Connection: keep-alive",
+    }
+    only_head = reply_response(reply, keep_alive=False, head_only=True)
+    assert only_head.endswith(b"Connection: close\r\n\r\n") and b"Content-Length: 8" in only_head
+
+
+def test_ntfy_error_body_and_the_one_error_type() -> None:
+    """ntfy's error JSON plus newline; HttpError is the shared NtfyError carrying the same Problem."""
+    problem = Problem(40009, 400, "invalid request: topic invalid")
+    assert error_body(problem) == b'{"code":40009,"http":400,"error":"invalid request: topic invalid"}\n'
+    assert problem.body() == error_body(problem)
+    e = HttpError(431, 43100, "request header fields too large")
+    assert isinstance(e, NtfyError) and e.problem == Problem(43100, 431, "request header fields too large")
+    assert (e.http, e.code, e.error) == (431, 43100, "request header fields too large")

@@ -1,0 +1,69 @@
+"""ntfy's error replies: one error type for every role, and the one builder of its JSON body.
+
+ntfy answers every refused request with ``{"code":40009,"http":400,"error":"..."}`` plus a newline
+(server/errors.go). Writer and pusher raise :class:`NtfyError` with a :class:`Problem` (a static
+message: variables never go into it) and their front doors answer with :func:`error_body`.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import msgspec
+
+__all__ = ["ErrorBody", "NtfyError", "Problem", "error_body"]
+
+
+class ErrorBody(msgspec.Struct, frozen=True, omit_defaults=True):
+    """ntfy's error JSON: ``{"code":40009,"http":400,"error":"invalid request: topic invalid"}``."""
+
+    code: int
+    http: int
+    error: str
+    link: str = ""
+
+
+class Problem(NamedTuple):
+    """One documented error: ntfy's ``code``, the HTTP status and a static message."""
+
+    code: int
+    http: int
+    error: str
+
+    def body(self) -> bytes:
+        """The JSON reply body (cached: a role has a few dozen problems, each encoded once)."""
+        return error_body(self)
+
+
+class NtfyError(Exception):
+    """A request refused with a documented :class:`Problem`."""
+
+    def __init__(self, problem: Problem) -> None:
+        super().__init__(problem.error)
+        self.problem = problem
+
+    @property
+    def code(self) -> int:
+        return self.problem.code
+
+    @property
+    def http(self) -> int:
+        return self.problem.http
+
+    @property
+    def error(self) -> str:
+        return self.problem.error
+
+
+_encoder = msgspec.json.Encoder()
+_BODIES: dict[Problem, bytes] = {}
+
+
+def error_body(problem: Problem) -> bytes:
+    """ntfy's error body for ``problem``: the JSON object and the newline ntfy writes after it."""
+    body = _BODIES.get(problem)
+    if body is None:
+        body = _encoder.encode(ErrorBody(problem.code, problem.http, problem.error)) + b"\n"
+        if len(_BODIES) < 1024:  # problems are static; the bound only guards against a misuse
+            _BODIES[problem] = body
+    return body

@@ -1,0 +1,50 @@
+"""The contract between a front door and a role's hot routes: a plain async function, no framework.
+
+A front door (the pusher's asyncio HTTP/1.1 server, or an ASGI adapter under granian) parses the
+request once, asks ``handler.wants(method, path)`` and, when it does, reads the body (at most
+``handler.body_limit(method, topic)`` bytes; ``None`` when over that limit) and awaits
+``handler(method, topic, headers, query, body)`` for a :class:`Reply`. Why: each extra layer
+(an ASGI scope, a second parse, a framework's per-request machinery) costs a share of the CPU a
+publish takes (measurements.md: Litestar's route machinery ~3.5x a bare callable).
+
+``topic`` is the percent-decoded path without its leading slash ("" for ``/``); ``headers`` are the
+raw (lower-case name, value) byte pairs as ASGI carries them; ``query`` is the raw query string.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import NamedTuple, Protocol
+
+__all__ = ["Handler", "Reply", "NO_BODY", "JSON"]
+
+JSON = b"application/json"
+NO_BODY = -1
+"""``body_limit`` for a route that reads no body (the front door passes ``b""``)."""
+
+
+class Reply(NamedTuple):
+    """What a handler answers: the status, the body and any headers beyond Content-Type/-Length."""
+
+    status: int
+    body: bytes
+    headers: tuple[tuple[bytes, bytes], ...] = ()
+    content_type: bytes = JSON
+
+
+class Handler(Protocol):
+    """A role's hot routes as one callable (see the module docstring)."""
+
+    def wants(self, method: str, path: str) -> bool:
+        """Whether this request is the handler's (else the front door routes it elsewhere)."""
+        ...
+
+    def body_limit(self, method: str, topic: str) -> int:
+        """The most body bytes this request may carry (:data:`NO_BODY`: none is read)."""
+        ...
+
+    async def __call__(
+        self, method: str, topic: str, headers: Sequence[tuple[bytes, bytes]], query: bytes, body: bytes | None
+    ) -> Reply:
+        """Answer the request; ``body`` is ``None`` when it was over ``body_limit`` (not read whole)."""
+        ...

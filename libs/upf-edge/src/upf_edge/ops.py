@@ -1,0 +1,107 @@
+"""The ops endpoints every role serves, built once, as an ``upf_edge`` handler: ``/v1/health`` (ntfy's),
+``/__lbheartbeat__`` (process alive), ``/__heartbeat__`` (the store answers), ``/__version__`` and the
+Prometheus scrape endpoint ``/metrics``.
+
+Why one copy: each role had its own, and they had drifted (``{}`` vs ``{}\\n``, two different failed
+heartbeats). A role builds :class:`OpsRoutes` with its name, version, a store probe and a metrics
+renderer (callables, so this library needs neither the store nor the telemetry code) and puts it in
+front of its other routes. Other methods on these paths are 405, as a framework's router answers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+
+import msgspec
+
+from .errors import Problem
+from .handler import NO_BODY, Reply
+
+__all__ = [
+    "OpsRoutes",
+    "PATHS",
+    "HEALTH_BODY",
+    "LBHEARTBEAT_BODY",
+    "HEARTBEAT_OK_BODY",
+    "HEARTBEAT_TIMEOUT_SECS",
+    "STORE_UNAVAILABLE",
+    "version_body",
+]
+
+log = logging.getLogger("upf_edge.ops")
+
+HEALTH_BODY = b'{"healthy":true}\n'
+LBHEARTBEAT_BODY = b"{}\n"
+HEARTBEAT_OK_BODY = b'{"status":"ok","store":"ok"}\n'
+HEARTBEAT_TIMEOUT_SECS = 2.0
+STORE_UNAVAILABLE = Problem(50301, 503, "service unavailable: store not responding")
+METHOD_NOT_ALLOWED = Problem(40501, 405, "method not allowed")
+PATHS = frozenset({"/v1/health", "/__lbheartbeat__", "/__heartbeat__", "/__version__", "/metrics"})
+
+_ALLOW = ((b"allow", b"GET, HEAD"),)
+
+
+class _Version(msgspec.Struct, frozen=True):
+    name: str
+    version: str
+
+
+def version_body(name: str, version: str) -> bytes:
+    """``/__version__``: ``{"name":"upf-writer","version":"0.1.0"}`` and a newline."""
+    return msgspec.json.encode(_Version(name, version)) + b"\n"
+
+
+class OpsRoutes:
+    """The ops endpoints of one role. ``probe`` reads the store (raising, or returning False, when it
+    cannot); ``metrics`` renders the process's metrics as ``metrics_content_type`` text."""
+
+    __slots__ = ("_version", "_probe", "_metrics", "_metrics_type", "_timeout")
+
+    def __init__(
+        self,
+        name: str,
+        version: str,
+        probe: Callable[[], Awaitable[object]],
+        metrics: Callable[[], bytes],
+        metrics_content_type: str,
+        heartbeat_timeout: float = HEARTBEAT_TIMEOUT_SECS,
+    ) -> None:
+        self._version = version_body(name, version)
+        self._probe = probe
+        self._metrics = metrics
+        self._metrics_type = metrics_content_type.encode("ascii")
+        self._timeout = heartbeat_timeout
+
+    def wants(self, method: str, path: str) -> bool:
+        return path in PATHS
+
+    def body_limit(self, method: str, topic: str) -> int:
+        return NO_BODY
+
+    async def __call__(
+        self, method: str, topic: str, headers: Sequence[tuple[bytes, bytes]], query: bytes, body: bytes | None
+    ) -> Reply:
+        if method != "GET" and method != "HEAD":
+            return Reply(405, METHOD_NOT_ALLOWED.body(), _ALLOW)
+        if topic == "v1/health":
+            return Reply(200, HEALTH_BODY)
+        if topic == "__lbheartbeat__":
+            return Reply(200, LBHEARTBEAT_BODY)
+        if topic == "__version__":
+            return Reply(200, self._version)
+        if topic == "metrics":
+            # "metrics" is one of ntfy's disallowed topic names, so this route shadows no topic.
+            return Reply(200, self._metrics(), content_type=self._metrics_type)
+        return await self._heartbeat()
+
+    async def _heartbeat(self) -> Reply:
+        try:
+            ok = await asyncio.wait_for(self._probe(), self._timeout)
+        except Exception as exc:  # noqa: BLE001 - any failure of the probe means "not healthy"
+            log.warning("heartbeat failed: store read failed", extra={"error_type": type(exc).__name__})
+            ok = False
+        if ok is False:
+            return Reply(503, STORE_UNAVAILABLE.body())
+        return Reply(200, HEARTBEAT_OK_BODY)

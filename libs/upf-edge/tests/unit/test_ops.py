@@ -1,0 +1,54 @@
+"""The ops endpoints every role shares: bodies, the store probe, 405 on other methods."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from upf_edge import NO_BODY
+from upf_edge.ops import PATHS, OpsRoutes
+
+
+def routes(probe_result: object = None, fail: bool = False) -> OpsRoutes:
+    async def probe() -> object:
+        if fail:
+            raise RuntimeError("store down")
+        return probe_result
+
+    return OpsRoutes("upf-test", "1.2.3", probe, lambda: b"# metrics\n", "text/plain; version=0.0.4")
+
+
+async def call(r: OpsRoutes, method: str, path: str):  # noqa: ANN201
+    assert r.wants(method, path) and r.body_limit(method, path[1:]) == NO_BODY
+    return await r(method, path[1:], [], b"", b"")
+
+
+async def test_bodies_of_each_path() -> None:
+    """Health, lbheartbeat, version and metrics answer 200 with their documented bodies and types."""
+    r = routes()
+    assert (await call(r, "GET", "/v1/health"))[:2] == (200, b'{"healthy":true}\n')
+    assert (await call(r, "GET", "/__lbheartbeat__"))[:2] == (200, b"{}\n")
+    version = await call(r, "GET", "/__version__")
+    assert json.loads(version.body) == {"name": "upf-test", "version": "1.2.3"}
+    metrics = await call(r, "HEAD", "/metrics")
+    assert metrics.body == b"# metrics\n" and metrics.content_type == b"text/plain; version=0.0.4"
+    assert not r.wants("GET", "/sometopic") and "/metrics" in PATHS
+
+
+@pytest.mark.parametrize(("result", "fail", "status"), [(None, False, 200), (True, False, 200), (False, False, 503), (None, True, 503)])
+async def test_heartbeat_follows_the_store_probe(result: object, fail: bool, status: int) -> None:
+    """The heartbeat is 200 when the probe returns; 503 with ntfy's error JSON when it raises or says False."""
+    reply = await call(routes(result, fail), "GET", "/__heartbeat__")
+    assert reply.status == status
+    if status == 503:
+        assert json.loads(reply.body) == {"code": 50301, "http": 503, "error": "service unavailable: store not responding"}
+    else:
+        assert json.loads(reply.body) == {"status": "ok", "store": "ok"}
+
+
+async def test_other_methods_are_405() -> None:
+    """A POST to an ops path is 405 with an Allow header, as a router answers."""
+    reply = await call(routes(), "POST", "/v1/health")
+    assert reply.status == 405 and json.loads(reply.body)["code"] == 40501
+    assert reply.headers == ((b"allow", b"GET, HEAD"),)

@@ -1,0 +1,108 @@
+"""The writer's hot routes as one plain function: ``(method, topic, headers, query, body) -> Reply``.
+
+``POST``/``PUT /{topic}`` (publish), ``POST``/``PUT /`` (ntfy's JSON publish) and ``GET``/``HEAD
+/{topic}`` (the UnifiedPush endpoint check) carry nearly all of the writer's traffic. They are served
+by :class:`WriterFront`, which implements ``upf_edge.handler.Handler``: it decodes, calls the pure
+core (``ingest``), makes the one store call and returns the ntfy JSON reply or ntfy's JSON error body.
+No framework is involved, so every front door calls it directly: the pusher's asyncio server in the
+all-in-one program (the writer's function is wired in as its publish handler, no ASGI bridge), and
+``upf_edge.asgi.serve_asgi`` under granian for the standalone writer (``WriterApp`` in app.py). Why:
+Litestar's per-request machinery costs ~3.5x a bare callable (measurements.md), and in the all-in-one
+an ASGI bridge on top re-built a scope for every publish. Litestar keeps the cold routes.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+from upf_edge import NO_BODY, Problem, Reply
+from upf_edge.http11 import decode_headers, decode_query
+
+from . import ingest, schemas
+from .context import WriterContext
+from .ingest import PublishError
+from .routes.publish import failure_problem, publish_one
+
+__all__ = ["WriterFront", "problem_reply"]
+
+_REPLAYED = ((b"idempotent-replayed", b"true"),)
+_ALLOW = ((b"allow", b"GET, HEAD, POST, PUT"),)
+
+
+def problem_reply(problem: Problem, headers: tuple[tuple[bytes, bytes], ...] = ()) -> Reply:
+    return Reply(problem.http, problem.body(), headers)
+
+
+class WriterFront:
+    """The writer's ``upf_edge`` handler (see the module docstring). ``reserved`` are the one-segment
+    paths the writer's Litestar app serves itself (``/metrics``, ``/__version__``...): not topics."""
+
+    __slots__ = ("ctx", "reserved", "_max", "_json_max", "_tracing")
+
+    def __init__(self, ctx: WriterContext, reserved: frozenset[str] = frozenset()) -> None:
+        self.ctx = ctx
+        self.reserved = reserved
+        self._max = ctx.limits.max_message_bytes
+        self._json_max = ingest.json_body_limit(ctx.limits)
+        self._tracing = ctx.telemetry.tracing
+
+    def wants(self, method: str, path: str) -> bool:
+        if path == "/":
+            return method == "POST" or method == "PUT"
+        return len(path) > 1 and path.rfind("/") == 0 and path not in self.reserved
+
+    def body_limit(self, method: str, topic: str) -> int:
+        if method == "POST" or method == "PUT":
+            return self._max if topic else self._json_max
+        return NO_BODY
+
+    async def __call__(
+        self, method: str, topic: str, headers: Sequence[tuple[bytes, bytes]], query: bytes, body: bytes | None
+    ) -> Reply:
+        if method == "POST" or method == "PUT":
+            return await self.publish(topic, headers, query, body)
+        try:
+            if method == "GET" or method == "HEAD":
+                ingest.validate_topic(topic)
+                if not ingest.unifiedpush_requested(decode_headers(headers), decode_query(query)):
+                    raise PublishError(ingest.NOT_FOUND)
+                return Reply(200, schemas.UP_DISCOVERY)
+            return problem_reply(ingest.METHOD_NOT_ALLOWED, _ALLOW)
+        except PublishError as exc:
+            return problem_reply(exc.problem)
+        except Exception as exc:  # noqa: BLE001 - every failure still answers with ntfy's error JSON
+            return problem_reply(failure_problem(exc, "topic"))
+
+    async def publish(
+        self, topic: str, raw_headers: Sequence[tuple[bytes, bytes]], query: bytes, body: bytes | None
+    ) -> Reply:
+        """One publish: ``topic`` "" is ntfy's JSON publish on ``/`` (the topic is in the body).
+        ``body`` is ``None`` when the front door found it over ``body_limit``. Bad input stores nothing."""
+        ctx = self.ctx
+        start_ns = time.time_ns() if self._tracing else 0
+        route = "topic" if topic else "json"
+        try:
+            headers = decode_headers(raw_headers)
+            if topic:
+                ingest.validate_topic(topic)
+                limit, too_large = self._max, ingest.MESSAGE_TOO_LARGE
+            else:
+                limit, too_large = self._json_max, ingest.JSON_TOO_LARGE
+            ingest.check_content_length(headers, limit, too_large)
+            if body is None or len(body) > limit:
+                raise PublishError(too_large)
+            params = decode_query(query)
+            if topic:
+                ingested = ingest.ingest_publish(topic, headers, params, body, now=ctx.clock(), limits=ctx.limits)
+            else:
+                ingested = ingest.ingest_json(headers, params, body, now=ctx.clock(), limits=ctx.limits)
+            payload, replayed = await publish_one(ctx, ingested, headers, len(body), start_ns, route)
+        except PublishError as exc:
+            ctx.metrics.rejected(exc.problem.code)
+            return problem_reply(exc.problem)
+        except Exception as exc:  # noqa: BLE001 - every failure still answers with ntfy's error JSON
+            problem = failure_problem(exc, route)
+            ctx.metrics.rejected(problem.code)
+            return problem_reply(problem)
+        return Reply(200, payload, _REPLAYED if replayed else ())
