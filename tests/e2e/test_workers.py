@@ -10,6 +10,8 @@ import asyncio
 import os
 import re
 import signal
+import socket
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -158,7 +160,7 @@ async def test_two_workers_serve_one_port_and_deliver_across_each_other(fleet):
     reaches a subscriber held by the other, through the store."""
     role, workers = start_workers(fleet, "wk")
     pids = list(workers.values())
-    subs = [await subscribe_on(role.port, pids, f"/spread{i}/json") for i in range(12)]
+    subs = [await subscribe_on(role.port, pids, f"/spread{i}/json") for i in range(20)]
     assert {s.pid for s in subs} == set(pids), "every connection landed on one worker"
     for s in subs:
         s.close()
@@ -249,3 +251,19 @@ def test_sigterm_to_the_supervisor_stops_every_worker(fleet):
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
     assert "pusher stopped" in role.log()
+
+
+def test_a_busy_port_stops_the_supervisor_at_start(fleet, tmp_path):
+    """Workers share the port with each other only: a port another server holds fails at start, as it
+    does for one process, instead of joining that server's SO_REUSEPORT group."""
+    with socket.socket() as other:
+        other.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)  # even one that would share
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        port = other.getsockname()[1]
+        env = {k: v for k, v in os.environ.items() if not k.startswith("UPF_")}
+        env.update(UPF_WORKERS="2", UPF_BIND=f"127.0.0.1:{port}", UPF_STORE_PATH=str(tmp_path / "upf.db"))
+        out = subprocess.run([sys.executable, "-m", "upf"], env=env, capture_output=True, text=True,
+                             timeout=60 * TIMEOUT_FACTOR)
+    assert out.returncode == 1
+    assert "UPF_BIND" in out.stderr and "upf: worker" not in out.stdout
