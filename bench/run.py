@@ -1052,7 +1052,9 @@ def summarize(res: dict[str, Any]) -> dict[str, Any]:
         k1, k2 = knee_of(sw_all["allinone"]), knee_of(sw_all["allinone_w2"])
         s["scaling"] = {"knee_workers_1": k1, "knee_workers_2": k2, "ratio": round(k2 / k1, 2) if k1 else None,
                         "knee_reached_1": all(sw.get("knee") for sw in sw_all["allinone"]),
-                        "knee_reached_2": all(sw.get("knee") for sw in sw_all["allinone_w2"])}
+                        "knee_reached_2": all(sw.get("knee") for sw in sw_all["allinone_w2"]),
+                        "last_good_1": min((sw["knee"].get("last_good_rate") or 0 for sw in sw_all["allinone"] if sw.get("knee")), default=None),
+                        "last_good_2": min((sw["knee"].get("last_good_rate") or 0 for sw in sw_all["allinone_w2"] if sw.get("knee")), default=None)}
     if "idle_cpu" in res:
         s["idle_cpu"] = res["idle_cpu"]
     sweeps = res.get("sweeps", {})
@@ -1237,7 +1239,8 @@ def render(res: dict[str, Any]) -> str:
         sc = s["scaling"]
         L += ["## Scaling: the all-in-one's knee with UPF_WORKERS=1 vs 2", "",
               f"Knee (lower of the sweeps): {sc['knee_workers_1']:g}/s with 1 worker{'' if sc['knee_reached_1'] else ' (not reached: a lower bound)'}, "
-              f"{sc['knee_workers_2']:g}/s with 2{'' if sc['knee_reached_2'] else ' (not reached: a lower bound)'}; ratio {sc['ratio']}. "
+              f"{sc['knee_workers_2']:g}/s with 2{'' if sc['knee_reached_2'] else ' (not reached: a lower bound)'}; ratio {sc['ratio']} "
+              f"(last good rate: {_f(sc.get('last_good_1'))}/s and {_f(sc.get('last_good_2'))}/s; the sweep's rate steps bound the ratio's precision). "
               "The CPU split between roles is in the publish-and-delivery table (the split shape's writer and pusher, "
               "the all-in-one's threads and workers).", ""]
     if "correctness" in s:
