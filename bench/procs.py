@@ -25,6 +25,8 @@ __all__ = [
     "free_port",
     "tree_cpu",
     "tree_rss_kb",
+    "tree_thread_cpu",
+    "children",
     "stop_all",
     "start_upf_allinone",
     "start_upf_writer",
@@ -93,6 +95,52 @@ def _rss_kb(pid: int, field: str = "VmRSS:") -> int:
 def tree_cpu(pids: list[int]) -> float:
     """CPU seconds (user+sys) of these processes and all their live descendants."""
     return sum(_cpu_secs(p) for root in pids for p in tree(root))
+
+
+def children(pid: int) -> list[int]:
+    """The direct children of a process (the all-in-one's workers under its supervisor)."""
+    return sorted(_children().get(pid, []))
+
+
+def listens(pid: int, port: int) -> bool:
+    """Whether this process holds a listening TCP socket on the port (from /proc/net/tcp*)."""
+    inodes = set()
+    for name in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError), open(name) as f:
+            for line in list(f)[1:]:
+                parts = line.split()
+                if parts[3] == "0A" and int(parts[1].rsplit(":", 1)[1], 16) == port:
+                    inodes.add(f"socket:[{parts[9]}]")
+    with contextlib.suppress(OSError):
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            with contextlib.suppress(OSError):
+                if os.readlink(f"/proc/{pid}/fd/{fd}") in inodes:
+                    return True
+    return False
+
+
+def tree_thread_cpu(pids: list[int]) -> dict[str, float]:
+    """CPU seconds by thread, summed over these processes and their descendants: each process's main
+    thread (a Python server's event loop) as ``main``, other threads by name (``comm``: Python's own
+    threads, such as the embedded store's committer and watch poller, are all named ``python``)."""
+    out: dict[str, float] = {}
+    for p in (p for root in pids for p in tree(root)):
+        try:
+            tids = os.listdir(f"/proc/{p}/task")
+        except OSError:
+            continue
+        for tid in tids:
+            try:
+                with open(f"/proc/{p}/task/{tid}/comm") as f:
+                    comm = f.read().strip()
+                with open(f"/proc/{p}/task/{tid}/stat", "rb") as f:
+                    raw = f.read()
+            except OSError:
+                continue
+            fields = raw[raw.rindex(b")") + 2 :].split()
+            name = "main" if int(tid) == p else f"{comm} (other)"
+            out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / TICK
+    return out
 
 
 def tree_rss_kb(pids: list[int], field: str = "VmRSS:") -> int:
@@ -181,6 +229,8 @@ def _start_role(module: str, label: str, node: str, workdir: Path, store: Path, 
 
 
 def start_upf_allinone(workdir: Path, store: Path, cpus: set[int] | None = None, **extra: str) -> tuple[Proc, int]:
+    """One process unless ``UPF_WORKERS`` is passed: the figures measured before workers existed stay comparable."""
+    extra.setdefault("UPF_WORKERS", "1")
     return _start_role("upf", "upf", "bench-allinone", workdir, store, cpus, extra)
 
 

@@ -20,6 +20,13 @@ What it does (see BENCHMARKS.md for how to read it):
              driven by bench/pubdrive.py, the two topic counts alternating on the same writer.
 5. idle      resident memory per idle subscriber (services/pusher/bench/idle_memory.py), 10,000
              connections per transport, a fresh server each.
+6. idlecpu   the all-in-one at rest (UPF_WORKERS=1 and 2): CPU % of a core over 60 s with no
+             connection and with 10,000 idle ws subscribers, keepalives included (goals 0.2% / 1%).
+7. pubdeliver CPU of all roles per publish-and-delivery at 2,000/s, 1,000 topics x 1 ws subscriber,
+             for the all-in-one with 1 and 2 workers and the split shape (goal 250 us), with the
+             CPU per worker, per thread and per role.
+The sweep also runs against the all-in-one with UPF_WORKERS=2 (scaling: the knee of 1 vs 2 workers),
+and each round runs Pushpin (bench/pushpin_peer.py) as a fan-out peer beside the bare broadcast.
 
 Every process it starts is stopped at the end (by the PIDs it started). Loopback only.
 """
@@ -48,6 +55,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import broadcast  # noqa: E402
 import procs  # noqa: E402
+import pushpin_peer  # noqa: E402
 from procs import PY, REPO, tree_cpu, tree_rss_kb  # noqa: E402
 
 BENCH = REPO / "bench"
@@ -80,6 +88,17 @@ FULL = dict(
     idle_kinds="baseline,ws,json,sse",
     idle_rounds=2,
     idle_max_n=19_000,
+    sweep_shapes=["allinone", "split", "allinone_w2"],
+    idle_cpu_secs=60.0,
+    idle_cpu_n=10_000,
+    idle_cpu_workers=[1, 2],
+    pd_rate=2000,
+    pd_topics=1000,
+    pd_secs=10.0,
+    pd_shapes=["allinone", "allinone_w2", "split"],
+    pp_channels=10,
+    pp_streams=100,
+    pp_rate=500,
 )
 QUICK = {
     **FULL,  # a smoke run: the same phases, shorter and coarser
@@ -97,6 +116,12 @@ QUICK = {
     "idle_kinds": "baseline,ws",
     "idle_rounds": 1,
     "idle_max_n": 0,
+    "idle_cpu_secs": 15.0,
+    "idle_cpu_n": 2000,
+    "pd_secs": 5.0,
+    "pp_channels": 5,
+    "pp_streams": 20,
+    "pp_rate": 200,
 }
 
 GOALS = {
@@ -105,6 +130,9 @@ GOALS = {
     "p99_half_knee_ms": 50.0,
     "idle_kb": 16.0,
     "topics_ratio": 1.2,
+    "idle_cpu_pct_0": 0.2,
+    "idle_cpu_pct_n": 1.0,
+    "cpu_us_per_publish_and_delivery": 250.0,
 }
 
 
@@ -142,15 +170,19 @@ def loadavg() -> str:
 
 # --------------------------------------------------------------------------------------------- servers
 class Shape:
-    """A running UPF: the all-in-one program, or the split writer + pusher on one store file."""
+    """A running UPF: the all-in-one program (``allinone``: one process; ``allinone_wN``: UPF_WORKERS=N),
+    or the split writer + pusher on one store file."""
 
-    def __init__(self, kind: str, workdir: Path, cpus: set[int] | None = None) -> None:
+    def __init__(self, kind: str, workdir: Path, cpus: set[int] | None = None, **extra: str) -> None:
         self.kind = kind
         self.dir = Path(tempfile.mkdtemp(prefix=f"{kind}-", dir=workdir))
         store = self.dir / "upf.db"
         self.roles: dict[str, procs.Proc] = {}
-        if kind == "allinone":
-            p, port = procs.start_upf_allinone(self.dir, store, cpus)
+        if kind.startswith("allinone"):
+            workers = kind.partition("_w")[2] or "1"
+            p, port = procs.start_upf_allinone(self.dir, store, cpus, UPF_WORKERS=workers, **extra)
+            if int(workers) > 1:
+                wait_workers(p, port, int(workers))
             self.roles["upf"] = p
             self.writer = self.pusher = f"http://127.0.0.1:{port}"
         elif kind == "split":
@@ -168,6 +200,15 @@ class Shape:
     def cpu(self) -> dict[str, float]:
         return {name: tree_cpu([p.pid]) for name, p in self.roles.items()}
 
+    def worker_cpu(self) -> list[float]:
+        """CPU seconds of each worker process of an all-in-one with UPF_WORKERS > 1 (empty otherwise)."""
+        if "upf" not in self.roles:
+            return []
+        return [tree_cpu([pid]) for pid in procs.children(self.roles["upf"].pid)]
+
+    def thread_cpu(self) -> dict[str, float]:
+        return procs.tree_thread_cpu([p.pid for p in self.roles.values()])
+
     def rss_kb(self, field: str = "VmRSS:") -> dict[str, int]:
         return {name: tree_rss_kb([p.pid], field) for name, p in self.roles.items()}
 
@@ -180,6 +221,19 @@ class Shape:
         for p in self.roles.values():
             p.stop()
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def wait_workers(p: procs.Proc, port: int, n: int, timeout: float = 60.0) -> None:
+    """Until every worker of a supervisor listens on the port (the first one answering is not enough)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        kids = procs.children(p.pid)
+        if len(kids) == n and all(procs.listens(k, port) for k in kids):
+            return
+        if not p.alive():
+            raise RuntimeError(f"upf exited: {p.log_tail()}")
+        time.sleep(0.2)
+    raise TimeoutError(f"{n} workers not listening: {p.log_tail()}")
 
 
 _POPENS: list[subprocess.Popen[str]] = []
@@ -619,6 +673,88 @@ def idle_memory(n: int, kinds: str) -> dict[str, dict[str, float]]:
     return out
 
 
+def cpu_pct_over(shape: Shape, secs: float) -> float:
+    """CPU of all of a shape's processes over ``secs`` of wall time, in % of one core."""
+    c0, t0 = sum(shape.cpu().values()), time.monotonic()
+    time.sleep(secs)
+    c1, t1 = sum(shape.cpu().values()), time.monotonic()
+    return round(100 * (c1 - c0) / (t1 - t0), 3)
+
+
+def hold_idle_ws(port: int, n: int) -> subprocess.Popen[str]:
+    """``n`` idle ws subscribers (one topic each) from idle_memory.py's client, held until stopped."""
+    p = spawn_pinned([PY, str(IDLE_MEMORY), "--client", "ws", "--port", str(port), "--n", str(n), "--start", "0"],
+                     None, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert p.stdout is not None
+    line = p.stdout.readline()
+    if not line.startswith("ready"):
+        stop_popen(p)
+        raise RuntimeError(f"idle clients failed: {line!r} {p.stderr.read() if p.stderr else ''}")
+    return p
+
+
+def phase_idle_cpu(cfg: dict[str, Any], work: Path) -> dict[str, Any]:
+    """The all-in-one at rest, default timers (keepalives, safety poll, heartbeat, janitor): CPU % of a
+    core with no connection, then with ``idle_cpu_n`` idle ws subscribers; a fresh server per worker count."""
+    secs, n = cfg["idle_cpu_secs"], cfg["idle_cpu_n"]
+    out: dict[str, Any] = {"secs": secs, "n": n, "by_workers": {}}
+    for workers in cfg["idle_cpu_workers"]:
+        shape = Shape(f"allinone_w{workers}", work)
+        try:
+            time.sleep(3)  # start-up work (imports, first heartbeat, first janitor pass) out of the window
+            zero = cpu_pct_over(shape, secs)
+            clients = hold_idle_ws(int(shape.pusher.rsplit(":", 1)[1]), n)
+            try:
+                time.sleep(3)  # the subscribes' writes out of the window
+                held = cpu_pct_over(shape, secs)
+            finally:
+                stop_popen(clients)
+            shape.check_alive()
+            out["by_workers"][str(workers)] = {"idle_0_pct": zero, "idle_n_pct": held,
+                                               "rss_mb": round(sum(shape.rss_kb().values()) / 1024, 1)}
+            log(f"  idle CPU, {workers} worker(s): {zero}% of a core with 0 connections, {held}% with {n}")
+        finally:
+            shape.stop()
+    return out
+
+
+def phase_pubdeliver(cfg: dict[str, Any], work: Path) -> dict[str, Any]:
+    """CPU of all roles together per publish-and-delivery at ``pd_rate`` publishes/s over ``pd_topics``
+    topics with one ws subscriber each, for each shape; per-thread and per-worker CPU show where it goes."""
+    out: dict[str, Any] = {"rate": cfg["pd_rate"], "topics": cfg["pd_topics"], "secs": cfg["pd_secs"], "shapes": {}}
+    for kind in cfg["pd_shapes"]:
+        shape = Shape(kind, work)
+        try:
+            argv = ["run", *lg_common(shape, cfg["pd_topics"], cfg["pd_secs"]), "--rate", str(cfg["pd_rate"])]
+            th0, wk0 = shape.thread_cpu(), shape.worker_cpu()
+            lg = LoadgenRun(argv, shape)
+            rep = lg.wait(timeout=cfg["pd_secs"] + 180)
+            th1, wk1 = shape.thread_cpu(), shape.worker_cpu()
+            shape.check_alive()
+            s = summarize_run(rep)
+            price_run(s, lg.events, {k: lg.cpu1[k] - lg.cpu0[k] for k in lg.cpu0})
+            st = s["steady"]
+            total = sum(st.get("server_cpu_secs", {}).values())
+            s["cpu_us_per_publish_and_delivery"] = (round(1e6 * total / min(st["accepted"], st["delivered"]), 1)
+                                                    if st and min(st["accepted"], st["delivered"]) else None)
+            threads = {k: round(th1[k] - th0.get(k, 0.0), 3) for k in th1 if th1[k] - th0.get(k, 0.0) > 0.005}
+            s["thread_cpu_secs_whole_run"] = dict(sorted(threads.items(), key=lambda kv: -kv[1]))
+            if len(wk0) == len(wk1) and wk1:
+                s["worker_cpu_secs_whole_run"] = [round(b - a, 3) for a, b in zip(wk0, wk1)]
+            out["shapes"][kind] = s
+            log(f"  {kind} at {cfg['pd_rate']}/s: {s['verdict']}, delivered {s['delivered']}/{s['expected']}, "
+                f"{s['cpu_us_per_publish_and_delivery']} us per publish-and-delivery (steady)")
+        finally:
+            shape.stop()
+    return out
+
+
+def phase_pushpin(cfg: dict[str, Any], payload: int, work: Path) -> dict[str, Any]:
+    """Pushpin (Debian's package) holding one HTTP stream per subscriber, fed through its publish API."""
+    return pushpin_peer.run(cfg["pp_channels"], cfg["pp_streams"], cfg["pp_rate"], cfg["bcast_secs"], payload,
+                            work, SERVER_CPUS, DRIVER_CPUS)
+
+
 def phase_idle(cfg: dict[str, Any]) -> dict[str, Any]:
     rounds = []
     kinds = cfg["idle_kinds"].split(",")
@@ -686,7 +822,7 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="a ~3 minute run: fewer rounds, shorter windows")
     ap.add_argument("--out", help="results directory (default bench/results, or bench/results/quick)")
     ap.add_argument("--rounds", type=int, help="override the number of alternating rounds")
-    ap.add_argument("--skip", default="", help="comma-separated phases to skip: sweep,rounds,topics,idle")
+    ap.add_argument("--skip", default="", help="comma-separated phases to skip: sweep,rounds,pushpin,idlecpu,pubdeliver,topics,idle")
     ap.add_argument("--render", metavar="RESULTS_JSON", help="only re-render summary.md from a results.json")
     a = ap.parse_args()
     if a.render:
@@ -727,7 +863,7 @@ def main() -> int:
         sweeps: dict[str, list[dict[str, Any]]] = {}
         if "sweep" not in skip:
             for n in range(1, cfg["sweep_rounds"] + 1):
-                for kind in ("allinone", "split") if n % 2 else ("split", "allinone"):
+                for kind in cfg["sweep_shapes"] if n % 2 else list(reversed(cfg["sweep_shapes"])):
                     log(f"sweep {kind} #{n}: rates {cfg['sweep_rates']} x {cfg['sweep_secs']}s, {cfg['lg_topics']} topics")
                     sw = phase_sweep(kind, cfg, work, out, n)
                     sweeps.setdefault(kind, []).append(sw)
@@ -743,7 +879,9 @@ def main() -> int:
             for r in range(cfg["rounds"]):
                 log(f"round {r + 1}/{cfg['rounds']} (load {loadavg()})")
                 row: dict[str, Any] = {"loadavg": loadavg()}
-                steps = ["ingest", "broadcast", "fanout", "allinone", "split"]
+                steps = ["ingest", "broadcast", "fanout", "pushpin", "allinone", "split"]
+                if "pushpin" in skip:
+                    steps.remove("pushpin")
                 if r % 2:
                     steps.reverse()
                 for step in steps:
@@ -756,6 +894,9 @@ def main() -> int:
                         row["fanout"] = f = fanout_round(cfg, work)
                         log(f"  fanout {f['topics']} topics x {f['subs_per_topic']} subs at {f['rate']:.0f}/s: {f['verdict']}, "
                             f"delivered {f['delivered']}/{f['expected']}, pusher {f['steady'].get('pusher_frames_per_cpu_sec')} frames/CPU-s")
+                    elif step == "pushpin":
+                        row["pushpin"] = pp = phase_pushpin(cfg, payload, work)
+                        log(f"  pushpin: {pp.get('skipped') or str(pp['delivered']) + '/' + str(pp['expected']) + ' items, ' + str(pp['cpu_us_per_item']) + ' us CPU per item'}")
                     elif step == "broadcast":
                         row["broadcast"] = broadcast_round(cfg, payload)
                         log(f"  broadcast: {row['broadcast']['frames_per_cpu_sec']:.0f} frames/CPU-s")
@@ -769,6 +910,12 @@ def main() -> int:
                 rounds.append(row)
         res["rounds"] = rounds
 
+        if "idlecpu" not in skip:
+            log(f"idle CPU: 0 and {cfg['idle_cpu_n']} idle ws subscribers, {cfg['idle_cpu_secs']}s each, UPF_WORKERS {cfg['idle_cpu_workers']}")
+            res["idle_cpu"] = phase_idle_cpu(cfg, work)
+        if "pubdeliver" not in skip:
+            log(f"publish-and-delivery: {cfg['pd_rate']}/s over {cfg['pd_topics']} topics x 1 ws subscriber, {cfg['pd_shapes']}")
+            res["pubdeliver"] = phase_pubdeliver(cfg, work)
         if "topics" not in skip:
             log(f"topics: pre-populating {cfg['topics_large']} topics, then {cfg['topics_small']} vs {cfg['topics_large']}")
             res["topics"] = phase_topics(cfg, work)
@@ -874,10 +1021,47 @@ def summarize(res: dict[str, Any]) -> dict[str, Any]:
                 agg[lbl] = a
             agg["peak_rss_mb"] = round(med([sum(r[kind]["peak_rss_kb"].values()) for r in rounds]) / 1024, 1)
             s[kind] = agg
+    pps = [r["pushpin"] for r in rounds if "pushpin" in r and not r["pushpin"].get("skipped")]
+    if pps:
+        s["pushpin"] = {
+            "channels": pps[0]["channels"], "streams": pps[0]["streams"], "rate": pps[0]["rate"],
+            "item_bytes": pps[0]["item_bytes"], "version": pps[0].get("version", ""),
+            "cpu_us_per_item": med([x["cpu_us_per_item"] for x in pps]),
+            "cpu_us_per_item_range": spread([x["cpu_us_per_item"] for x in pps]),
+            "items_per_cpu_sec": med([x["items_per_cpu_sec"] for x in pps]),
+            "undelivered": sum(x["expected"] - x["delivered"] for x in pps),
+        }
+        if "broadcast" in s and s["broadcast"]["frames_per_cpu_sec"]:
+            s["pushpin"]["broadcast_cpu_us_per_frame"] = round(1e6 / s["broadcast"]["frames_per_cpu_sec"], 1)
+        if "fanout" in s:
+            s["pushpin"]["upf_pusher_cpu_us_per_delivery"] = s["fanout"]["pusher_cpu_us_per_delivery"]
+    elif any("pushpin" in r for r in rounds):
+        s["pushpin"] = {"skipped": next(r["pushpin"].get("skipped") for r in rounds if "pushpin" in r)}
+    if "pubdeliver" in res:
+        pd = res["pubdeliver"]
+        s["pubdeliver"] = {"rate": pd["rate"], "topics": pd["topics"], "shapes": {
+            k: {"verdict": v["verdict"], "accepted_per_s": v["accepted_per_s"], "delivered_per_s": v["delivered_per_s"],
+                "p99_ms": v["p99_ms"], "cpu_us_per_publish_and_delivery": v.get("cpu_us_per_publish_and_delivery"),
+                "writer_cpu_us_per_publish": v["steady"].get("writer_cpu_us_per_publish"),
+                "pusher_cpu_us_per_delivery": v["steady"].get("pusher_cpu_us_per_delivery"),
+                "workers_cpu_secs": v.get("worker_cpu_secs_whole_run"),
+                "threads_cpu_secs": dict(list(v.get("thread_cpu_secs_whole_run", {}).items())[:6])}
+            for k, v in pd["shapes"].items()}}
+    sw_all = res.get("sweeps", {})
+    if "allinone" in sw_all and "allinone_w2" in sw_all:
+        k1, k2 = knee_of(sw_all["allinone"]), knee_of(sw_all["allinone_w2"])
+        s["scaling"] = {"knee_workers_1": k1, "knee_workers_2": k2, "ratio": round(k2 / k1, 2) if k1 else None,
+                        "knee_reached_1": all(sw.get("knee") for sw in sw_all["allinone"]),
+                        "knee_reached_2": all(sw.get("knee") for sw in sw_all["allinone_w2"]),
+                        "last_good_1": min((sw["knee"].get("last_good_rate") or 0 for sw in sw_all["allinone"] if sw.get("knee")), default=None),
+                        "last_good_2": min((sw["knee"].get("last_good_rate") or 0 for sw in sw_all["allinone_w2"] if sw.get("knee")), default=None)}
+    if "idle_cpu" in res:
+        s["idle_cpu"] = res["idle_cpu"]
     sweeps = res.get("sweeps", {})
     all_runs = [st for sws in sweeps.values() for sw in sws for st in sw["steps"]]
     all_runs += [r[k][lbl] for r in rounds for k in ("allinone", "split") if k in r for lbl in ("half_knee", "twice_knee")]
     all_runs += [r["fanout"] for r in rounds if "fanout" in r]
+    all_runs += list(res.get("pubdeliver", {}).get("shapes", {}).values())
     if all_runs:
         s["correctness"] = {
             "runs": len(all_runs),
@@ -920,6 +1104,18 @@ def summarize(res: dict[str, Any]) -> dict[str, Any]:
     if "topics" in res:
         r = res["topics"]["ratio_large_over_small"]
         g["topics_ratio"] = {"met": r is not None and r <= GOALS["topics_ratio"], "value": r}
+    if "idle_cpu" in s:
+        by = s["idle_cpu"]["by_workers"]
+        g["idle_cpu_pct_0"] = {"met": all(v["idle_0_pct"] <= GOALS["idle_cpu_pct_0"] for v in by.values()),
+                               "value": ", ".join(f"{v['idle_0_pct']}% ({w} worker{'s' if w != '1' else ''})" for w, v in by.items())}
+        g["idle_cpu_pct_n"] = {"met": all(v["idle_n_pct"] <= GOALS["idle_cpu_pct_n"] for v in by.values()),
+                               "value": ", ".join(f"{v['idle_n_pct']}% ({w} worker{'s' if w != '1' else ''})" for w, v in by.items())
+                               + f" at {s['idle_cpu']['n']:,} subscribers"}
+    if "pubdeliver" in s:
+        vals = {k: v["cpu_us_per_publish_and_delivery"] for k, v in s["pubdeliver"]["shapes"].items()}
+        g["cpu_us_per_publish_and_delivery"] = {
+            "met": all(v is not None and v <= GOALS["cpu_us_per_publish_and_delivery"] for v in vals.values()),
+            "value": ", ".join(f"{k} {v} us" for k, v in vals.items()) + f" at {s['pubdeliver']['rate']}/s"}
     s["goals"] = g
     return s
 
@@ -1008,6 +1204,45 @@ def render(res: dict[str, Any]) -> str:
         if i.get("max_n"):
             L.append(f"\nws at {i['max_n']:,} connections: {i['max_n_kb_per_conn']} KB per connection.")
         L.append("")
+    if "pushpin" in s:
+        p = s["pushpin"]
+        if p.get("skipped"):
+            L += ["## Fan-out peer: Pushpin", "", f"Skipped: {p['skipped']}.", ""]
+        else:
+            L += [f"## Fan-out peer: {p['version']}, {p['streams']} held HTTP streams on {p['channels']} channels, "
+                  f"{p['rate']:g} publishes/s of {p['item_bytes']}-byte items (CPU of all its processes, publishing and drain)", "",
+                  "| server | CPU us per delivered item |", "|---|---|",
+                  f"| Pushpin (incl. its HTTP publish intake) | {_f(p['cpu_us_per_item'], 1)} (rounds: {'-'.join(_f(x, 1) for x in p.get('cpu_us_per_item_range', []))}) |",
+                  f"| UPF pusher (fan-out round, split shape) | {_f(p.get('upf_pusher_cpu_us_per_delivery'), 1)} |",
+                  f"| bare websockets broadcast | {_f(p.get('broadcast_cpu_us_per_frame'), 1)} |",
+                  f"\n{p['undelivered']} Pushpin items undelivered.", ""]
+    if "idle_cpu" in s:
+        ic = s["idle_cpu"]
+        L += [f"## Idle CPU of the all-in-one (default timers, keepalives included), {ic['secs']:g} s windows", "",
+              f"| UPF_WORKERS | CPU % of a core, 0 connections (goal <= {GOALS['idle_cpu_pct_0']}) | CPU % with {ic['n']:,} idle ws subscribers (goal <= {GOALS['idle_cpu_pct_n']}) | RSS MB |",
+              "|---|---|---|---|"]
+        L += [f"| {w} | {v['idle_0_pct']} | {v['idle_n_pct']} | {v['rss_mb']} |" for w, v in ic["by_workers"].items()]
+        L.append("")
+    if "pubdeliver" in s:
+        pd = s["pubdeliver"]
+        L += [f"## CPU per publish-and-delivery, all roles together: {pd['rate']}/s over {pd['topics']:,} topics x 1 ws subscriber "
+              f"(goal <= {GOALS['cpu_us_per_publish_and_delivery']:g} us)", "",
+              "| shape | verdict | accepted/s | delivered/s | p99 ms | CPU us per publish-and-delivery | writer us/publish | pusher us/delivery | per-worker CPU s | busiest threads (CPU s, whole run) |",
+              "|---|---|---|---|---|---|---|---|---|---|"]
+        for k, v in pd["shapes"].items():
+            th = ", ".join(f"{n} {c:g}" for n, c in v["threads_cpu_secs"].items())
+            L.append(f"| {k} | {v['verdict']} | {_f(v['accepted_per_s'])} | {_f(v['delivered_per_s'])} | {_f(v['p99_ms'], 1)} | "
+                     f"{_f(v['cpu_us_per_publish_and_delivery'], 1)} | {_f(v['writer_cpu_us_per_publish'], 1)} | {_f(v['pusher_cpu_us_per_delivery'], 1)} | "
+                     f"{v['workers_cpu_secs'] or '-'} | {th} |")
+        L.append("")
+    if "scaling" in s:
+        sc = s["scaling"]
+        L += ["## Scaling: the all-in-one's knee with UPF_WORKERS=1 vs 2", "",
+              f"Knee (lower of the sweeps): {sc['knee_workers_1']:g}/s with 1 worker{'' if sc['knee_reached_1'] else ' (not reached: a lower bound)'}, "
+              f"{sc['knee_workers_2']:g}/s with 2{'' if sc['knee_reached_2'] else ' (not reached: a lower bound)'}; ratio {sc['ratio']} "
+              f"(last good rate: {_f(sc.get('last_good_1'))}/s and {_f(sc.get('last_good_2'))}/s; the sweep's rate steps bound the ratio's precision). "
+              "The CPU split between roles is in the publish-and-delivery table (the split shape's writer and pusher, "
+              "the all-in-one's threads and workers).", ""]
     if "correctness" in s:
         c = s["correctness"]
         L += ["## Correctness over every loadgen run", "",
@@ -1015,7 +1250,8 @@ def render(res: dict[str, Any]) -> str:
               f"{c['rejected_or_failed']} rejected/failed publishes; unclean: {c['unclean'] or 'none'}.", ""]
     L += ["## Goals", "", "| goal | target | measured | met |", "|---|---|---|---|"]
     targets = {"zero_loss_dup_reorder": "0", "writer_vs_bare": ">= 0.5 x bare ASGI", "pusher_vs_broadcast": ">= 0.5 x bare broadcast", "pusher_fanout_vs_broadcast": ">= 0.5 x bare broadcast",
-               "p99_half_knee_allinone": "<= 50 ms", "p99_half_knee_split": "<= 50 ms", "idle_kb": "<= 16 KB", "topics_ratio": "<= 1.2"}
+               "p99_half_knee_allinone": "<= 50 ms", "p99_half_knee_split": "<= 50 ms", "idle_kb": "<= 16 KB", "topics_ratio": "<= 1.2",
+               "idle_cpu_pct_0": "<= 0.2% of a core", "idle_cpu_pct_n": "<= 1% of a core", "cpu_us_per_publish_and_delivery": "<= 250 us"}
     for k, v in s["goals"].items():
         L.append(f"| {k} | {targets.get(k, '')} | {v['value']} | {'yes' if v['met'] else 'NO'} |")
     return "\n".join(L) + "\n"

@@ -199,9 +199,10 @@ def _with(samples: dict[Any, float], name: str, value: float) -> dict[Any, float
 
 
 @pytest.mark.slow
-async def test_all_in_one_has_one_endpoint_for_every_role(upf) -> None:
+async def test_all_in_one_has_one_endpoint_for_every_role(fleet) -> None:
     """The all-in-one process: one /metrics with the writer's, the pusher's, the janitor's and the
-    store's metrics together."""
+    store's metrics together. One worker (UPF_WORKERS=1): the counts are one process's."""
+    upf = fleet.start("upf", node="allinone", UPF_WORKERS="1")
     async with subscribe(upf.base, "telAll1", "ws") as s:
         for i in range(2):
             await publish(upf.base, "telAll1", f"m{i}")

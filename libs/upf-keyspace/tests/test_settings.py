@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from upf_keyspace import SettingsError, load_settings
@@ -14,13 +16,15 @@ def test_defaults_match_the_design():
     assert (s.shard_count, s.max_message_bytes, s.default_ttl_secs) == (64, 4096, 2_419_200)
     assert (s.safety_poll_secs, s.keepalive_secs, s.heartbeat_secs, s.janitor_interval_secs) == (60, 45, 10, 30)
     assert s.node_id and s.store_path == "data/upf.db" and s.fdb_cluster_file == ""
+    assert s.workers == (os.cpu_count() or 1)
 
 
 def test_values_are_read():
     s = load_settings({"UPF_BIND": "127.0.0.1:9000", "UPF_ROLES": "pusher, janitor", "UPF_NODE_ID": "p-1",
-                       "UPF_SHARD_COUNT": "8", "UPF_KEEPALIVE_SECS": "2.5", "UPF_PUBLIC_URL": "https://x.example/"})
+                       "UPF_SHARD_COUNT": "8", "UPF_KEEPALIVE_SECS": "2.5", "UPF_PUBLIC_URL": "https://x.example/",
+                       "UPF_WORKERS": "3"})
     assert (s.bind_host, s.bind_port, s.roles, s.node_id) == ("127.0.0.1", 9000, ("pusher", "janitor"), "p-1")
-    assert (s.shard_count, s.keepalive_secs, s.public_url) == (8, 2.5, "https://x.example")
+    assert (s.shard_count, s.keepalive_secs, s.public_url, s.workers) == (8, 2.5, "https://x.example", 3)
 
 
 @pytest.mark.parametrize(
@@ -37,6 +41,8 @@ def test_values_are_read():
         ("UPF_KEEPALIVE_SECS", "soon"),
         ("UPF_SAFETY_POLL_SECS", "0"),
         ("UPF_PUBLIC_URL", "ftp://x"),
+        ("UPF_WORKERS", "0"),
+        ("UPF_WORKERS", "two"),
         ("FDB_CLUSTER_FILE", "/nonexistent/fdb.cluster"),
     ],
 )

@@ -40,6 +40,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     """Use FoundationDB (the real bindings) through this cluster file instead of the embedded store."""
     slow_subscriber_timeout_secs: float = 60.0
     """A subscriber whose socket stays above its high-water mark this long is closed (it resumes with since=)."""
+    workers: int = 1
+    """Worker processes of the all-in-one with the pusher role, on one port (SO_REUSEPORT); default: the cores."""
 
 
 def _int(env: Mapping[str, str], name: str, default: int, lo: int, hi: int) -> int:
@@ -104,5 +106,6 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         store_path=env.get("UPF_STORE_PATH", "data/upf.db"),
         fdb_cluster_file=cluster_file,
         slow_subscriber_timeout_secs=_float(env, "UPF_SLOW_SUBSCRIBER_TIMEOUT_SECS", 60.0, 0.05, 86400),
+        workers=_int(env, "UPF_WORKERS", os.cpu_count() or 1, 1, 256),
     )
     return settings

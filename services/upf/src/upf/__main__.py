@@ -13,6 +13,7 @@ import asyncio
 import logging
 import os
 import signal
+import socket
 import sys
 
 from upf_keyspace import Settings, SettingsError, load_settings, open_store
@@ -23,7 +24,7 @@ from . import __version__
 log = logging.getLogger("upf")
 
 
-async def run_with_pusher(settings: Settings) -> None:
+async def run_with_pusher(settings: Settings, sock: socket.socket | None = None) -> None:
     from upf_janitor import Janitor
     from upf_pusher.server import serve
 
@@ -43,7 +44,7 @@ async def run_with_pusher(settings: Settings) -> None:
         fallback = create_app(settings, store, telemetry=telemetry)
         handler = fallback.front
     try:
-        pusher = await serve(settings, store, fallback=fallback, handler=handler, telemetry=telemetry)
+        pusher = await serve(settings, store, fallback=fallback, handler=handler, telemetry=telemetry, sock=sock)
         janitor_task = None
         if "janitor" in settings.roles:
             janitor_task = asyncio.create_task(Janitor(store, settings, telemetry).run(stop))
@@ -73,7 +74,16 @@ def main() -> None:
     roles = set(settings.roles)
     try:
         if "pusher" in roles:
-            asyncio.run(run_with_pusher(settings))
+            from .workers import Supervisor, become_worker, listen_socket, worker_env_index
+
+            worker = worker_env_index()
+            if worker is not None:  # one of the supervisor's workers: the port is shared (SO_REUSEPORT)
+                become_worker(worker[1])
+                asyncio.run(run_with_pusher(settings, sock=listen_socket(settings.bind_host, settings.bind_port)))
+            elif settings.workers > 1:
+                sys.exit(Supervisor(settings).run())
+            else:
+                asyncio.run(run_with_pusher(settings))
         elif "writer" in roles:
             from upf_writer.__main__ import build_server
 

@@ -1,0 +1,221 @@
+"""``UPF_WORKERS``: the all-in-one with the pusher role as N worker processes on one port.
+
+One Python process uses one core. The supervisor (this module, in the parent) starts N copies of
+``python -m upf``; each binds the port with SO_REUSEPORT, so the kernel spreads new connections over
+them, and each is its own pusher node (``<UPF_NODE_ID>-w<i>``) on the shared store: they coordinate
+only through it, exactly as separate pusher hosts do. The janitor runs in worker 0 only. The parent
+restarts a worker that dies (with backoff), forwards SIGTERM/SIGINT, and exits once the workers have
+stopped, killing any that outlive the grace period.
+
+The parent holds the port (bound with SO_REUSEPORT, never listening) for its whole life, so a worker
+restart always finds it and a second server cannot take it; it first checks that no one else has it,
+so a busy port fails at start as it does for one process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import logging
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+from upf_keyspace import Settings
+
+__all__ = ["WORKER_ENV", "Supervisor", "become_worker", "listen_socket", "worker_env_index"]
+
+log = logging.getLogger("upf.workers")
+
+WORKER_ENV = "UPF_WORKER_INDEX"
+"""Set by the supervisor in each worker's environment (``<index>:<supervisor pid>``); not a user setting."""
+
+STOP_GRACE_SECS = 8.0
+BACKOFF_FIRST_SECS = 0.2
+BACKOFF_MAX_SECS = 10.0
+STABLE_SECS = 10.0
+"""A worker that ran this long before dying is restarted after the first backoff again."""
+
+_PR_SET_PDEATHSIG = 1
+
+
+def worker_env_index(env: dict[str, str] | os._Environ[str] | None = None) -> tuple[int, int] | None:
+    """(index, supervisor pid) when this process is a worker started by the supervisor."""
+    raw = (os.environ if env is None else env).get(WORKER_ENV, "")
+    index, _, parent = raw.partition(":")
+    if not index.isdigit() or not parent.isdigit():
+        return None
+    return int(index), int(parent)
+
+
+def become_worker(parent: int) -> None:
+    """Die with the supervisor: a killed parent must not leave workers serving on its port."""
+    with contextlib.suppress(Exception):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    if os.getppid() != parent:  # the parent died before prctl took effect
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _family(host: str) -> socket.AddressFamily:
+    return socket.AF_INET6 if ":" in host else socket.AF_INET
+
+
+def listen_socket(host: str, port: int, *, reuse_port: bool = True) -> socket.socket:
+    """A bound TCP socket for the pusher to listen on; every worker binds its own (SO_REUSEPORT)."""
+    sock = socket.socket(_family(host), socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if reuse_port:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        sock.bind((host, port))
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+def _reserve(host: str, port: int) -> socket.socket:
+    """Fail if the port is taken (as one process would), then hold it for the workers."""
+    probe = listen_socket(host, port, reuse_port=False)  # EADDRINUSE if anyone, even another group, has it
+    port = probe.getsockname()[1]
+    probe.close()
+    return listen_socket(host, port)
+
+
+class _Worker:
+    def __init__(self, index: int) -> None:
+        self.index = index
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.started = 0.0
+        self.backoff = BACKOFF_FIRST_SECS
+        self.restart_at = 0.0
+
+
+class Supervisor:
+    """Starts, restarts and stops the worker processes; see the module docstring."""
+
+    def __init__(self, settings: Settings, *, argv: list[str] | None = None) -> None:
+        self.settings = settings
+        self.argv = argv or [sys.executable, "-m", "upf"]
+        self.workers = [_Worker(i) for i in range(settings.workers)]
+        self.stopping = False
+        self.exit_code = 0
+        self.port = settings.bind_port
+
+    def _env(self, index: int) -> dict[str, str]:
+        env = dict(os.environ)
+        suffix = f"-w{index}"
+        base = self.settings.node_id[: 64 - len(suffix)]
+        roles = [r for r in self.settings.roles if r != "janitor" or index == 0]
+        env.update(
+            UPF_NODE_ID=base + suffix,
+            UPF_ROLES=",".join(roles),
+            UPF_BIND=f"{self.settings.bind_host}:{self.port}",
+            UPF_WORKERS="1",
+        )
+        env[WORKER_ENV] = f"{index}:{os.getpid()}"
+        return env
+
+    def _start(self, w: _Worker) -> None:
+        w.proc = subprocess.Popen(self.argv, env=self._env(w.index))
+        w.started = time.monotonic()
+        log.info("worker started", extra={"worker": w.index, "pid": w.proc.pid})
+        print(f"upf: worker {w.index} pid {w.proc.pid}", flush=True)
+
+    def _reap(self) -> None:
+        now = time.monotonic()
+        for w in self.workers:
+            if w.proc is None or w.proc.poll() is None:
+                continue
+            code = w.proc.returncode
+            w.proc = None
+            if self.stopping:
+                continue
+            if code == 2:  # a configuration error: restarting cannot fix it
+                log.error("worker exited with a configuration error", extra={"worker": w.index})
+                self.exit_code = 2
+                self._stop()
+                continue
+            if now - w.started >= STABLE_SECS:
+                w.backoff = BACKOFF_FIRST_SECS
+            w.restart_at = now + w.backoff
+            log.warning("worker died; restarting", extra={"worker": w.index, "code": code, "delay": w.backoff})
+            w.backoff = min(w.backoff * 2, BACKOFF_MAX_SECS)
+
+    def _stop(self, signum: int = signal.SIGTERM) -> None:
+        self.stopping = True
+        for w in self.workers:
+            if w.proc is not None and w.proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    w.proc.send_signal(signum)
+
+    def run(self) -> int:
+        """Serve until SIGTERM/SIGINT; return the exit code (2 when a worker reports a bad setting)."""
+        try:
+            hold = _reserve(self.settings.bind_host, self.settings.bind_port)
+        except OSError as exc:
+            print(f"upf: cannot bind UPF_BIND {self.settings.bind_host}:{self.settings.bind_port}: {exc}",
+                  file=sys.stderr)
+            return 1
+        self.port = hold.getsockname()[1]
+        rfd, wfd = os.pipe()
+        os.set_blocking(rfd, False)
+        os.set_blocking(wfd, False)
+        old_wakeup = signal.set_wakeup_fd(wfd)
+        received: list[int] = []
+        handler = lambda signum, _frame: received.append(signum)  # noqa: E731 - the work happens in the loop
+        previous = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD)}
+        print(f"upf: {self.settings.workers} workers on http://{self.settings.bind_host}:{self.port}", flush=True)
+        try:
+            for w in self.workers:
+                self._start(w)
+            deadline = None
+            while True:
+                self._reap()
+                while received:
+                    signum = received.pop()
+                    if signum in (signal.SIGTERM, signal.SIGINT) and not self.stopping:
+                        log.info("stopping workers", extra={"signal": signum})
+                        self._stop(signum)
+                if self.stopping:
+                    if all(w.proc is None for w in self.workers):
+                        return self.exit_code
+                    deadline = deadline or time.monotonic() + STOP_GRACE_SECS
+                    if time.monotonic() >= deadline:
+                        for w in self.workers:
+                            if w.proc is not None:
+                                log.warning("worker outlived the stop grace; killing", extra={"worker": w.index})
+                                w.proc.kill()
+                                w.proc.wait()
+                                w.proc = None
+                        continue
+                    timeout = max(0.0, min(0.1, deadline - time.monotonic()))
+                else:
+                    now = time.monotonic()
+                    due = [w for w in self.workers if w.proc is None]
+                    for w in due:
+                        if w.restart_at <= now:
+                            self._start(w)
+                    waiting = [w.restart_at - now for w in self.workers if w.proc is None]
+                    timeout = max(0.0, min(waiting)) if waiting else None
+                with contextlib.suppress(InterruptedError):
+                    select.select([rfd], [], [], timeout)
+                with contextlib.suppress(BlockingIOError):
+                    while os.read(rfd, 512):
+                        pass
+        finally:
+            self.stopping = True
+            for w in self.workers:
+                if w.proc is not None and w.proc.poll() is None:
+                    w.proc.kill()
+                    w.proc.wait()
+            signal.set_wakeup_fd(old_wakeup)
+            for s, h in previous.items():
+                signal.signal(s, h)
+            os.close(rfd)
+            os.close(wfd)
+            hold.close()
