@@ -27,7 +27,7 @@ import httpx
 NTFY_MODULE = "heckel.io/ntfy/v2"
 NTFY_VERSION = "v2.13.0"
 DOWNLOAD_TIMEOUT = 600.0
-BUILD_TIMEOUT = 1500.0
+BUILD_TIMEOUT = 900.0
 
 
 class Unavailable(Exception):
