@@ -164,7 +164,9 @@ def _pub_then_poll(method: str, path: str, **kw) -> Callable[[str], Any]:
 
     def script(base: str) -> Any:
         with httpx.Client(timeout=10) as c:
-            r = c.request(method, base + path, **kw)
+            body = kw.get("content")
+            fresh = {**kw, "content": body()} if callable(body) else kw  # a streamed body, one per server
+            r = c.request(method, base + path, **fresh)
             polled = c.get(f"{base}/{topic}/json", params={"poll": "1", "since": "all"}) if topic else None
             return {"publish": observe(r), "poll": observe(polled) if polled is not None else None}
     return script
@@ -249,6 +251,18 @@ def request_cases() -> dict[str, Callable[[], Callable[[str], Any]]]:
         "publish-oversized-aes128gcm": lambda: _pub_then_poll(
             "POST", f"/{T()}", content=bytes(MAX_MESSAGE_BYTES + 1), headers={"Content-Encoding": "aes128gcm"}),
         "publish-oversized-plain": lambda: _pub_then_poll("POST", f"/{T()}", content=big.encode()),
+        "publish-up-1mb": lambda: _pub_then_poll("POST", f"/{T()}?up=1", content=bytes(1024 * 1024)),
+        "publish-chunked": lambda: _pub_then_poll("POST", f"/{T()}?up=1", content=lambda: iter([b"chunk one ", b"two"])),
+        "publish-json-oversized": lambda: (lambda t: _pub_then_poll("POST", "/", json={
+            "topic": t, "message": "z" * (MAX_MESSAGE_BYTES + 1)}))(T()),
+        "publish-json-invalid-utf8": lambda: _req("POST", "/", content=b'{"topic":"' + T().encode()
+                                                  + b'","message":"caf\xe9"}'),
+        "publish-title-invalid-utf8": lambda: _pub_then_poll("POST", f"/{T()}", content=b"b",
+                                                             headers={"X-Title": b"caf\xe9"}),
+        "publish-query-invalid-utf8": lambda: _pub_then_poll("POST", f"/{T()}?title=caf%E9", content=b"b"),
+        "subscribe-ws-invalid-topic": lambda: _req("GET", "/bad.topic!/ws", headers={
+            "Upgrade": "websocket", "Connection": "Upgrade", "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ==",
+            "Sec-WebSocket-Version": "13"}),
         "publish-topic-invalid-chars": lambda: _req("POST", "/bad.topic!", content=b"x"),
         "publish-topic-too-long": lambda: _req("POST", "/" + "a" * 65, content=b"x"),
         "publish-topic-64": lambda: _pub_then_poll("POST", "/" + T("a" * 50).ljust(64, "z"), content=b"x"),
