@@ -9,7 +9,6 @@ they must differ. A listed case that stops differing fails too, so the table sta
 from __future__ import annotations
 
 import asyncio
-import base64
 import json
 import os
 import re
@@ -252,7 +251,8 @@ def request_cases() -> dict[str, Callable[[], Callable[[str], Any]]]:
             "POST", f"/{T()}", content=bytes(MAX_MESSAGE_BYTES + 1), headers={"Content-Encoding": "aes128gcm"}),
         "publish-oversized-plain": lambda: _pub_then_poll("POST", f"/{T()}", content=big.encode()),
         "publish-up-1mb": lambda: _pub_then_poll("POST", f"/{T()}?up=1", content=bytes(1024 * 1024)),
-        "publish-chunked": lambda: _pub_then_poll("POST", f"/{T()}?up=1", content=lambda: iter([b"chunk one ", b"two"])),
+        "publish-chunked": lambda: _pub_then_poll("POST", f"/{T()}?up=1",
+                                                  content=lambda: iter([b"chunk one ", b"two"])),
         "publish-json-oversized": lambda: (lambda t: _pub_then_poll("POST", "/", json={
             "topic": t, "message": "z" * (MAX_MESSAGE_BYTES + 1)}))(T()),
         "publish-json-invalid-utf8": lambda: _req("POST", "/", content=b'{"topic":"' + T().encode()
@@ -586,4 +586,5 @@ def test_readme_table_names_real_cases():
         assert row.cases, f"row {row.what!r} names no case"
         unknown = set(row.cases) - known
         assert not unknown, f"row {row.what!r} names cases the suite does not have: {sorted(unknown)}"
+        assert not row.to_fix or row.why.startswith("**To fix**"), f"row {row.what!r}: say **To fix** first"
     declared()  # no case in two rows
