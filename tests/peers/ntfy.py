@@ -129,7 +129,8 @@ class NtfyServer:
     """One ntfy process on a free loopback port with a throw-away config; ``stop()`` ends it."""
 
     def __init__(self, binary: Path, workdir: Path, *, keepalive_secs: int = 45,
-                 cache_secs: int = 2419200, message_size_limit: int = 4096, **extra: str) -> None:
+                 cache_secs: int = 2419200, message_size_limit: int = 4096, cache_file: bool = True,
+                 **extra: object) -> None:
         self.port = _free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         workdir.mkdir(parents=True, exist_ok=True)
@@ -149,6 +150,8 @@ class NtfyServer:
             "log-level": "warn",
             **extra,
         }
+        if not cache_file:
+            del config["cache-file"]  # ntfy keeps its message cache in memory
         self.config_path = workdir / "server.yml"
         # JSON is YAML; ntfy reads the file with its YAML loader
         self.config_path.write_text(json.dumps(config, indent=1))
