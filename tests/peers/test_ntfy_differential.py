@@ -445,6 +445,7 @@ async def _ws_stream(base: str, path: str, until: Callable[[list[str]], bool], s
                      opened: asyncio.Event) -> dict:
     u = urlsplit(base)
     frames: list[str] = []
+    closed = "open"  # how the server ended the connection within the window, if it did
     try:
         async with websockets.connect(f"ws://{u.netloc}{path}", compression=None, open_timeout=5) as ws:
             deadline = time.monotonic() + seconds
@@ -453,13 +454,21 @@ async def _ws_stream(base: str, path: str, until: Callable[[list[str]], bool], s
                     msg = await asyncio.wait_for(ws.recv(), deadline - time.monotonic())
                 except asyncio.TimeoutError:
                     break
+                except websockets.ConnectionClosedOK as e:
+                    closed = f"close frame {e.rcvd.code if e.rcvd else None}"
+                    break
+                except websockets.ConnectionClosedError as e:
+                    closed = f"close frame {e.rcvd.code}" if e.rcvd else "no close frame"
+                    break
                 frames.append(msg if isinstance(msg, str) else f"<binary {msg!r}>")
                 opened.set()
     except websockets.InvalidStatus as e:
         return {"status": e.response.status_code, "frames": []}
+    except websockets.ConnectionClosed:
+        pass  # closing our side of an already closed connection
     finally:
         opened.set()
-    return {"status": 101, "frames": frames}
+    return {"status": 101, "frames": frames, "closed": closed}
 
 
 def _norm_line(line: str) -> Any:
@@ -494,7 +503,7 @@ async def _stream_script(base: str, transport: str, topics: list[str], query: st
         items = [{"frame": norm(json.loads(f)), "ends-with-newline": f.endswith("\n")} for f in r["frames"]]
         if drop_keepalive:
             items = [i for i in items if i["frame"].get("event") != "keepalive"]
-        return {"status": r["status"], "frames": items}
+        return {"status": r["status"], "frames": items, "closed": r.get("closed")}
     text = r["body"].decode(errors="replace")
     if transport == "sse":
         events = [[_norm_line(x) for x in ev.split("\n")] for ev in text.split("\n\n")]
@@ -538,6 +547,38 @@ async def test_stream_cached_then_live(transport, ntfy, upf_peer):
     compare(f"stream-{transport}-since-all", n, u)
 
 
+@pytest.mark.parametrize("transport", ["json", "ws"])
+async def test_stream_resume(transport, ntfy, upf_peer):
+    """The app's reconnect: since=<id> of the newest message it has (from another topic), on two topics."""
+    a, b = T(), T()
+
+    async def run(base):
+        async with httpx.AsyncClient(timeout=10) as c:
+            for topic, body in ((a, b"seen"), (b, b"cursor"), (a, b"missed a"), (b, b"missed b")):
+                r = await c.post(f"{base}/{topic}", content=body)
+                r.raise_for_status()
+                if body == b"cursor":
+                    cursor = r.json()["id"]
+        return await _stream_script(base, transport, [a, b], f"since={cursor}", [(a, b"live", {})], want=3,
+                                    seconds=5)
+    n, u = await asyncio.gather(run(ntfy.base), run(upf_peer.base))
+    compare(f"stream-{transport}-resume", n, u)
+
+
+@pytest.mark.parametrize("transport", ["json", "sse", "raw", "ws"])
+async def test_stream_poll(transport, ntfy, upf_peer):
+    """poll=1 on each transport, on a topic holding a message with options: the messages, then the end."""
+    t = T()
+
+    async def run(base):
+        async with httpx.AsyncClient(timeout=10) as c:
+            r = await c.post(f"{base}/{t}", content=b"polled\nbody", params={"title": "T", "tags": "x", "p": "2"})
+            r.raise_for_status()
+        return await _stream_script(base, transport, [t], "poll=1&since=all", [], want=10**6, seconds=3)
+    n, u = await asyncio.gather(run(ntfy.base), run(upf_peer.base))
+    compare(f"stream-{transport}-poll", n, u)
+
+
 async def test_keepalive(ntfy, upf_peer):
     """Idle streams for a little over one keepalive interval: what each transport gets."""
     topics = {tr: T() for tr in TRANSPORTS}
@@ -574,6 +615,7 @@ def all_cases() -> set[str]:
     cases |= {f"since-{s}" for s in SINCE} | {f"since-{s}-multi" for s in SINCE}
     cases |= {f"stream-{t}" for t in TRANSPORTS} | {f"stream-{t}-since-all" for t in TRANSPORTS}
     cases |= {f"keepalive-{t}" for t in TRANSPORTS} | {"poll-merge-order"}
+    cases |= {f"stream-{t}-resume" for t in ("json", "ws")} | {f"stream-{t}-poll" for t in TRANSPORTS}
     return cases
 
 
