@@ -303,6 +303,30 @@ def test_request(case, ntfy, upf_peer):
     compare(case, *both(ntfy, upf_peer, script))
 
 
+# --- CORS: browsers publish and subscribe too (ntfy's web app, web-based app servers) ---------------------
+
+CORS = {
+    "cors-publish": ("POST", "/{t}", {}),
+    "cors-poll": ("GET", "/{t}/json?poll=1", {}),
+    "cors-auth": ("GET", "/{t}/auth", {}),
+    "cors-error": ("POST", "/{t}", {"X-Priority": "9"}),
+    "cors-preflight": ("OPTIONS", "/{t}", {"Origin": "https://app.example", "Access-Control-Request-Method": "POST",
+                                           "Access-Control-Request-Headers": "x-title"}),
+}
+
+
+@pytest.mark.parametrize("case", list(CORS))
+def test_cors(case, ntfy, upf_peer):
+    method, path, headers = CORS[case]
+    path = path.format(t=T())
+
+    def script(base: str) -> Any:
+        r = httpx.request(method, base + path, headers=headers, content=b"x" if method == "POST" else None,
+                          timeout=10)
+        return {"status": r.status_code, **{k: v for k, v in r.headers.items() if k.startswith("access-control-")}}
+    compare(case, *both(ntfy, upf_peer, script))
+
+
 # --- the Matrix gateway ------------------------------------------------------------------------------
 
 
@@ -610,7 +634,7 @@ async def test_keepalive(ntfy, upf_peer):
 
 
 def all_cases() -> set[str]:
-    cases = set(REQUEST_CASES)
+    cases = set(REQUEST_CASES) | set(CORS)
     cases |= {f"matrix-{k}" for k in ["get", "ours", "foreign", "malformed", "no-pushkey"]}
     cases |= {f"since-{s}" for s in SINCE} | {f"since-{s}-multi" for s in SINCE}
     cases |= {f"stream-{t}" for t in TRANSPORTS} | {f"stream-{t}-since-all" for t in TRANSPORTS}
