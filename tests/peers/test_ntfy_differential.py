@@ -119,6 +119,8 @@ def norm_body(r: httpx.Response) -> Any:
         return norm(json.loads(text))
     except ValueError:
         pass
+    if "event-stream" in ctype:
+        return [[_norm_line(x) for x in ev.split("\n")] for ev in text.split("\n\n")]
     if "ndjson" in ctype or all(line.startswith("{") for line in text.splitlines() if line):
         try:
             return [norm(json.loads(line)) for line in text.splitlines()]
@@ -168,6 +170,16 @@ def _pub_then_poll(method: str, path: str, **kw) -> Callable[[str], Any]:
             r = c.request(method, base + path, **fresh)
             polled = c.get(f"{base}/{topic}/json", params={"poll": "1", "since": "all"}) if topic else None
             return {"publish": observe(r), "poll": observe(polled) if polled is not None else None}
+    return script
+
+
+def _pub_then_get(tail: str) -> Callable[[str], Any]:
+    topic = T()
+
+    def script(base: str) -> Any:
+        with httpx.Client(timeout=10) as c:
+            c.post(f"{base}/{topic}", content=b"stored").raise_for_status()
+            return observe(c.get(f"{base}/{topic}/{tail}"))
     return script
 
 
@@ -243,6 +255,16 @@ def request_cases() -> dict[str, Callable[[], Callable[[str], Any]]]:
             T()),
         "publish-json-not-object": lambda: _req("POST", "/", json=["topic", "message"]),
         "method-head-topic": lambda: _req("HEAD", f"/{T()}"),
+        "publish-tags-spaces": lambda: _pub_then_poll("POST", f"/{T()}", content=b"b", params={"tags": " a, b ,,c "}),
+        "publish-title-spaces": lambda: _pub_then_poll("POST", f"/{T()}", content=b"b", params={"title": "  t  "}),
+        "publish-priority-zero": lambda: _req("POST", f"/{T()}", content=b"b", headers={"X-Priority": "0"}),
+        "publish-query-uppercase": lambda: _pub_then_poll("POST", f"/{T()}?Title=upper&PRIORITY=5", content=b"b"),
+        "publish-up-yes": lambda: _pub_then_poll("POST", f"/{T()}?up=yes", content=BIN[:64]),
+        "publish-up-true": lambda: _pub_then_poll("POST", f"/{T()}?unifiedpush=true", content=BIN[:64]),
+        "publish-up-zero": lambda: _pub_then_poll("POST", f"/{T()}?up=0", content=b" spaced "),
+        "publish-topic-charset": lambda: _pub_then_poll("POST", f"/{T('a-b_C9')}", content=b"b"),
+        "poll-true": lambda: _pub_then_get("json?poll=true&since=all"),
+        "poll-yes-sse": lambda: _pub_then_get("sse?poll=yes&since=all"),
         "publish-ttl": lambda: _pub_then_poll("POST", f"/{T()}", content=b"short lived", headers={"TTL": "60"}),
         "publish-invalid-utf8": lambda: _pub_then_poll("POST", f"/{T()}", content=b"caf\xe9 \xff"),
         # the bad-input half
