@@ -49,7 +49,7 @@ async def test_the_store_never_holds_a_token_or_password_in_clear(store, tmp_pat
     await store.add_user("bob", User(role="user", password_hash="$2b$12$only-a-hash"))
     await store.add_token("bob", token_digest(token), Token(hint=token[:6]))
     await store.close()
-    raw = b"".join(p.read_bytes() for p in tmp_path.iterdir() if p.name.startswith("upf.db"))
+    raw = b"".join(p.read_bytes() for p in tmp_path.iterdir() if p.name.startswith("upf.db") and p.is_file())
     assert token.encode() not in raw and token_digest(token).encode() in raw
 
 
