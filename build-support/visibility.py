@@ -4,9 +4,11 @@ Loaded by `[GLOBAL].build_file_prelude_globs` in pants.toml. Each package's BUIL
 macro here, which declares the package's targets and its `__dependencies_rules__` / `__dependents_rules__`
 (backend `pants.backend.experimental.visibility`). The rules are the architecture, enforced:
 
-  upf_shared_library  libs/upf-keyspace,  depends on itself and third-party code only; may be used by the
-                      libs/upf-edge       services (roles and the all-in-one program) and by tests/ - not
-                                          by loadgen.
+  upf_shared_library  libs/upf-keyspace,  depends on itself and third-party code, and the edge on the
+                      libs/upf-edge       keyspace's records (users, tokens, ACL entries it authorises
+                                          against) - never the other way, so the keyspace stays a leaf;
+                                          used by the services (roles and the all-in-one program) and by
+                                          tests/ - not by loadgen.
   upf_role            services/writer,    depends on itself, the shared libraries' sources and
                       services/pusher,    third-party code - never on another role, on loadgen, or on the
                       services/janitor    database bindings (only the keyspace library's store drivers
@@ -63,14 +65,16 @@ def _python_package(dist, module, version, console_script=None, entry_point=None
         )
 
 
-def upf_shared_library(name, dist, module, version):
-    """libs/<name>: a library shared by the services (the keyspace; the edge). Never another library:
-    each stays a leaf, so a role can take one without the other's dependencies."""
+def upf_shared_library(name, dist, module, version, uses=()):
+    """libs/<name>: a library shared by the services (the keyspace; the edge). ``uses`` names the other
+    libraries' sources it may import: only the edge, only the keyspace (the records it authorises
+    against), so the dependency graph stays one-way and the keyspace a leaf."""
     _python_package(dist, module, version)
     __dependencies_rules__(
         (
             "*",
             "/**",
+            *uses,
             _THIRD_PARTY,
             "!*",
         ),
@@ -79,6 +83,7 @@ def upf_shared_library(name, dist, module, version):
         (
             "*",
             "/**",
+            "//libs/upf-edge/**",  # the edge (and its tests) authorise against the keyspace's auth records
             "//services/**",  # the roles and the all-in-one program
             "//tests/**",  # cross-role tests may use its store fixtures
             "!*",  # in particular not loadgen, which must stay a black box

@@ -1,0 +1,252 @@
+"""Who is asking, and may they read or write a topic: ntfy's authentication and ACL rules. Pure: the
+state comes in as an :class:`~upf_keyspace.auth.AuthState` snapshot, no I/O happens here.
+
+ntfy's rules (ntfy-auth-and-limits.md), kept exactly:
+- Credentials come from ``?auth=`` (alias ``?authorization=``: base64url of the whole header value),
+  which wins over the ``Authorization`` header. Only ``Basic`` and ``Bearer`` values are credentials;
+  ``vapid ...`` and ``WebPush ...`` (Web Push app servers) are anonymous, never 401.
+- A bearer token is ``tk_`` + 29 of [a-z0-9]; Basic with an empty user name carries a token.
+- Admins may do everything. Otherwise the entries of the user and of ``*`` whose pattern matches the
+  topic are ordered (the user's own first, then the longer pattern, then the one granting write) and
+  the first decides; with none, the default access does.
+UPF's choices where ntfy is quirky: an undecodable ``?auth=`` is 400 40093 (a UPF-only code)
+(ntfy answers 500), and a credential over 4 KB is refused without being parsed.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import re
+from typing import NamedTuple
+
+import bcrypt
+from upf_keyspace.auth import EVERYONE, ROLE_ADMIN, AuthState, Permission, User, token_digest
+
+from .errors import NtfyError, Problem
+
+__all__ = [
+    "UNAUTHORIZED",
+    "FORBIDDEN",
+    "BAD_AUTH_PARAM",
+    "Credentials",
+    "Identity",
+    "ANONYMOUS",
+    "parse_permission",
+    "valid_pattern",
+    "pattern_matches",
+    "valid_token",
+    "new_token",
+    "parse_credentials",
+    "hash_password",
+    "Authorizer",
+]
+
+UNAUTHORIZED = Problem(40101, 401, "unauthorized")
+FORBIDDEN = Problem(40301, 403, "forbidden")
+BAD_AUTH_PARAM = Problem(40093, 400, "invalid request: auth parameter is not base64url")
+
+MAX_CREDENTIAL_CHARS = 4096
+_TOKEN = re.compile(r"tk_[a-z0-9]{29}")
+_PATTERN = re.compile(r"[-_A-Za-z0-9*]{1,64}")
+_PERMISSIONS = {
+    "read-write": Permission.READ_WRITE,
+    "rw": Permission.READ_WRITE,
+    "read-only": Permission.READ_ONLY,
+    "read": Permission.READ_ONLY,
+    "ro": Permission.READ_ONLY,
+    "write-only": Permission.WRITE_ONLY,
+    "write": Permission.WRITE_ONLY,
+    "wo": Permission.WRITE_ONLY,
+    "deny": Permission.DENY,
+    "deny-all": Permission.DENY,
+    "none": Permission.DENY,
+}
+_BCRYPT_ROUNDS = 10  # ntfy's cost: ~50-80 ms a check here; verified logins are cached below
+
+
+def parse_permission(text: str) -> Permission:
+    """ntfy's permission names and aliases; anything else is a ValueError naming the choices."""
+    try:
+        return _PERMISSIONS[text.strip().lower()]
+    except KeyError:
+        raise ValueError(f"permission must be one of {', '.join(_PERMISSIONS)}, got {text!r}") from None
+
+
+def valid_pattern(pattern: str) -> bool:
+    """A topic name in which ``*`` may stand for any run of characters (ntfy's only wildcard)."""
+    return _PATTERN.fullmatch(pattern) is not None
+
+
+def pattern_matches(pattern: str, topic: str) -> bool:
+    if "*" not in pattern:
+        return pattern == topic
+    parts = pattern.split("*")
+    if not (topic.startswith(parts[0]) and topic.endswith(parts[-1])) or len(topic) < len(parts[0]) + len(parts[-1]):
+        return False
+    pos = len(parts[0])
+    end = len(topic) - len(parts[-1])
+    for part in parts[1:-1]:
+        found = topic.find(part, pos, end)
+        if found < 0:
+            return False
+        pos = found + len(part)
+    return True
+
+
+def valid_token(token: str) -> bool:
+    return _TOKEN.fullmatch(token) is not None
+
+
+def new_token() -> str:
+    """A fresh token in ntfy's format (29 random characters of [a-z0-9], ~150 bits)."""
+    import secrets
+
+    alphabet = "abcdefghijklmnopqrstuvwxyz0123456789"
+    return "tk_" + "".join(secrets.choice(alphabet) for _ in range(29))
+
+
+def hash_password(password: str) -> str:
+    return bcrypt.hashpw(password.encode("utf-8"), bcrypt.gensalt(_BCRYPT_ROUNDS)).decode("ascii")
+
+
+class Credentials(NamedTuple):
+    """What a request presented: nothing (anonymous), a user and password, or a token."""
+
+    user: str | None = None
+    password: str | None = None
+    token: str | None = None
+
+    @property
+    def anonymous(self) -> bool:
+        return self.user is None and self.token is None
+
+
+_NONE = Credentials()
+
+
+def parse_credentials(header: str | None, auth_param: str | None) -> Credentials:
+    """The credentials of a request (``auth_param`` is ``?auth=``/``?authorization=``, which wins).
+    Raises :class:`NtfyError`: 400 for an undecodable ``?auth=``, 401 for a malformed credential."""
+    if auth_param is not None and auth_param != "":
+        if len(auth_param) > MAX_CREDENTIAL_CHARS:
+            raise NtfyError(UNAUTHORIZED)
+        try:
+            header = base64.urlsafe_b64decode(auth_param + "=" * (-len(auth_param) % 4)).decode("utf-8")
+        except (binascii.Error, ValueError):
+            raise NtfyError(BAD_AUTH_PARAM) from None
+    if not header:
+        return _NONE
+    if len(header) > MAX_CREDENTIAL_CHARS:
+        raise NtfyError(UNAUTHORIZED)
+    scheme, _, value = header.strip().partition(" ")
+    scheme = scheme.lower()
+    value = value.strip()
+    if scheme == "bearer":
+        if not valid_token(value):
+            raise NtfyError(UNAUTHORIZED)
+        return Credentials(token=value)
+    if scheme == "basic":
+        try:
+            decoded = base64.b64decode(value, validate=True).decode("utf-8")
+        except (binascii.Error, ValueError):
+            raise NtfyError(UNAUTHORIZED) from None
+        user, sep, password = decoded.partition(":")
+        if not sep:
+            raise NtfyError(UNAUTHORIZED)
+        if user == "":
+            if not valid_token(password):
+                raise NtfyError(UNAUTHORIZED)
+            return Credentials(token=password)
+        return Credentials(user=user, password=password)
+    return _NONE  # vapid, WebPush and anything else: anonymous, as ntfy does (never 401)
+
+
+class Identity(NamedTuple):
+    """Who a request is, once authenticated: ``user`` None is anonymous."""
+
+    user: str | None
+    admin: bool = False
+
+
+ANONYMOUS = Identity(None)
+
+
+class Authorizer:
+    """Authentication and ACL over one :class:`AuthState` (swap it by making a new one: it is cheap).
+    Verified passwords are remembered by a digest of (user, password, stored hash), so a client that
+    sends Basic auth on every request pays bcrypt once, and a password change invalidates it."""
+
+    __slots__ = ("state", "default", "_verified", "_rules")
+
+    def __init__(self, state: AuthState, default: Permission = Permission.READ_WRITE) -> None:
+        self.state = state
+        self.default = default
+        self._verified: set[bytes] = set()
+        self._rules: dict[str | None, list[tuple[str, Permission]]] = {}
+
+    def authenticate(self, creds: Credentials, now: float) -> Identity:
+        """The identity behind ``creds``; :class:`NtfyError` 401 when they are wrong or expired."""
+        if creds.anonymous:
+            return ANONYMOUS
+        if creds.token is not None:
+            found = self.state.tokens.get(token_digest(creds.token))
+            if found is None:
+                raise NtfyError(UNAUTHORIZED)
+            name, token = found
+            if token.expires and token.expires <= now:
+                raise NtfyError(UNAUTHORIZED)
+            user = self.state.users.get(name)
+            if user is None:
+                raise NtfyError(UNAUTHORIZED)
+            return Identity(name, user.role == ROLE_ADMIN)
+        name = creds.user or ""
+        user = self.state.users.get(name)
+        if user is None or not self._password_ok(name, user, creds.password or ""):
+            raise NtfyError(UNAUTHORIZED)
+        return Identity(name, user.role == ROLE_ADMIN)
+
+    def _password_ok(self, name: str, user: User, password: str) -> bool:
+        key = hashlib.sha256(f"{name}\0{password}\0{user.password_hash}".encode()).digest()
+        if key in self._verified:
+            return True
+        try:
+            ok = bcrypt.checkpw(password.encode("utf-8"), user.password_hash.encode("ascii"))
+        except ValueError:  # a stored hash bcrypt cannot read: no password matches it
+            return False
+        if ok:
+            if len(self._verified) > 10_000:
+                self._verified.clear()
+            self._verified.add(key)
+        return ok
+
+    def permission(self, who: Identity, topic: str) -> Permission:
+        """ntfy's decision for ``who`` on ``topic`` (see the module docstring)."""
+        if who.admin:
+            return Permission.READ_WRITE
+        for pattern, permission in self._ordered(who.user):
+            if pattern_matches(pattern, topic):
+                return permission
+        return self.default
+
+    def _ordered(self, user: str | None) -> list[tuple[str, Permission]]:
+        rules = self._rules.get(user)
+        if rules is None:
+            ranked = []
+            for owner, pattern, entry in self.state.access:
+                if owner == EVERYONE or (user is not None and owner == user):
+                    own = 0 if owner != EVERYONE else 1
+                    ranked.append(((own, -len(pattern), 0 if entry.permission.write else 1), pattern, entry.permission))
+            ranked.sort(key=lambda r: r[0])
+            rules = [(p, perm) for _, p, perm in ranked]
+            self._rules[user] = rules
+        return rules
+
+    def check(self, who: Identity, topics: tuple[str, ...] | list[str], *, write: bool) -> None:
+        """Raise 403 when ``who`` may not read (or write) every one of ``topics``: on a multi-topic
+        path, one denied topic fails the whole request, as in ntfy."""
+        for topic in topics:
+            perm = self.permission(who, topic)
+            if not (perm.write if write else perm.read):
+                raise NtfyError(FORBIDDEN)

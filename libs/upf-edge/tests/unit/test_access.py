@@ -1,0 +1,186 @@
+"""ntfy's authentication and ACL rules, pure: credentials, token shape, precedence, default access."""
+
+from __future__ import annotations
+
+import base64
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from upf_keyspace.auth import EVERYONE, Access, AuthState, Permission, Token, User, token_digest
+
+from upf_edge.access import (
+    ANONYMOUS,
+    Authorizer,
+    Credentials,
+    Identity,
+    hash_password,
+    new_token,
+    parse_credentials,
+    parse_permission,
+    pattern_matches,
+    valid_pattern,
+    valid_token,
+)
+from upf_edge.errors import NtfyError
+
+TOKEN = "tk_" + "abc123" * 4 + "xyz98"
+NOW = 1_800_000_000.0
+
+
+def basic(user: str, password: str) -> str:
+    return "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
+
+
+def auth_param(header: str) -> str:
+    return base64.urlsafe_b64encode(header.encode()).decode().rstrip("=")
+
+
+def refused(header: str | None, param: str | None = None) -> tuple[int, int]:
+    with pytest.raises(NtfyError) as err:
+        parse_credentials(header, param)
+    return err.value.http, err.value.code
+
+
+def test_basic_bearer_and_query_credentials() -> None:
+    assert parse_credentials(basic("phil", "s:cret"), None) == Credentials(user="phil", password="s:cret")
+    assert parse_credentials(f"Bearer {TOKEN}", None) == Credentials(token=TOKEN)
+    assert parse_credentials(f"bearer  {TOKEN} ", None) == Credentials(token=TOKEN)
+    assert parse_credentials(basic("", TOKEN), None) == Credentials(token=TOKEN)  # empty user: a token
+    # ?auth= is base64url of the whole header value, without padding, and wins over the header.
+    assert parse_credentials(basic("a", "b"), auth_param(f"Bearer {TOKEN}")) == Credentials(token=TOKEN)
+
+
+def test_web_push_authorization_is_anonymous_never_401() -> None:
+    """Mastodon and pywebpush send VAPID here: anonymous, as ntfy does."""
+    assert parse_credentials("vapid t=eyJ0eXAi.eyJhdWQi.sig,k=BNc", None).anonymous
+    assert parse_credentials("WebPush eyJ0eXAi.eyJhdWQi.sig", None).anonymous
+    assert parse_credentials(None, None).anonymous and parse_credentials("", "").anonymous
+
+
+@pytest.mark.parametrize(
+    "header",
+    [
+        "Basic !!!notbase64",
+        "Basic " + base64.b64encode(b"no-colon").decode(),
+        "Bearer tk_short",
+        "Bearer " + TOKEN.upper(),
+        "Bearer " + TOKEN + "x",
+        basic("", "tk_not_a_token"),
+        "Basic " + "A" * 5000,
+    ],
+)
+def test_malformed_credentials_are_401(header: str) -> None:
+    assert refused(header) == (401, 40101)
+
+
+def test_undecodable_auth_param_is_400_and_huge_one_401() -> None:
+    assert refused(None, "@@@not-base64@@@") == (400, 40093)
+    assert refused(None, base64.urlsafe_b64encode(b"\xff\xfe").decode()) == (400, 40093)  # not UTF-8
+    assert refused(None, "A" * 5000) == (401, 40101)
+
+
+@given(st.text(max_size=200), st.one_of(st.none(), st.text(max_size=200)))
+def test_no_input_raises_anything_but_ntfy_errors(header: str, param: str | None) -> None:
+    try:
+        parse_credentials(header, param)
+    except NtfyError as exc:
+        assert exc.http in (400, 401)
+
+
+def test_permission_names_and_aliases() -> None:
+    assert {parse_permission(p) for p in ("rw", "read-write", "READ-WRITE")} == {Permission.READ_WRITE}
+    assert {parse_permission(p) for p in ("ro", "read", "read-only")} == {Permission.READ_ONLY}
+    assert {parse_permission(p) for p in ("wo", "write", "write-only")} == {Permission.WRITE_ONLY}
+    assert {parse_permission(p) for p in ("deny", "none", "deny-all")} == {Permission.DENY}
+    with pytest.raises(ValueError, match="permission must be one of"):
+        parse_permission("sudo")
+
+
+def test_patterns_have_one_wildcard_and_underscore_is_literal() -> None:
+    assert pattern_matches("up*", "upABC") and pattern_matches("up*", "up")
+    assert pattern_matches("*", "anything") and pattern_matches("a*b*c", "a-x-b-y-c")
+    assert not pattern_matches("a*b*c", "a-c") and not pattern_matches("ab*ba", "aba")
+    assert pattern_matches("a_b", "a_b") and not pattern_matches("a_b", "axb")
+    assert valid_pattern("up*") and valid_pattern("a_b-C*") and not valid_pattern("a.b") and not valid_pattern("")
+    assert not valid_pattern("a" * 65) and not valid_pattern("a b") and not valid_pattern("a?")
+
+
+def test_new_tokens_have_ntfys_shape() -> None:
+    tokens = {new_token() for _ in range(50)}
+    assert len(tokens) == 50 and all(valid_token(t) for t in tokens)
+
+
+def state(default_entries: list[tuple[str, str, Permission]]) -> AuthState:
+    return AuthState(
+        version=1,
+        users={
+            "phil": User(role="user", password_hash=hash_password("pw")),
+            "root": User(role="admin", password_hash=hash_password("rootpw")),
+        },
+        tokens={
+            token_digest(TOKEN): ("phil", Token(expires=0)),
+            token_digest("tk_" + "e" * 29): ("phil", Token(expires=int(NOW) - 1)),
+        },
+        access=[(u, p, Access(permission=perm)) for u, p, perm in default_entries],
+    )
+
+
+def test_authenticate_passwords_tokens_and_expiry() -> None:
+    authz = Authorizer(state([]))
+    assert authz.authenticate(Credentials(user="phil", password="pw"), NOW) == Identity("phil", False)
+    assert authz.authenticate(Credentials(user="phil", password="pw"), NOW) == Identity("phil", False)  # cached
+    assert authz.authenticate(Credentials(user="root", password="rootpw"), NOW) == Identity("root", True)
+    assert authz.authenticate(Credentials(token=TOKEN), NOW) == Identity("phil", False)
+    assert authz.authenticate(Credentials(), NOW) is ANONYMOUS
+    for creds in (
+        Credentials(user="phil", password="wrong"),
+        Credentials(user="nobody", password="pw"),
+        Credentials(token="tk_" + "e" * 29),  # expired
+        Credentials(token="tk_" + "z" * 29),  # unknown
+    ):
+        with pytest.raises(NtfyError) as err:
+            authz.authenticate(creds, NOW)
+        assert (err.value.http, err.value.code) == (401, 40101)
+
+
+def test_ntfy_precedence_own_entries_then_longer_pattern_then_write() -> None:
+    authz = Authorizer(
+        state(
+            [
+                (EVERYONE, "alerts*", Permission.READ_ONLY),
+                (EVERYONE, "alerts-public", Permission.READ_WRITE),
+                ("phil", "alerts*", Permission.DENY),
+                ("phil", "mine*", Permission.READ_ONLY),
+                ("phil", "mine*", Permission.READ_ONLY),
+                ("phil", "m*", Permission.WRITE_ONLY),
+            ]
+        ),
+        default=Permission.DENY,
+    )
+    phil = Identity("phil")
+    assert authz.permission(phil, "alerts-public") is Permission.DENY  # the user's own entry comes first
+    assert authz.permission(ANONYMOUS, "alerts-public") is Permission.READ_WRITE  # longer pattern wins
+    assert authz.permission(ANONYMOUS, "alerts-x") is Permission.READ_ONLY
+    assert authz.permission(phil, "mine1") is Permission.READ_ONLY  # longer of the user's patterns
+    assert authz.permission(phil, "mx") is Permission.WRITE_ONLY
+    assert authz.permission(ANONYMOUS, "other") is Permission.DENY  # no entry: the default
+    assert authz.permission(Identity("root", True), "alerts-x") is Permission.READ_WRITE  # admins: everything
+
+
+def test_write_granting_entry_wins_a_tie() -> None:
+    authz = Authorizer(state([(EVERYONE, "t*", Permission.READ_ONLY), (EVERYONE, "t*x", Permission.DENY),
+                              (EVERYONE, "t*", Permission.WRITE_ONLY)]), default=Permission.DENY)
+    assert authz.permission(ANONYMOUS, "tab") is Permission.WRITE_ONLY
+
+
+def test_one_denied_topic_fails_a_multi_topic_request() -> None:
+    authz = Authorizer(state([(EVERYONE, "secret", Permission.DENY)]))
+    authz.check(ANONYMOUS, ("a", "b"), write=False)
+    with pytest.raises(NtfyError) as err:
+        authz.check(ANONYMOUS, ("a", "secret", "b"), write=False)
+    assert (err.value.http, err.value.code) == (403, 40301)
+    ro = Authorizer(state([]), default=Permission.READ_ONLY)
+    ro.check(ANONYMOUS, ("a",), write=False)
+    with pytest.raises(NtfyError):
+        ro.check(ANONYMOUS, ("a",), write=True)
