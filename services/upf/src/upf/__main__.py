@@ -66,6 +66,13 @@ async def run_with_pusher(settings: Settings, sock: socket.socket | None = None)
 
 def main() -> None:
     configure_logging(os.environ.get("UPF_LOG_LEVEL", "INFO"))
+    if len(sys.argv) > 1:
+        from .admin import COMMANDS, run
+
+        if sys.argv[1] not in COMMANDS:
+            print(f"upf: unknown command {sys.argv[1]!r}; commands: {', '.join(COMMANDS)} (none: run the server)", file=sys.stderr)
+            sys.exit(2)
+        sys.exit(run(sys.argv[1:]))
     try:
         settings = load_settings()
     except SettingsError as exc:

@@ -1,0 +1,207 @@
+"""``upf user|access|token``: manage users, ACL entries and tokens in the store the servers use.
+
+Why a store and not a file: every writer and pusher of a fleet reads the same records and watches
+their version, so a change made here while the servers run reaches all of them within moments,
+without a restart. The commands mirror ntfy's (``ntfy user add``, ``ntfy access``, ``ntfy token``) so
+a self-hoster's muscle memory works. Secrets are never printed back, except a new token, once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import getpass
+import os
+import re
+import sys
+import time
+from collections.abc import Sequence
+
+from upf_edge.access import hash_password, new_token, parse_permission, valid_pattern, valid_token
+from upf_keyspace import SettingsError, Store, load_settings, open_store
+from upf_keyspace.auth import EVERYONE, ROLES, Token, User, token_digest
+from upf_keyspace.ops.auth import NoSuchUser, UserExists
+
+__all__ = ["COMMANDS", "run"]
+
+COMMANDS = ("user", "access", "token")
+_USER = re.compile(r"[-_.@+A-Za-z0-9]{1,64}")
+_DURATION = re.compile(r"(\d+)([smhd])")
+_UNIT = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+class UsageError(Exception):
+    """Bad arguments: exit 2 with the message."""
+
+
+def _name(text: str) -> str:
+    if not _USER.fullmatch(text):
+        raise UsageError(f"user name must be 1-64 of [-_.@+A-Za-z0-9], got {text!r}")
+    return text
+
+
+def _password(prompt_for: str) -> str:
+    """UPF_PASSWORD when set (scripts, provisioning), else asked twice on the terminal."""
+    env = os.environ.get("UPF_PASSWORD")
+    if env is not None:
+        password = env
+    else:
+        if not sys.stdin.isatty():
+            raise UsageError("no terminal to ask for the password: set UPF_PASSWORD")
+        password = getpass.getpass(f"password for {prompt_for}: ")
+        if getpass.getpass("confirm: ") != password:
+            raise UsageError("passwords do not match")
+    if not password:
+        raise UsageError("the password must not be empty")
+    return password
+
+
+def _expiry(text: str | None, now: float) -> int:
+    if not text:
+        return 0
+    m = _DURATION.fullmatch(text.strip())
+    if m is None:
+        raise UsageError(f"--expires takes a duration such as 30d, 12h or 90m, got {text!r}")
+    return int(now) + int(m.group(1)) * _UNIT[m.group(2)]
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="upf", description="manage UPF's users, ACL entries and tokens")
+    sub = ap.add_subparsers(dest="command", required=True)
+
+    user = sub.add_parser("user", help="users").add_subparsers(dest="action", required=True)
+    add = user.add_parser("add", help="add a user (password from UPF_PASSWORD, else asked)")
+    add.add_argument("--role", choices=ROLES, default="user")
+    add.add_argument("name")
+    user.add_parser("del", help="delete a user with its tokens and ACL entries").add_argument("name")
+    user.add_parser("change-pass", help="set a new password").add_argument("name")
+    role = user.add_parser("change-role", help="make a user admin or user")
+    role.add_argument("name")
+    role.add_argument("role", choices=ROLES)
+    user.add_parser("list", help="list users and their ACL entries")
+
+    access = sub.add_parser("access", help="show, grant or reset ACL entries")
+    access.add_argument("--reset", action="store_true", help="remove entries: all, a user's, or one pattern's")
+    access.add_argument("user", nargs="?", help="a user name, or * for everyone")
+    access.add_argument("pattern", nargs="?", help="a topic, * standing for any characters")
+    access.add_argument("permission", nargs="?", help="read-write|rw, read-only|ro, write-only|wo, deny")
+
+    token = sub.add_parser("token", help="access tokens").add_subparsers(dest="action", required=True)
+    tadd = token.add_parser("add", help="create a token and print it (shown only this once)")
+    tadd.add_argument("--label", default="")
+    tadd.add_argument("--expires", help="a duration: 30d, 12h, 90m (default: never)")
+    tadd.add_argument("name")
+    token.add_parser("list", help="list a user's tokens, or everyone's").add_argument("name", nargs="?")
+    trm = token.add_parser("remove", help="remove a token")
+    trm.add_argument("name")
+    trm.add_argument("token")
+    return ap
+
+
+async def _user(store: Store, args: argparse.Namespace) -> str:
+    if args.action == "list":
+        users = await store.list_users()
+        state = await store.auth_state()
+        lines = []
+        for name, user in sorted(users.items()):
+            lines.append(f"user {name} ({user.role})")
+            lines += [f"- {a.permission.value} access to topic {p}" for u, p, a in state.access if u == name]
+        lines.append("user * (anonymous)")
+        lines += [f"- {a.permission.value} access to topic {p}" for u, p, a in state.access if u == EVERYONE]
+        return "\n".join(lines)
+    name = _name(args.name)
+    if args.action == "add":
+        await store.add_user(name, User(role=args.role, password_hash=hash_password(_password(name)), created=int(time.time())))
+        return f"user {name} added with role {args.role}"
+    if args.action == "del":
+        await store.delete_user(name)
+        return f"user {name} removed"
+    user = await store.get_user(name)
+    if user is None:
+        raise NoSuchUser(name)
+    if args.action == "change-pass":
+        await store.put_user(name, User(role=user.role, password_hash=hash_password(_password(name)), created=user.created))
+        return f"changed password for user {name}"
+    await store.put_user(name, User(role=args.role, password_hash=user.password_hash, created=user.created))
+    return f"changed role for user {name} to {args.role}"
+
+
+async def _access(store: Store, args: argparse.Namespace) -> str:
+    user = None if args.user is None else (EVERYONE if args.user == EVERYONE else _name(args.user))
+    if args.pattern is not None and not valid_pattern(args.pattern):
+        raise UsageError(f"topic pattern must be 1-64 of [-_A-Za-z0-9*], got {args.pattern!r}")
+    if args.reset:
+        if args.permission is not None:
+            raise UsageError("--reset takes at most a user and a pattern")
+        removed = await store.reset_access(user, args.pattern)
+        return f"removed {removed} access entr{'y' if removed == 1 else 'ies'}"
+    if args.permission is None:
+        if args.pattern is not None:
+            raise UsageError("give a permission: upf access USER PATTERN PERMISSION")
+        state = await store.auth_state()
+        entries = [(u, p, a) for u, p, a in state.access if user is None or u == user]
+        return "\n".join(f"{u} {a.permission.value} {p}" for u, p, a in entries) or "no access entries"
+    try:
+        permission = parse_permission(args.permission)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    await store.set_access(user or EVERYONE, args.pattern, permission)
+    return f"granted {permission.value} access to topic {args.pattern} for {'everyone' if user == EVERYONE else user}"
+
+
+async def _token(store: Store, args: argparse.Namespace) -> str:
+    now = time.time()
+    if args.action == "add":
+        name = _name(args.name)
+        token = new_token()
+        record = Token(label=args.label, expires=_expiry(args.expires, now), created=int(now), hint=token[:7])
+        await store.add_token(name, token_digest(token), record)
+        return token
+    if args.action == "remove":
+        name = _name(args.name)
+        if not valid_token(args.token):
+            raise UsageError("a token is tk_ followed by 29 of [a-z0-9]")
+        if not await store.remove_token(name, token_digest(args.token)):
+            raise LookupError("no such token for that user")
+        return f"token removed for user {name}"
+    names = [_name(args.name)] if args.name else sorted(await store.list_users())
+    lines = []
+    for name in names:
+        for record in (await store.list_tokens(name)).values():
+            expires = "never expires" if not record.expires else (
+                "expired" if record.expires <= now else f"expires {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(record.expires))}"
+            )
+            lines.append(f"{name}: {record.hint}... {record.label or '(no label)'}, {expires}")
+    return "\n".join(lines) or "no tokens"
+
+
+async def _run(args: argparse.Namespace) -> str:
+    store = await open_store(load_settings())
+    try:
+        handler = {"user": _user, "access": _access, "token": _token}[args.command]
+        return await handler(store, args)
+    finally:
+        await store.close()
+
+
+def run(argv: Sequence[str]) -> int:
+    """Run one management command; 0 done, 1 refused (no such user, exists), 2 bad arguments."""
+    try:
+        args = _parser().parse_args(argv)
+    except SystemExit as exc:
+        return int(exc.code or 0)
+    try:
+        print(asyncio.run(_run(args)))
+        return 0
+    except (UsageError, SettingsError) as exc:
+        print(f"upf: {exc}", file=sys.stderr)
+        return 2
+    except NoSuchUser as exc:
+        print(f"upf: user {exc.args[0]} does not exist", file=sys.stderr)
+        return 1
+    except UserExists as exc:
+        print(f"upf: user {exc.args[0]} exists already", file=sys.stderr)
+        return 1
+    except LookupError as exc:
+        print(f"upf: {exc}", file=sys.stderr)
+        return 1

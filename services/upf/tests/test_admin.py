@@ -1,0 +1,139 @@
+"""``upf user|access|token`` as a user runs them: real processes on a store file, also while a server
+holds it, with what each prints and exits; the store then holds hashes, never secrets."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from upf_keyspace import Settings, open_store
+from upf_keyspace.auth import EVERYONE, Permission, token_digest
+
+
+def upf(store: Path, *args: str, password: str | None = None) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("UPF_", "FDB_"))}
+    env.update(UPF_STORE_PATH=str(store), UPF_LOG_LEVEL="WARNING")
+    if password is not None:
+        env["UPF_PASSWORD"] = password
+    return subprocess.run(
+        [sys.executable, "-m", "upf", *args], env=env, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL
+    )
+
+
+def state(store: Path):  # type: ignore[no-untyped-def]
+    async def load():  # type: ignore[no-untyped-def]
+        s = await open_store(Settings(store_path=str(store)))
+        try:
+            return await s.auth_state()
+        finally:
+            await s.close()
+
+    return asyncio.run(load())
+
+
+def test_users_roles_and_passwords(tmp_path: Path) -> None:
+    store = tmp_path / "upf.db"
+    r = upf(store, "user", "add", "phil", password="correct horse")
+    assert (r.returncode, r.stdout.strip()) == (0, "user phil added with role user"), r.stderr
+    assert upf(store, "user", "add", "--role=admin", "ben", password="pw2").returncode == 0
+    again = upf(store, "user", "add", "phil", password="x")
+    assert again.returncode == 1 and "exists already" in again.stderr
+    assert upf(store, "user", "change-role", "phil", "admin").stdout.strip() == "changed role for user phil to admin"
+    assert upf(store, "user", "change-pass", "phil", password="battery staple").returncode == 0
+    s = state(store)
+    assert {n: u.role for n, u in s.users.items()} == {"phil": "admin", "ben": "admin"}
+    assert s.users["phil"].password_hash.startswith("$2b$") and "battery" not in s.users["phil"].password_hash
+    listing = upf(store, "user", "list").stdout
+    assert "user ben (admin)" in listing and "user phil (admin)" in listing and "user * (anonymous)" in listing
+    assert upf(store, "user", "del", "ben").stdout.strip() == "user ben removed"
+    gone = upf(store, "user", "del", "ben")
+    assert gone.returncode == 1 and "does not exist" in gone.stderr
+
+
+def test_access_entries_grant_list_and_reset(tmp_path: Path) -> None:
+    store = tmp_path / "upf.db"
+    upf(store, "user", "add", "phil", password="pw")
+    assert upf(store, "access", "phil", "up*", "rw").stdout.strip() == "granted read-write access to topic up* for phil"
+    assert upf(store, "access", "*", "announce", "read").stdout.strip() == "granted read-only access to topic announce for everyone"
+    assert upf(store, "access", "phil").stdout.strip() == "phil read-write up*"
+    s = state(store)
+    assert [(u, p, a.permission) for u, p, a in s.access] == [
+        (EVERYONE, "announce", Permission.READ_ONLY),
+        ("phil", "up*", Permission.READ_WRITE),
+    ]
+    assert upf(store, "access", "--reset", "phil").stdout.strip() == "removed 1 access entry"
+    assert upf(store, "access", "--reset").stdout.strip() == "removed 1 access entry"
+    assert upf(store, "access").stdout.strip() == "no access entries"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("access", "phil", "a.b", "rw"), "topic pattern must be"),
+        (("access", "phil", "t", "sudo"), "permission must be one of"),
+        (("access", "phil", "t"), "give a permission"),
+        (("user", "add", "bad name"), "user name must be"),
+        (("token", "add", "--expires", "soon", "phil"), "--expires takes a duration"),
+        (("token", "remove", "phil", "tk_short"), "a token is tk_"),
+        (("user", "add", "nopass"), "set UPF_PASSWORD"),
+    ],
+)
+def test_bad_arguments_exit_2_with_a_message(tmp_path: Path, args: tuple[str, ...], message: str) -> None:
+    store = tmp_path / "upf.db"
+    upf(store, "user", "add", "phil", password="pw")
+    r = upf(store, *args)
+    assert r.returncode == 2 and message in r.stderr, (r.returncode, r.stderr)
+    assert "Traceback" not in r.stderr
+
+
+def test_unknown_user_and_unknown_command(tmp_path: Path) -> None:
+    store = tmp_path / "upf.db"
+    r = upf(store, "access", "ghost", "t", "rw")
+    assert r.returncode == 1 and "user ghost does not exist" in r.stderr
+    r = upf(store, "frobnicate")
+    assert r.returncode == 2 and "unknown command 'frobnicate'" in r.stderr
+
+
+def test_tokens_are_printed_once_and_stored_hashed(tmp_path: Path) -> None:
+    store = tmp_path / "upf.db"
+    upf(store, "user", "add", "phil", password="pw")
+    r = upf(store, "token", "add", "--label", "phone", "--expires", "30d", "phil")
+    token = r.stdout.strip()
+    assert r.returncode == 0 and token.startswith("tk_") and len(token) == 32
+    s = state(store)
+    assert token_digest(token) in s.tokens and s.tokens[token_digest(token)][1].expires > time.time() + 29 * 86400
+    listing = upf(store, "token", "list").stdout
+    assert f"phil: {token[:7]}... phone, expires" in listing and token not in listing
+    for f in tmp_path.iterdir():
+        if f.is_file():
+            assert token.encode() not in f.read_bytes()
+    assert upf(store, "token", "remove", "phil", token).stdout.strip() == "token removed for user phil"
+    assert upf(store, "token", "remove", "phil", token).returncode == 1
+    assert upf(store, "token", "list", "phil").stdout.strip() == "no tokens"
+
+
+def test_commands_work_while_a_server_holds_the_store(tmp_path: Path) -> None:
+    """The CLI and a running all-in-one share the store file (no lock-out, no restart)."""
+    store = tmp_path / "upf.db"
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("UPF_", "FDB_"))}
+    env.update(UPF_STORE_PATH=str(store), UPF_BIND=f"127.0.0.1:{port}", UPF_WORKERS="1", UPF_LOG_LEVEL="WARNING")
+    server = subprocess.Popen([sys.executable, "-m", "upf"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        assert server.stdout is not None and "upf:" in server.stdout.readline()
+        assert upf(store, "user", "add", "live", password="pw").returncode == 0
+        assert upf(store, "access", "live", "x*", "ro").returncode == 0
+        assert server.poll() is None
+        assert "live" in state(store).users
+    finally:
+        server.terminate()
+        server.wait(15)
