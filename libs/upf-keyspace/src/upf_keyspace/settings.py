@@ -40,8 +40,23 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     """Use FoundationDB (the real bindings) through this cluster file instead of the embedded store."""
     slow_subscriber_timeout_secs: float = 60.0
     """A subscriber whose socket stays above its high-water mark this long is closed (it resumes with since=)."""
+    auth_default_access: str = "read-write"
+    """What a request no ACL entry matches may do (ntfy's auth-default-access): read-write keeps a UPF
+    with no users as open as before; read-only, write-only or deny-all close it."""
     workers: int = 1
     """Worker processes of the all-in-one with the pusher role, on one port (SO_REUSEPORT); default: the cores."""
+
+
+DEFAULT_ACCESS = ("read-write", "read-only", "write-only", "deny-all")
+
+
+def _choice(env: Mapping[str, str], name: str, default: str, choices: tuple[str, ...]) -> str:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default
+    if raw not in choices:
+        raise SettingsError(f"{name} must be one of {', '.join(choices)}, got {raw!r}")
+    return raw
 
 
 def _int(env: Mapping[str, str], name: str, default: int, lo: int, hi: int) -> int:
@@ -107,5 +122,6 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         fdb_cluster_file=cluster_file,
         slow_subscriber_timeout_secs=_float(env, "UPF_SLOW_SUBSCRIBER_TIMEOUT_SECS", 60.0, 0.05, 86400),
         workers=_int(env, "UPF_WORKERS", os.cpu_count() or 1, 1, 256),
+        auth_default_access=_choice(env, "UPF_AUTH_DEFAULT_ACCESS", "read-write", DEFAULT_ACCESS),
     )
     return settings

@@ -1,0 +1,89 @@
+"""The access gate over a real embedded store: open when nothing is configured, and following changes
+made through another store handle (another process's CLI) without a restart."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import time
+
+import pytest
+from upf_keyspace import Settings, open_store
+from upf_keyspace.auth import EVERYONE, Permission, User
+
+from upf_edge.access import ANONYMOUS, Identity, hash_password
+from upf_edge.errors import NtfyError
+from upf_edge.gate import AccessGate
+
+
+@pytest.fixture
+async def stores(tmp_path):
+    a = await open_store(Settings(store_path=str(tmp_path / "upf.db"), shard_count=4))
+    b = await open_store(Settings(store_path=str(tmp_path / "upf.db"), shard_count=4))
+    yield a, b
+    await a.close()
+    await b.close()
+
+
+def basic(user: str, password: str) -> str:
+    return "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
+
+
+async def eventually(check, timeout: float = 5.0) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            check()
+            return
+        except (AssertionError, NtfyError):
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.02)
+
+
+def status(gate: AccessGate, auth: str | None, topics: list[str], write: bool) -> int:
+    try:
+        gate.check(auth, None, topics, write=write)
+        return 200
+    except NtfyError as exc:
+        return exc.http
+
+
+async def test_nothing_configured_is_open_and_ignores_credentials(stores):
+    gate = AccessGate(stores[0])
+    await gate.start()
+    try:
+        assert gate.check("Basic garbage!!", "@@", ["t"], write=True) is ANONYMOUS
+    finally:
+        await gate.stop()
+
+
+async def test_changes_from_another_handle_reach_a_running_gate(stores):
+    server, cli = stores
+    gate = AccessGate(server)
+    await gate.start()
+    try:
+        await cli.add_user("phil", User(role="user", password_hash=hash_password("pw")))
+        await cli.set_access(EVERYONE, "private*", Permission.DENY)
+
+        def denied() -> None:
+            assert status(gate, None, ["private1"], False) == 403
+
+        await eventually(denied)
+        assert status(gate, None, ["public"], True) == 200  # default read-write still applies elsewhere
+        assert status(gate, basic("phil", "nope"), ["public"], True) == 401
+        await cli.set_access("phil", "private*", Permission.READ_ONLY)
+        await eventually(lambda: gate.check(basic("phil", "pw"), None, ["private1"], write=False))
+        assert gate.check(basic("phil", "pw"), None, ["private1"], write=False) == Identity("phil", False)
+        assert status(gate, basic("phil", "pw"), ["private1"], True) == 403
+    finally:
+        await gate.stop()
+
+
+async def test_deny_all_default_closes_an_unconfigured_server(stores):
+    gate = AccessGate(stores[0], "deny-all")
+    await gate.start()
+    try:
+        assert status(gate, None, ["t"], False) == 403 and status(gate, None, ["t"], True) == 403
+    finally:
+        await gate.stop()
