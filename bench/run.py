@@ -1054,8 +1054,8 @@ def summarize(res: dict[str, Any]) -> dict[str, Any]:
         s["scaling"] = {"knee_workers_1": k1, "knee_workers_2": k2, "ratio": round(k2 / k1, 2) if k1 else None,
                         "knee_reached_1": all(sw.get("knee") for sw in sw_all["allinone"]),
                         "knee_reached_2": all(sw.get("knee") for sw in sw_all["allinone_w2"]),
-                        "last_good_1": min((sw["knee"].get("last_good_rate") or 0 for sw in sw_all["allinone"] if sw.get("knee")), default=None),
-                        "last_good_2": min((sw["knee"].get("last_good_rate") or 0 for sw in sw_all["allinone_w2"] if sw.get("knee")), default=None)}
+                        "last_good_1": min((sw["knee"]["last_good_rate"] for sw in sw_all["allinone"] if (sw.get("knee") or {}).get("last_good_rate")), default=None),
+                        "last_good_2": min((sw["knee"]["last_good_rate"] for sw in sw_all["allinone_w2"] if (sw.get("knee") or {}).get("last_good_rate")), default=None)}
     if "idle_cpu" in res:
         s["idle_cpu"] = res["idle_cpu"]
     sweeps = res.get("sweeps", {})
