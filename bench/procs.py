@@ -120,9 +120,9 @@ def listens(pid: int, port: int) -> bool:
 
 
 def tree_thread_cpu(pids: list[int]) -> dict[str, float]:
-    """CPU seconds by thread, summed over these processes and their descendants: each process's main
-    thread (a Python server's event loop) as ``main``, other threads by name (``comm``: Python's own
-    threads, such as the embedded store's committer and watch poller, are all named ``python``)."""
+    """CPU seconds by thread, summed over these processes and their descendants, keyed ``<comm> main``
+    for each process's main thread (a Python server's event loop) and ``<comm> other`` for the rest
+    (Python names its threads ``python``: the embedded store's committer and watch poller are there)."""
     out: dict[str, float] = {}
     for p in (p for root in pids for p in tree(root)):
         try:
@@ -138,7 +138,7 @@ def tree_thread_cpu(pids: list[int]) -> dict[str, float]:
             except OSError:
                 continue
             fields = raw[raw.rindex(b")") + 2 :].split()
-            name = "main" if int(tid) == p else f"{comm} (other)"
+            name = f"{comm} {'main' if int(tid) == p else 'other'}"
             out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / TICK
     return out
 

@@ -1030,6 +1030,7 @@ def summarize(res: dict[str, Any]) -> dict[str, Any]:
             "cpu_us_per_item_range": spread([x["cpu_us_per_item"] for x in pps]),
             "items_per_cpu_sec": med([x["items_per_cpu_sec"] for x in pps]),
             "undelivered": sum(x["expected"] - x["delivered"] for x in pps),
+            "cpu_secs_by_thread_round_1": pps[0].get("cpu_secs_by_thread", {}),
         }
         if "broadcast" in s and s["broadcast"]["frames_per_cpu_sec"]:
             s["pushpin"]["broadcast_cpu_us_per_frame"] = round(1e6 / s["broadcast"]["frames_per_cpu_sec"], 1)
@@ -1053,8 +1054,8 @@ def summarize(res: dict[str, Any]) -> dict[str, Any]:
         s["scaling"] = {"knee_workers_1": k1, "knee_workers_2": k2, "ratio": round(k2 / k1, 2) if k1 else None,
                         "knee_reached_1": all(sw.get("knee") for sw in sw_all["allinone"]),
                         "knee_reached_2": all(sw.get("knee") for sw in sw_all["allinone_w2"]),
-                        "last_good_1": min((sw["knee"].get("last_good_rate") or 0 for sw in sw_all["allinone"] if sw.get("knee")), default=None),
-                        "last_good_2": min((sw["knee"].get("last_good_rate") or 0 for sw in sw_all["allinone_w2"] if sw.get("knee")), default=None)}
+                        "last_good_1": min((sw["knee"]["last_good_rate"] for sw in sw_all["allinone"] if (sw.get("knee") or {}).get("last_good_rate")), default=None),
+                        "last_good_2": min((sw["knee"]["last_good_rate"] for sw in sw_all["allinone_w2"] if (sw.get("knee") or {}).get("last_good_rate")), default=None)}
     if "idle_cpu" in res:
         s["idle_cpu"] = res["idle_cpu"]
     sweeps = res.get("sweeps", {})
@@ -1215,7 +1216,8 @@ def render(res: dict[str, Any]) -> str:
                   f"| Pushpin (incl. its HTTP publish intake) | {_f(p['cpu_us_per_item'], 1)} (rounds: {'-'.join(_f(x, 1) for x in p.get('cpu_us_per_item_range', []))}) |",
                   f"| UPF pusher (fan-out round, split shape) | {_f(p.get('upf_pusher_cpu_us_per_delivery'), 1)} |",
                   f"| bare websockets broadcast | {_f(p.get('broadcast_cpu_us_per_frame'), 1)} |",
-                  f"\n{p['undelivered']} Pushpin items undelivered.", ""]
+                  f"\n{p['undelivered']} Pushpin items undelivered. Its CPU by process and thread (round 1, CPU s): "
+                  + (", ".join(f"{k} {v:g}" for k, v in p.get("cpu_secs_by_thread_round_1", {}).items()) or "-") + ".", ""]
     if "idle_cpu" in s:
         ic = s["idle_cpu"]
         L += [f"## Idle CPU of the all-in-one (default timers, keepalives included), {ic['secs']:g} s windows", "",
