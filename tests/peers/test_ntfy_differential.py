@@ -568,14 +568,15 @@ TRANSPORTS = ["json", "sse", "raw", "ws"]
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
 async def test_stream_live(transport, ntfy, upf_peer):
-    """Two topics on one connection: open, then a text message on one and a binary UP message on the other."""
+    """Two topics on one connection: open, then a text message on one and UnifiedPush messages on the other."""
     t1, t2 = T(), T()
 
     async def run(base):
         return await _stream_script(base, transport, [t1, t2], "", [
             (t1, b"first line\nsecond line", {"title": "Hi", "priority": "4", "tags": "a,b"}),
-            (t2, BIN[:40], {"up": "1"}),
-        ], want=2, seconds=5)
+            (t2, BIN[:40], {"up": "1"}),  # control characters, but UTF-8: text
+            (t2, BIN[120:180], {"up": "1"}),  # not UTF-8: base64
+        ], want=3, seconds=5)
     n, u = await asyncio.gather(run(ntfy.base), run(upf_peer.base))
     compare(f"stream-{transport}", n, u)
 
