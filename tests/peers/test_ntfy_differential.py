@@ -183,6 +183,18 @@ def _pub_then_get(tail: str) -> Callable[[str], Any]:
     return script
 
 
+def _idempotent() -> Callable[[str], Any]:
+    """A retried publish with the same Idempotency-Key: how many messages are stored."""
+    topic = T()
+
+    def script(base: str) -> Any:
+        with httpx.Client(timeout=10) as c:
+            for _ in range(2):
+                c.post(f"{base}/{topic}", content=b"once", headers={"Idempotency-Key": "k-1"}).raise_for_status()
+            return observe(c.get(f"{base}/{topic}/json", params={"poll": "1", "since": "all"}))
+    return script
+
+
 def _priorities() -> Callable[[str], Any]:
     names = ("min", "low", "default", "high", "max", "urgent", "1", "2", "4", "5")
     topic = T()
@@ -265,6 +277,14 @@ def request_cases() -> dict[str, Callable[[], Callable[[str], Any]]]:
         "publish-topic-charset": lambda: _pub_then_poll("POST", f"/{T('a-b_C9')}", content=b"b"),
         "poll-true": lambda: _pub_then_get("json?poll=true&since=all"),
         "poll-yes-sse": lambda: _pub_then_get("sse?poll=yes&since=all"),
+        "publish-vapid-auth": lambda: _pub_then_poll("POST", f"/{T()}", content=BIN[:100], headers={
+            "Content-Encoding": "aes128gcm", "Authorization": "vapid t=eyJhbGciOiJFUzI1NiJ9.e30.c2ln, k=BPub"}),
+        "publish-webpush-auth": lambda: _req("POST", f"/{T()}", content=b"x",
+                                             headers={"Authorization": "WebPush eyJhbGciOiJFUzI1NiJ9.e30.c2ln"}),
+        "publish-bearer-auth": lambda: _req("POST", f"/{T()}", content=b"x", headers={"Authorization": "Bearer tk_x"}),
+        "auth-basic": lambda: _req("GET", f"/{T()}/auth", auth=("phil", "secret")),
+        "poll-basic-auth": lambda: _req("GET", f"/{T()}/json?poll=1", auth=("phil", "secret")),
+        "publish-idempotency-key": lambda: _idempotent(),
         "publish-ttl": lambda: _pub_then_poll("POST", f"/{T()}", content=b"short lived", headers={"TTL": "60"}),
         "publish-invalid-utf8": lambda: _pub_then_poll("POST", f"/{T()}", content=b"caf\xe9 \xff"),
         # the bad-input half
