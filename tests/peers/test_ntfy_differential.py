@@ -198,8 +198,10 @@ def _idempotent() -> Callable[[str], Any]:
 def _priorities() -> Callable[[str], Any]:
     names = ("min", "low", "default", "high", "max", "urgent", "1", "2", "4", "5")
     topic = T()
-    return lambda base: [observe(httpx.post(f"{base}/{topic}", content=b"x", params={"p": p}, timeout=10))
-                         for p in names]
+    def script(base: str) -> Any:
+        with httpx.Client(timeout=10) as c:
+            return [observe(c.post(f"{base}/{topic}", content=b"x", params={"p": p})) for p in names]
+    return script
 
 
 BIN = bytes(range(256)) * 2  # not UTF-8
