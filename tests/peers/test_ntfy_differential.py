@@ -415,6 +415,8 @@ def history(ntfy, upf_peer) -> dict[str, dict]:
         with httpx.Client(timeout=10) as c:
             m1 = c.post(f"{base}/{a}", content=b"m1").json()
             time.sleep(1.2)
+            while time.time() % 1 > 0.3:  # m2 and m3 early in a second: both in it
+                time.sleep(0.05)
             m2 = c.post(f"{base}/{b}", content=b"m2").json()
             m3 = c.post(f"{base}/{a}", content=b"m3").json()
         return {"a": a, "b": b, "m1": m1, "m2": m2, "m3": m3}
@@ -463,6 +465,10 @@ def test_poll_since(since, topics, history, ntfy, upf_peer):
 
 def test_poll_merge_order(history, ntfy, upf_peer):
     """m2 (topic B) was published before m3 (topic A), in the same second: the order a poll of A,B returns."""
+    h = history[ntfy.base]
+    if h["m2"]["time"] != h["m3"]["time"]:
+        pytest.skip("inconclusive: ntfy stamped m2 and m3 in different seconds (a stall between them)")
+
     def script(base: str) -> Any:
         h = history[base]
         r = httpx.get(f"{base}/{h['a']},{h['b']}/json", params={"poll": "1", "since": "all"}, timeout=10)
@@ -657,7 +663,7 @@ async def test_keepalive(ntfy, upf_peer):
 
     async def run(base):
         return await asyncio.gather(*(
-            _stream_script(base, tr, [topics[tr]], "", [], want=10**6, seconds=KEEPALIVE_SECS + 1.5,
+            _stream_script(base, tr, [topics[tr]], "", [], want=10**6, seconds=KEEPALIVE_SECS + 2.5,
                            drop_keepalive=False)
             for tr in TRANSPORTS))
     def collapse(obs: dict) -> dict:
