@@ -1,4 +1,7 @@
-"""Peer fixtures: the real ntfy server and a real UPF all-in-one process, side by side, same settings."""
+"""Peer fixtures: the real ntfy server and a real UPF all-in-one process, side by side, same settings.
+
+The binary is found (or built) once per session; the two servers live as long as the test module using them.
+"""
 
 from __future__ import annotations
 
@@ -23,7 +26,7 @@ def ntfy_binary():
         pytest.skip(str(e))
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def ntfy(ntfy_binary, tmp_path_factory) -> Iterator[NtfyServer]:
     server = NtfyServer(ntfy_binary, tmp_path_factory.mktemp("ntfy"), keepalive_secs=KEEPALIVE_SECS,
                         message_size_limit=MAX_MESSAGE_BYTES)
@@ -33,7 +36,7 @@ def ntfy(ntfy_binary, tmp_path_factory) -> Iterator[NtfyServer]:
         server.stop()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def upf_peer(tmp_path_factory) -> Iterator[Role]:
     tmp = tmp_path_factory.mktemp("upf-peer")
     port = free_port()

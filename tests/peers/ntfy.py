@@ -14,6 +14,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -26,7 +27,7 @@ import httpx
 
 NTFY_MODULE = "heckel.io/ntfy/v2"
 NTFY_VERSION = "v2.13.0"
-DOWNLOAD_TIMEOUT = 600.0
+DOWNLOAD_TIMEOUT = 300.0
 BUILD_TIMEOUT = 900.0
 
 
@@ -51,7 +52,10 @@ def _run(cmd: list[str], cwd: Path | None, timeout: float, what: str) -> subproc
     try:
         return subprocess.run(cmd, cwd=cwd, env=_go_env(), capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired as e:
-        raise RuntimeError(f"{what} timed out after {timeout:.0f} s: {' '.join(cmd)}") from e
+        message = f"{what} timed out after {timeout:.0f} s: {' '.join(cmd)}"
+        if "download" in what:  # the proxy does not answer: it cannot be had, like a refusal
+            raise Unavailable(message) from e
+        raise RuntimeError(message) from e
 
 
 def _module_source() -> Path:
@@ -98,6 +102,8 @@ def _build(target: Path, log: Path) -> float:
         out = target.with_suffix(".tmp")
         r = _run(["go", "build", "-o", str(out), "."], work, BUILD_TIMEOUT, "go build of ntfy")
         log.write_text(r.stdout + r.stderr)
+        if r.returncode != 0 and re.search(r"requires go >= |go: downloading go1", r.stderr):
+            raise Unavailable(f"the installed Go is too old for ntfy {NTFY_VERSION}: {r.stderr.strip()[-300:]}")
         if r.returncode != 0:
             raise RuntimeError(f"go build of ntfy {NTFY_VERSION} failed (log {log}):\n{r.stderr[-3000:]}")
         out.replace(target)
