@@ -2,8 +2,8 @@
 
 The binary is cached outside the repository, at ``${XDG_CACHE_HOME:-~/.cache}/upf-peers/ntfy-<version>/ntfy``,
 and built under a file lock so parallel test processes build it once. The source comes from the Go module
-proxy (``go mod download heckel.io/ntfy/v2@<version>``); ``UPF_NTFY_SRC`` may instead name a checkout of the
-same tag (for machines whose proxy does not serve that module). Nothing of ntfy is kept in this repository.
+proxy (``go mod download heckel.io/ntfy/v2@<version>``) and from nowhere else. Nothing of ntfy is kept in
+this repository.
 
 Where Go or the module cannot be had, ``ensure_ntfy`` raises ``Unavailable`` with the reason (the tests skip
 with it); a build that fails once the source is there is an error, not a skip.
@@ -60,13 +60,6 @@ def _run(cmd: list[str], cwd: Path | None, timeout: float, what: str) -> subproc
 
 def _module_source() -> Path:
     """A directory holding ntfy's source at the pinned version (read-only is fine)."""
-    local = os.environ.get("UPF_NTFY_SRC")
-    if local:
-        src = Path(local)
-        gomod = src / "go.mod"
-        if not gomod.is_file() or f"module {NTFY_MODULE}" not in gomod.read_text():
-            raise RuntimeError(f"UPF_NTFY_SRC={local} is not a checkout of {NTFY_MODULE}")
-        return src
     r = _run(["go", "mod", "download", "-json", f"{NTFY_MODULE}@{NTFY_VERSION}"], None, DOWNLOAD_TIMEOUT,
              "go mod download")
     try:
