@@ -24,6 +24,9 @@ log = logging.getLogger("upf")
 
 
 async def run_with_pusher(settings: Settings) -> None:
+    """The pusher's front door serves everything: subscriptions and ops itself, the writer's hot routes
+    through its plain function (``handler``: parsed once, no ASGI), the writer's cold routes through its
+    ASGI app (``fallback``). The pusher never imports the writer: both arrive here as callables."""
     from upf_janitor import Janitor
     from upf_pusher.server import serve
 
