@@ -11,7 +11,7 @@ from typing import NamedTuple
 
 import msgspec
 
-__all__ = ["ErrorBody", "NtfyError", "Problem", "error_body"]
+__all__ = ["ErrorBody", "NtfyError", "Problem", "STORE_UNAVAILABLE", "error_body"]
 
 
 class ErrorBody(msgspec.Struct, frozen=True, omit_defaults=True):
@@ -67,3 +67,7 @@ def error_body(problem: Problem) -> bytes:
         if len(_BODIES) < 1024:  # problems are static; the bound only guards against a misuse
             _BODIES[problem] = body
     return body
+
+
+STORE_UNAVAILABLE = Problem(50301, 503, "service unavailable: store not responding")
+"""UPF's: the store did not answer (publishers retry a 5xx; health reports it)."""

@@ -13,14 +13,16 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Sequence
+import weakref
+from collections.abc import Mapping, Sequence
 
 from upf_keyspace import Store
 from upf_keyspace.auth import AuthState, Permission
 
 from .access import ANONYMOUS, Authorizer, Identity, parse_credentials
+from .errors import STORE_UNAVAILABLE, NtfyError
 
-__all__ = ["AccessGate"]
+__all__ = ["AccessGate", "auth_param"]
 
 log = logging.getLogger("upf.edge.gate")
 
@@ -28,19 +30,58 @@ RECHECK_SECS = 30.0
 """How long the gate waits on the version watch before reading the version anyway."""
 
 
+_SHARED: weakref.WeakKeyDictionary[Store, AccessGate] = weakref.WeakKeyDictionary()
+
+
+def auth_param(query: Mapping[str, str]) -> str | None:
+    """ntfy's ``?auth=`` (alias ``?authorization=``) from a decoded query."""
+    value = query.get("auth")
+    return query.get("authorization") if value is None else value
+
+
 class AccessGate:
-    __slots__ = ("store", "default", "authorizer", "_open", "_task")
+    __slots__ = ("store", "default", "authorizer", "_open", "_loaded", "_task", "_users", "_started", "__weakref__")
 
     def __init__(self, store: Store, default_access: str = "read-write") -> None:
         self.store = store
         self.default = Permission(default_access)
         self.authorizer = Authorizer(AuthState(), self.default)
-        self._open = self.default is Permission.READ_WRITE
+        self._open = False
+        self._loaded = False
         self._task: asyncio.Task[None] | None = None
+        self._users = 0
+        self._started: asyncio.Future[None] | None = None
+
+    @classmethod
+    async def acquire(cls, store: Store, default_access: str = "read-write") -> AccessGate:
+        """The gate of ``store``, started once and shared by every role of the process on that store
+        (one watch, one cached state); hand it back with :meth:`release`."""
+        gate = _SHARED.get(store)
+        if gate is None:
+            gate = _SHARED[store] = cls(store, default_access)
+            gate._started = asyncio.ensure_future(gate.start())
+        gate._users += 1
+        assert gate._started is not None
+        try:
+            await asyncio.shield(gate._started)
+        except BaseException:
+            gate._users -= 1
+            raise
+        return gate
+
+    async def release(self) -> None:
+        self._users -= 1
+        if self._users <= 0:
+            _SHARED.pop(self.store, None)
+            await self.stop()
 
     async def start(self) -> None:
-        """Load the state, then follow its changes in the background."""
-        self._install(await self.store.auth_state())
+        """Load the state, then follow its changes in the background. A store that does not answer
+        does not stop the role from starting: the gate fails closed (503) until a load succeeds."""
+        try:
+            self._install(await self.store.auth_state())
+        except Exception:
+            log.warning("auth state load failed; refusing requests until it loads", exc_info=True)
         self._task = asyncio.get_running_loop().create_task(self._follow())
 
     async def stop(self) -> None:
@@ -53,13 +94,14 @@ class AccessGate:
     def _install(self, state: AuthState) -> None:
         self.authorizer = Authorizer(state, self.default)
         self._open = not state.configured and self.default is Permission.READ_WRITE
+        self._loaded = True
 
     async def _follow(self) -> None:
         backoff = 0.1
         while True:
             try:
                 version, watch = await self.store.watch_auth()
-                if version != self.authorizer.state.version:
+                if version != self.authorizer.state.version or not self._loaded:
                     self._install(await self.store.auth_state())
                     log.info("auth state reloaded", extra={"auth_version": version})
                 backoff = 0.1
@@ -76,16 +118,25 @@ class AccessGate:
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 5.0)
 
+    def identify(self, authorization: str | None, auth_param: str | None) -> Identity:
+        """Who the request is (401 NtfyError for bad credentials). ``auth_param`` is ``?auth=``."""
+        if self._open:
+            return ANONYMOUS
+        if not self._loaded:
+            raise NtfyError(STORE_UNAVAILABLE)
+        return self.authorizer.authenticate(parse_credentials(authorization, auth_param), time.time())
+
+    def authorize(self, who: Identity, topics: Sequence[str], *, write: bool) -> None:
+        """403 NtfyError unless ``who`` may read (or write) every one of ``topics``."""
+        if not self._open:
+            self.authorizer.check(who, topics, write=write)
+
     def check(
         self, authorization: str | None, auth_param: str | None, topics: Sequence[str], *, write: bool
     ) -> Identity:
-        """Authenticate and authorise one request, in ntfy's order (401, then 403); raises
-        :class:`~upf_edge.errors.NtfyError`. ``auth_param`` is ``?auth=`` (or ``?authorization=``)."""
-        if self._open:
-            return ANONYMOUS
-        authz = self.authorizer
-        who = authz.authenticate(parse_credentials(authorization, auth_param), time.time())
-        authz.check(who, topics, write=write)
+        """Both, in ntfy's order (401, then 403)."""
+        who = self.identify(authorization, auth_param)
+        self.authorize(who, topics, write=write)
         return who
 
 

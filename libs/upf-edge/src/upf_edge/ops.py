@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable, Sequence
 
 import msgspec
 
-from .errors import Problem
+from .errors import STORE_UNAVAILABLE, Problem
 from .handler import NO_BODY, Reply
 
 __all__ = [
@@ -36,7 +36,6 @@ HEALTH_BODY = b'{"healthy":true}\n'
 LBHEARTBEAT_BODY = b"{}\n"
 HEARTBEAT_OK_BODY = b'{"status":"ok","store":"ok"}\n'
 HEARTBEAT_TIMEOUT_SECS = 2.0
-STORE_UNAVAILABLE = Problem(50301, 503, "service unavailable: store not responding")
 METHOD_NOT_ALLOWED = Problem(40501, 405, "method not allowed")
 PATHS = frozenset({"/v1/health", "/__lbheartbeat__", "/__heartbeat__", "/__version__", "/metrics"})
 

@@ -87,3 +87,19 @@ async def test_deny_all_default_closes_an_unconfigured_server(stores):
         assert status(gate, None, ["t"], False) == 403 and status(gate, None, ["t"], True) == 403
     finally:
         await gate.stop()
+
+
+async def test_roles_of_one_process_share_one_gate_per_store(stores):
+    """The writer and the pusher of an all-in-one get the same gate (one watch), stopped with the last."""
+    a = await AccessGate.acquire(stores[0])
+    b = await AccessGate.acquire(stores[0])
+    other = await AccessGate.acquire(stores[1])
+    assert a is b and a is not other
+    await a.release()
+    assert a._task is not None and not a._task.done()  # still in use by the other role
+    await b.release()
+    assert a._task is None
+    await other.release()
+    fresh = await AccessGate.acquire(stores[0])
+    assert fresh is not a  # a fresh one after the last release
+    await fresh.release()

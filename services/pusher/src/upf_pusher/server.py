@@ -36,6 +36,8 @@ from upf_edge.http11 import (
     parse_head,
     reply_response,
 )
+from upf_edge.errors import NtfyError
+from upf_edge.gate import AccessGate, auth_param
 from upf_edge.ops import OpsRoutes
 from upf_keyspace import Settings, Store
 from upf_keyspace import telemetry as tm
@@ -256,7 +258,8 @@ class HttpProtocol(asyncio.Protocol):
         p = self.pusher
         keep = head.keep_alive
         try:
-            req = parse_subscribe(topics_raw, transport_name, head.header_map(), head.query(), time.time)
+            headers, query = head.header_map(), head.query()
+            req = parse_subscribe(topics_raw, transport_name, headers, query, time.time)
         except QueryError as e:
             self._reply(head, error_response(e.http, e.code, e.error, keep_alive=keep), keep)
             return False
@@ -266,6 +269,11 @@ class HttpProtocol(asyncio.Protocol):
         if p.closing:
             self._reply(head, error_response(503, 50300, "service unavailable: shutting down"), False)
             return True
+        try:  # ntfy's order: bad credentials (401) before a denied topic (403); one denied topic fails all
+            p.gate.check(headers.get("authorization"), auth_param(query), req.topics, write=False)
+        except NtfyError as e:
+            self._reply(head, error_response(e.http, e.code, e.error, keep_alive=keep), keep)
+            return False
         session = Session(req.topics, req.topics_raw, p.hub.config, poll=req.poll)
         sub: Subscriber
         if transport_name == "ws":
@@ -348,6 +356,8 @@ class Pusher:
             heartbeat_timeout=STORE_CHECK_TIMEOUT + 1.0,
         )
         self.closing = False
+        self.gate = AccessGate(store, settings.auth_default_access)
+        """Replaced at start by the process's shared gate for this store (who may subscribe to what)."""
         self._server: asyncio.base_events.Server | None = None
         self._http: set[HttpProtocol] = set()
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -379,6 +389,7 @@ class Pusher:
         """Run the fallback's lifespan startup, start the hub, then listen (settings' bind address by default)."""
         if self.lifespan is not None:
             await self.lifespan.startup()
+        self.gate = await AccessGate.acquire(self.store, self.settings.auth_default_access)
         await self.hub.start()
         loop = asyncio.get_running_loop()
         self._sweeper = loop.call_later(SWEEP_SECS, self._sweep)
@@ -437,6 +448,7 @@ class Pusher:
             await self._server.wait_closed()
         if self.lifespan is not None:
             await self.lifespan.shutdown()
+        await self.gate.release()
         log.info("pusher stopped", extra={"node": self.settings.node_id})
 
 

@@ -16,6 +16,7 @@ from contextlib import asynccontextmanager
 from litestar import Litestar, Request, Response
 from litestar.types import Receive, Scope, Send
 from upf_edge.asgi import serve_asgi
+from upf_edge.gate import AccessGate
 from upf_edge.ops import PATHS as OPS_PATHS
 from litestar.exceptions import HTTPException, MethodNotAllowedException, NotFoundException
 from upf_keyspace import Settings, Store, open_store
@@ -98,6 +99,17 @@ class WriterApp(Litestar):
         await super().__call__(scope, receive, send)
 
 
+@asynccontextmanager
+async def _gate(ctx: WriterContext, store: Store) -> AsyncIterator[None]:
+    """The process's access gate for ``store`` while the app serves (shared with a pusher beside it)."""
+    ctx.gate = await AccessGate.acquire(store, ctx.settings.auth_default_access)
+    try:
+        yield
+    finally:
+        gate, ctx.gate = ctx.gate, None
+        await gate.release()
+
+
 def create_app(
     settings: Settings,
     store: Store | None = None,
@@ -118,12 +130,14 @@ def create_app(
     async def store_lifespan(_: Litestar) -> AsyncIterator[None]:
         if ctx.store is not None:
             log.info("writer started with a store it does not own")
-            yield
+            async with _gate(ctx, ctx.store):
+                yield
             return
         ctx.store = await store_factory(settings)
         log.info("writer store opened", extra={"driver": "foundationdb" if settings.fdb_cluster_file else "embedded"})
         try:
-            yield
+            async with _gate(ctx, ctx.store):
+                yield
         finally:
             opened, ctx.store = ctx.store, None
             await opened.close()

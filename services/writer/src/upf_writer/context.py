@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+from upf_edge.gate import AccessGate
 from upf_keyspace import Settings, Store
 from upf_keyspace import telemetry as tm
 
@@ -56,7 +57,7 @@ class WriterMetrics:
 
 
 class WriterContext:
-    __slots__ = ("settings", "limits", "store", "clock", "telemetry", "metrics")
+    __slots__ = ("settings", "limits", "store", "clock", "telemetry", "metrics", "gate")
 
     def __init__(
         self,
@@ -71,9 +72,17 @@ class WriterContext:
         self.clock = clock
         self.telemetry = tm.current() if telemetry is None else telemetry
         self.metrics = WriterMetrics(self.telemetry.registry)
+        self.gate: AccessGate | None = None
+        """Who may publish where: the process's shared gate for the store, set by the app's lifespan."""
 
     def require_store(self) -> Store:
         store = self.store
         if store is None:
             raise PublishError(STORE_UNAVAILABLE)
         return store
+
+    def require_gate(self) -> AccessGate:
+        gate = self.gate
+        if gate is None:
+            raise PublishError(STORE_UNAVAILABLE)
+        return gate

@@ -17,6 +17,7 @@ import time
 from collections.abc import Sequence
 
 from upf_edge import NO_BODY, Problem, Reply
+from upf_edge.gate import auth_param
 from upf_edge.http11 import decode_headers, decode_query
 
 from . import ingest, schemas
@@ -84,6 +85,9 @@ class WriterFront:
         route = "topic" if topic else "json"
         try:
             headers = decode_headers(raw_headers)
+            params = decode_query(query)
+            gate = ctx.require_gate()
+            who = gate.identify(headers.get("authorization"), auth_param(params))  # 401 before anything else
             if topic:
                 ingest.validate_topic(topic)
                 limit, too_large = self._max, ingest.MESSAGE_TOO_LARGE
@@ -92,11 +96,11 @@ class WriterFront:
             ingest.check_content_length(headers, limit, too_large)
             if body is None or len(body) > limit:
                 raise PublishError(too_large)
-            params = decode_query(query)
             if topic:
                 ingested = ingest.ingest_publish(topic, headers, params, body, now=ctx.clock(), limits=ctx.limits)
             else:
                 ingested = ingest.ingest_json(headers, params, body, now=ctx.clock(), limits=ctx.limits)
+            gate.authorize(who, (ingested.topic,), write=True)  # a JSON publish names its topic in the body
             payload, replayed = await publish_one(ctx, ingested, headers, len(body), start_ns, route)
         except PublishError as exc:
             ctx.metrics.rejected(exc.problem.code)

@@ -32,6 +32,7 @@ import re
 from collections.abc import Mapping
 import msgspec
 from upf_edge import NtfyError, Problem
+from upf_edge.errors import STORE_UNAVAILABLE
 from upf_keyspace import Envelope, Settings
 
 from .schemas import JsonPublish, MatrixPush
@@ -91,7 +92,6 @@ MESSAGE_TOO_LARGE = Problem(41301, 413, "message too large")  # ntfy's "entity t
 MATRIX_TOO_LARGE = Problem(41302, 413, "Matrix request is larger than the max allowed length")
 JSON_TOO_LARGE = Problem(41303, 413, "JSON body too large")
 INTERNAL_ERROR = Problem(50001, 500, "internal server error")
-STORE_UNAVAILABLE = Problem(50301, 503, "service unavailable: store not responding")  # UPF
 
 CATALOG: tuple[Problem, ...] = (
     PRIORITY_INVALID,

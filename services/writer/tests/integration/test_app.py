@@ -3,6 +3,7 @@ the store (read back through ``Store.read_after``)."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 from collections.abc import AsyncIterator
@@ -10,6 +11,7 @@ from collections.abc import AsyncIterator
 import pytest
 from httpx import AsyncClient as AsyncTestClient
 from upf_keyspace import Settings, Store, StoreError, decode_id, open_store
+from upf_keyspace.auth import AuthState
 
 from upf_writer.app import create_app
 
@@ -211,6 +213,12 @@ class BrokenStore:
 
     async def close(self) -> None:
         pass
+
+    async def auth_state(self) -> AuthState:
+        return AuthState()  # nothing configured: the failures under test are the publish's
+
+    async def watch_auth(self) -> tuple[int, asyncio.Future[None]]:
+        return 0, asyncio.get_running_loop().create_future()  # a watch that never fires
 
 
 @pytest.mark.parametrize("exc,http,code", [(StoreError(1031), 503, 50301), (RuntimeError("boom"), 500, 50001)])

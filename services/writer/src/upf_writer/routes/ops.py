@@ -6,8 +6,9 @@ Litestar by ``WriterApp`` (``build_ops``)."""
 
 from __future__ import annotations
 
-from litestar import Response, get, head
+from litestar import Request, Response, get, head
 from litestar.types import ControllerRouterHandler
+from upf_edge.gate import auth_param
 from upf_edge.ops import OpsRoutes
 from upf_keyspace import telemetry as tm
 
@@ -43,9 +44,12 @@ def build(ctx: WriterContext) -> list[ControllerRouterHandler]:
         return Response(b"UPF push server (ntfy protocol, UnifiedPush)\n", media_type="text/plain")
 
     @get("/{topics:str}/auth", name="topic_auth")
-    async def topic_auth(topics: str) -> Response[bytes]:
-        # No access control yet: every valid topic is readable and writable by anyone.
-        ingest.validate_topic_list(topics)
+    async def topic_auth(topics: str, request: Request) -> Response[bytes]:
+        """ntfy's check the app makes before subscribing: 200, or 401 (credentials), or 403 (read denied
+        on any one of the topics)."""
+        gate = ctx.require_gate()
+        who = gate.identify(request.headers.get("authorization"), auth_param(request.query_params))
+        gate.authorize(who, ingest.validate_topic_list(topics), write=False)
         return Response(auth_body, media_type=_JSON)
 
     return [root_head, root, topic_auth]

@@ -144,6 +144,8 @@ def build(ctx: WriterContext) -> list[ControllerRouterHandler]:
             if outcome.ingested is None:
                 log.info("matrix pushkey rejected", extra={"reason": "not this server or no valid topic"})
                 return Response(schemas.encode(schemas.MatrixResponse((outcome.pushkey,))), media_type=_JSON)
+            gate = ctx.require_gate()  # a homeserver sends no credentials: the topic's anonymous write access
+            gate.authorize(gate.identify(headers.get("authorization"), None), (outcome.ingested.topic,), write=True)
             await publish_one(ctx, outcome.ingested, headers, len(body), start_ns, "matrix")
         except ClientGone:
             raise
