@@ -264,3 +264,21 @@ async def test_cached_read_still_conflicts(pair):
     await a.transact(body)
     assert attempts == [0, 1]
     assert (begin + b"count", b"1") in await _rows(a, begin, end)
+
+
+async def test_without_a_wake_socket_watches_still_fire_by_polling(tmp_path):
+    """If the wake directory cannot be made (here a file is in its way), the store still opens and
+    another handle's commit still fires the watch, through the poll."""
+    path = str(tmp_path / "store.db")
+    open(wake_dir(path), "w").close()
+    a = await open_embedded(path)
+    b = await open_embedded(path)
+    try:
+        assert a._inbox is None and a.fallback_poll_secs < 1
+        await _set(b, b"0")
+        watch = await _watch(a)
+        await _set(b, b"1")
+        await asyncio.wait_for(_wait(watch), 10)
+    finally:
+        await a.close()
+        await b.close()
