@@ -69,7 +69,8 @@ _RETRY_LIMIT = 100
 _FALLBACK_POLL_SECS = 1.0  # the backstop for lost wake datagrams
 _NO_WAKE_POLL_SECS = 0.05  # without a wake socket (a read-only directory, no /proc for long paths)
 _RANGE_CACHE_ENTRIES = 8192  # small range results kept, with the version they were valid at
-_RANGE_CACHE_ROWS = 4  # only results this small are kept (affinity reads: 0 or 1 row)
+_RANGE_CACHE_ROWS = 4  # only results this small are kept (affinity reads: 0 or 1 row) ...
+_RANGE_CACHE_BYTES = 1024  # ... and this many key and value bytes, so the cache stays under ~10 MB
 _I64 = struct.Struct("<q")
 _BATCH_SIZE = _metrics.COMMIT_BATCH.cell("embedded")
 _COMMIT_DURATION = _metrics.COMMIT_DURATION.cell("embedded")
@@ -562,7 +563,7 @@ class EmbeddedDatabase:
             except errors.StoreError:  # the write log no longer reaches back: read the file
                 pass
         version, rows = self._read_range(begin, end, limit, reverse)
-        if len(rows) <= _RANGE_CACHE_ROWS:
+        if len(rows) <= _RANGE_CACHE_ROWS and sum(len(k) + len(v) for k, v in rows) <= _RANGE_CACHE_BYTES:
             if hit is None and len(self._range_cache) >= _RANGE_CACHE_ENTRIES:
                 del self._range_cache[next(iter(self._range_cache))]  # the oldest entry
             self._range_cache[key] = (version, list(rows))
