@@ -67,8 +67,10 @@ _MAX_BATCH = 2048
 _MAX_WATCHES = 10_000
 _RETRY_LIMIT = 100
 _FALLBACK_POLL_SECS = 1.0  # the backstop for lost wake datagrams
+_NO_WAKE_POLL_SECS = 0.05  # without a wake socket (a read-only directory, no /proc for long paths)
 _RANGE_CACHE_ENTRIES = 8192  # small range results kept, with the version they were valid at
-_RANGE_CACHE_ROWS = 4  # only results this small are kept (affinity reads: 0 or 1 row)
+_RANGE_CACHE_ROWS = 4  # only results this small are kept (affinity reads: 0 or 1 row) ...
+_RANGE_CACHE_BYTES = 1024  # ... and this many key and value bytes, so the cache stays under ~10 MB
 _I64 = struct.Struct("<q")
 _BATCH_SIZE = _metrics.COMMIT_BATCH.cell("embedded")
 _COMMIT_DURATION = _metrics.COMMIT_DURATION.cell("embedded")
@@ -484,9 +486,19 @@ class EmbeddedDatabase:
         self._last_prune = 0.0
         self.fallback_poll_secs = _FALLBACK_POLL_SECS
         self._fallback: asyncio.TimerHandle | None = None
-        self._inbox = Inbox(path)
-        self._doorbell = Doorbell(path, self._inbox.name)
-        loop.add_reader(self._inbox.fileno(), self._on_wake)
+        self._inbox: Inbox | None = None
+        self._doorbell: Doorbell | None = None
+        try:
+            self._inbox = Inbox(path)
+            self._doorbell = Doorbell(path, self._inbox.name)
+            loop.add_reader(self._inbox.fileno(), self._on_wake)
+        except OSError:
+            # Watches still work, by polling: other processes' commits are seen within 50 ms.
+            log.warning("embedded wake socket unavailable, polling for other processes' commits", exc_info=True)
+            if self._inbox is not None:
+                self._inbox.close()
+                self._inbox = None
+            self.fallback_poll_secs = _NO_WAKE_POLL_SECS
         self._committer = threading.Thread(target=self._commit_loop, name="upf-store-committer", daemon=True)
         self._committer.start()
 
@@ -551,7 +563,7 @@ class EmbeddedDatabase:
             except errors.StoreError:  # the write log no longer reaches back: read the file
                 pass
         version, rows = self._read_range(begin, end, limit, reverse)
-        if len(rows) <= _RANGE_CACHE_ROWS:
+        if len(rows) <= _RANGE_CACHE_ROWS and sum(len(k) + len(v) for k, v in rows) <= _RANGE_CACHE_BYTES:
             if hit is None and len(self._range_cache) >= _RANGE_CACHE_ENTRIES:
                 del self._range_cache[next(iter(self._range_cache))]  # the oldest entry
             self._range_cache[key] = (version, list(rows))
@@ -635,7 +647,8 @@ class EmbeddedDatabase:
 
     def _ring(self) -> None:
         try:
-            self._doorbell.ring()
+            if self._doorbell is not None:
+                self._doorbell.ring()
         except Exception:  # a wake is advisory: peers' fallback poll still sees the commit
             log.exception("embedded wake failed")
 
@@ -777,7 +790,8 @@ class EmbeddedDatabase:
 
     def _on_wake(self) -> None:
         """Another process committed (one or many datagrams): one check covers them all."""
-        self._inbox.drain()
+        if self._inbox is not None:
+            self._inbox.drain()
         self._schedule_watch_check()
 
     def _fallback_poll(self) -> None:
@@ -805,10 +819,12 @@ class EmbeddedDatabase:
         if self._fallback is not None:
             self._fallback.cancel()
             self._fallback = None
-        self._loop.remove_reader(self._inbox.fileno())
-        self._inbox.close()
+        if self._inbox is not None:
+            self._loop.remove_reader(self._inbox.fileno())
+            self._inbox.close()
         await asyncio.to_thread(self._committer.join)
-        self._doorbell.close()
+        if self._doorbell is not None:
+            self._doorbell.close()
         for s in list(self._watches.values()):
             for w in list(s):
                 w.cancel()
