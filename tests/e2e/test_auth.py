@@ -1,0 +1,185 @@
+"""Users, tokens and ACL against a running all-in-one, black box: the ntfy app's flows (Basic auth on
+/json and /ws, ``?auth=`` on ws), tokens and their expiry, a denied topic inside a multi-topic
+subscribe, and changes made with ``upf user|access|token`` seen by the running server without restart."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import os
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+import websockets
+
+from tests.clients.ntfy import error_body
+
+
+def cli(fleet, *args: str, password: str | None = None) -> str:  # type: ignore[no-untyped-def]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("UPF_", "FDB_"))}
+    env.update(UPF_STORE_PATH=fleet.store, UPF_LOG_LEVEL="WARNING")
+    if password is not None:
+        env["UPF_PASSWORD"] = password
+    r = subprocess.run([sys.executable, "-m", "upf", *args], env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    return r.stdout.strip()
+
+
+def basic(user: str, password: str) -> str:
+    return "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
+
+
+def auth_param(header: str) -> str:
+    return base64.urlsafe_b64encode(header.encode()).decode().rstrip("=")
+
+
+async def until(check, timeout: float = 5.0):  # type: ignore[no-untyped-def]
+    """The server sees store changes through a watch: give it a moment, then insist."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = await check()
+        if result or time.monotonic() > deadline:
+            return result
+        await asyncio.sleep(0.05)
+
+
+@pytest.fixture
+def secured(fleet):  # type: ignore[no-untyped-def]
+    """An all-in-one whose default access is deny-all, with a user phil (rw on up*, ro on news),
+    an admin, and anonymous read on 'public'."""
+    cli(fleet, "user", "add", "phil", password="phil-pass")
+    cli(fleet, "user", "add", "--role=admin", "root", password="root-pass")
+    cli(fleet, "access", "phil", "up*", "rw")
+    cli(fleet, "access", "phil", "news", "ro")
+    cli(fleet, "access", "*", "public", "read-only")
+    return fleet.start("upf", node="secured", UPF_AUTH_DEFAULT_ACCESS="deny-all", UPF_WORKERS="1")
+
+
+async def post(base: str, topic: str, body: str, headers: dict | None = None, params: dict | None = None) -> httpx.Response:
+    async with httpx.AsyncClient(timeout=10) as c:
+        return await c.post(f"{base}/{topic}", content=body, headers=headers or {}, params=params or {})
+
+
+async def get(base: str, path: str, headers: dict | None = None) -> httpx.Response:
+    async with httpx.AsyncClient(timeout=10) as c:
+        return await c.get(base + path, headers=headers or {})
+
+
+async def json_stream_first(base: str, path: str, headers: dict) -> tuple[int, dict]:
+    async with httpx.AsyncClient(timeout=10) as c, c.stream("GET", base + path, headers=headers) as r:
+        if r.status_code != 200:
+            await r.aread()
+            return r.status_code, r.json()
+        async for line in r.aiter_lines():
+            return 200, json.loads(line)
+    raise AssertionError("stream ended before its first frame")
+
+
+async def test_the_ntfy_apps_flows_basic_on_json_and_ws_and_auth_param_on_ws(secured):
+    phil = {"Authorization": basic("phil", "phil-pass")}
+    assert (await get(secured.base, "/upPHIL0001/auth", phil)).json() == {"success": True}
+    status, frame = await json_stream_first(secured.base, "/upPHIL0001/json", phil)
+    assert status == 200 and frame["event"] == "open"
+    ws_base = "ws" + secured.base.removeprefix("http")
+    async with websockets.connect(f"{ws_base}/upPHIL0001/ws", additional_headers=phil) as ws:
+        assert json.loads(await ws.recv())["event"] == "open"
+        sent = (await post(secured.base, "upPHIL0001", "hi", phil)).json()
+        msg = json.loads(await asyncio.wait_for(ws.recv(), 5))
+        assert (msg["event"], msg["id"], msg["message"]) == ("message", sent["id"], "hi")
+    query = auth_param(basic("phil", "phil-pass"))
+    async with websockets.connect(f"{ws_base}/upPHIL0001/ws?auth={query}") as ws:
+        assert json.loads(await ws.recv())["event"] == "open"
+
+
+async def test_wrong_credentials_are_401_and_missing_access_403_on_every_route(secured):
+    bad = {"Authorization": basic("phil", "wrong")}
+    for r in (
+        await post(secured.base, "upPHIL0001", "x", bad),
+        await get(secured.base, "/upPHIL0001/auth", bad),
+        await get(secured.base, "/upPHIL0001/json?poll=1", bad),
+    ):
+        assert (r.status_code, error_body(r)["code"]) == (401, 40101)
+    phil = {"Authorization": basic("phil", "phil-pass")}
+    r = await post(secured.base, "news", "x", phil)  # read-only for phil
+    assert (r.status_code, error_body(r)["code"]) == (403, 40301)
+    r = await post(secured.base, "upANON00001", "x")  # anonymous, default deny-all
+    assert (r.status_code, error_body(r)["code"]) == (403, 40301)
+    r = await post(secured.base, "", json.dumps({"topic": "news", "message": "x"}), phil)  # JSON publish: topic in body
+    assert (r.status_code, error_body(r)["code"]) == (403, 40301)
+    ws_base = "ws" + secured.base.removeprefix("http")
+    with pytest.raises(websockets.InvalidStatus) as err:
+        async with websockets.connect(f"{ws_base}/upPHIL0001/ws", additional_headers=bad):
+            pass
+    assert err.value.response.status_code == 401
+    # Nothing refused was stored: phil's topic holds nothing.
+    assert (await get(secured.base, "/upPHIL0001/json?poll=1", phil)).text == ""
+
+
+async def test_a_denied_topic_inside_a_multi_topic_subscribe_fails_it_whole(secured):
+    phil = {"Authorization": basic("phil", "phil-pass")}
+    assert (await get(secured.base, "/upPHIL0001,news/json?poll=1", phil)).status_code == 200
+    for path in ("/upPHIL0001,secret/json?poll=1", "/upPHIL0001,news,secret/sse?poll=1", "/upPHIL0001,secret/auth"):
+        r = await get(secured.base, path, phil)
+        assert (r.status_code, error_body(r)["code"]) == (403, 40301), path
+    assert (await get(secured.base, "/public/json?poll=1")).status_code == 200  # anonymous read on public
+
+
+async def test_admin_may_do_everything_and_vapid_is_anonymous(secured):
+    root = {"Authorization": basic("root", "root-pass")}
+    assert (await post(secured.base, "anything", "x", root)).status_code == 200
+    vapid = {"Authorization": "vapid t=eyJ0eXAiOiJKV1QifQ.eyJhdWQiOiJ4In0.c2ln,k=BNcRdreALRFXTkOOUHK1EtK2wtaz5Ry4YfYCA_0QTpQtUbVlUls0VJXg7A8u-Ts1XbjhazAkj7I99e8QcYP7DkM"}
+    r = await post(secured.base, "upANON00001", "x", vapid)
+    assert (r.status_code, error_body(r)["code"]) == (403, 40301)  # anonymous: denied by ACL, never 401
+
+
+async def test_tokens_work_until_they_expire(secured, fleet):
+    token = cli(fleet, "token", "add", "--expires", "2s", "phil")
+    bearer = {"Authorization": f"Bearer {token}"}
+    empty_user = {"Authorization": basic("", token)}  # ntfy: Basic with an empty user carries a token
+
+    async def accepted() -> bool:
+        return (await post(secured.base, "upPHIL0001", "t", bearer)).status_code == 200
+
+    assert await until(accepted)
+    assert (await post(secured.base, "upPHIL0001", "t", empty_user)).status_code == 200
+    await asyncio.sleep(2.2)
+    r = await post(secured.base, "upPHIL0001", "t", bearer)
+    assert (r.status_code, error_body(r)["code"]) == (401, 40101)
+
+
+async def test_acl_change_reaches_the_running_server_without_restart(secured, fleet):
+    phil = {"Authorization": basic("phil", "phil-pass")}
+    r = await post(secured.base, "later", "x", phil)
+    assert r.status_code == 403
+    cli(fleet, "access", "phil", "later", "write-only")
+
+    async def allowed() -> bool:
+        return (await post(secured.base, "later", "x", phil)).status_code == 200
+
+    assert await until(allowed)
+    cli(fleet, "user", "del", "phil")
+
+    async def gone() -> bool:
+        return (await post(secured.base, "later", "x", phil)).status_code == 401
+
+    assert await until(gone)
+
+
+async def test_malformed_credentials_are_clear_errors_never_500(secured):
+    cases = {
+        "Basic !!!": 401,
+        "Basic " + base64.b64encode(b"no-colon").decode(): 401,
+        "Bearer tk_tooshort": 401,
+        "Bearer " + "x" * 10_000: 401,
+    }
+    for header, status in cases.items():
+        r = await post(secured.base, "upPHIL0001", "x", {"Authorization": header})
+        assert r.status_code == status and error_body(r)["code"] == 40101, header[:30]
+    r = await post(secured.base, "upPHIL0001", "x", params={"auth": "@@not-base64@@"})
+    assert (r.status_code, error_body(r)["code"]) == (400, 40093)
+    log = secured.log()
+    assert "phil-pass" not in log and "tk_" not in log
