@@ -183,3 +183,32 @@ async def test_malformed_credentials_are_clear_errors_never_500(secured):
     assert (r.status_code, error_body(r)["code"]) == (400, 40093)
     log = secured.log()
     assert "phil-pass" not in log and "tk_" not in log
+
+
+async def test_declared_users_access_and_tokens_apply_at_start(fleet):
+    """UPF_AUTH_USERS/ACCESS/TOKENS (ntfy's auth-users, auth-access, auth-tokens) need no CLI run."""
+    import bcrypt
+
+    hashed = bcrypt.hashpw(b"decl-pass", bcrypt.gensalt(4)).decode()
+    token = "tk_" + "d" * 29
+    role = fleet.start(
+        "upf", node="declared", UPF_WORKERS="1", UPF_AUTH_DEFAULT_ACCESS="deny-all",
+        UPF_AUTH_USERS=f"decl:{hashed}:user", UPF_AUTH_ACCESS="decl:upDECL*:rw,*:open:rw",
+        UPF_AUTH_TOKENS=f"decl:{token}:ci",
+    )
+    assert (await post(role.base, "upDECL0001", "x", {"Authorization": basic("decl", "decl-pass")})).status_code == 200
+    assert (await post(role.base, "upDECL0001", "x", {"Authorization": f"Bearer {token}"})).status_code == 200
+    assert (await post(role.base, "open", "x")).status_code == 200
+    assert (await post(role.base, "upDECL0001", "x")).status_code == 403
+    assert "decl (user)" in cli(fleet, "user", "list")
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [("UPF_AUTH_USERS", "decl:plaintext:user"), ("UPF_AUTH_ACCESS", "*:bad.pattern:rw"), ("UPF_AUTH_TOKENS", "x:tk_1")],
+)
+def test_malformed_declarations_stop_the_start_naming_the_variable(fleet, name: str, value: str) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("UPF_", "FDB_"))}
+    env.update(UPF_STORE_PATH=fleet.store, UPF_BIND="127.0.0.1:0", UPF_WORKERS="1", **{name: value})
+    r = subprocess.run([sys.executable, "-m", "upf"], env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and name in r.stderr and "Traceback" not in r.stderr, r.stderr

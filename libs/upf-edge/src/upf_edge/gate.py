@@ -21,6 +21,7 @@ from upf_keyspace.auth import AuthState, Permission
 
 from .access import ANONYMOUS, Authorizer, Identity, parse_credentials
 from .errors import STORE_UNAVAILABLE, NtfyError
+from .provision import apply_provisioning, load_provisioning
 
 __all__ = ["AccessGate", "auth_param"]
 
@@ -76,9 +77,13 @@ class AccessGate:
             await self.stop()
 
     async def start(self) -> None:
-        """Load the state, then follow its changes in the background. A store that does not answer
-        does not stop the role from starting: the gate fails closed (503) until a load succeeds."""
+        """Apply the declared records (UPF_AUTH_USERS/ACCESS/TOKENS, validated by the entry point at
+        start), load the state, then follow its changes in the background. A store that does not
+        answer does not stop the role from starting: the gate fails closed (503) until a load succeeds."""
         try:
+            declared = load_provisioning()
+            if not declared.empty:
+                await apply_provisioning(self.store, declared)
             self._install(await self.store.auth_state())
         except Exception:
             log.warning("auth state load failed; refusing requests until it loads", exc_info=True)

@@ -8,6 +8,7 @@ import os
 import signal
 import sys
 
+from upf_edge.provision import load_provisioning
 from upf_keyspace import SettingsError, load_settings, open_store
 from upf_keyspace.telemetry import configure_logging, setup_telemetry
 
@@ -18,6 +19,7 @@ log = logging.getLogger("upf.pusher")
 
 async def _run() -> None:
     settings = load_settings()
+    load_provisioning()  # a malformed UPF_AUTH_* entry stops the start here, naming the variable
     telemetry = setup_telemetry("upf-pusher", _package_version())
     store = await open_store(settings)
     try:

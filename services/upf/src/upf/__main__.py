@@ -19,6 +19,7 @@ import signal
 import socket
 import sys
 
+from upf_edge.provision import load_provisioning
 from upf_keyspace import Settings, SettingsError, load_settings, open_store
 from upf_keyspace.telemetry import configure_logging, setup_telemetry
 
@@ -82,6 +83,7 @@ def main() -> None:
         sys.exit(run(sys.argv[1:]))
     try:
         settings = load_settings()
+        load_provisioning()  # a malformed UPF_AUTH_* entry stops the start here, naming the variable
     except SettingsError as exc:
         print(f"upf: {exc}", file=sys.stderr)
         sys.exit(2)

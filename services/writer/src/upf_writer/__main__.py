@@ -13,6 +13,7 @@ from granian import Granian
 from granian.constants import HTTPModes, Interfaces, Loops
 from granian.http import HTTP1Settings
 from granian.log import LogLevels
+from upf_edge.provision import load_provisioning
 from upf_keyspace import SettingsError, load_settings
 
 from .logs import log_dictconfig
@@ -52,6 +53,7 @@ def build_server(
 def main(argv: list[str] | None = None) -> int:
     try:
         settings = load_settings()
+        load_provisioning()  # a malformed UPF_AUTH_* entry stops the start here, naming the variable
     except SettingsError as exc:
         print(f"upf-writer: {exc}", file=sys.stderr)
         return 2
