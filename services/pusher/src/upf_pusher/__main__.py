@@ -8,6 +8,7 @@ import os
 import signal
 import sys
 
+from upf_edge.loop import install_loop_policy
 from upf_edge.provision import load_provisioning
 from upf_keyspace import SettingsError, load_settings, open_store
 from upf_keyspace.telemetry import configure_logging, setup_telemetry
@@ -36,20 +37,9 @@ async def _run() -> None:
         telemetry.shutdown()
 
 
-def _event_loop_policy() -> None:
-    """uvloop when installed (optional) and not disabled with UPF_UVLOOP=0."""
-    if os.environ.get("UPF_UVLOOP", "1") == "0":
-        return
-    try:
-        import uvloop  # type: ignore[import-not-found]
-    except ImportError:
-        return
-    asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
-
-
 def main() -> None:
     configure_logging(os.environ.get("UPF_LOG_LEVEL", "INFO"))
-    _event_loop_policy()
+    install_loop_policy()
     try:
         asyncio.run(_run())
     except SettingsError as e:

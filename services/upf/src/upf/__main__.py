@@ -19,6 +19,7 @@ import signal
 import socket
 import sys
 
+from upf_edge.loop import install_loop_policy
 from upf_edge.provision import load_provisioning
 from upf_keyspace import Settings, SettingsError, load_settings, open_store
 from upf_keyspace.telemetry import configure_logging, setup_telemetry
@@ -88,6 +89,7 @@ def main() -> None:
         print(f"upf: {exc}", file=sys.stderr)
         sys.exit(2)
     roles = set(settings.roles)
+    install_loop_policy()
     try:
         if "pusher" in roles:
             from .workers import Supervisor, become_worker, listen_socket, worker_env_index
