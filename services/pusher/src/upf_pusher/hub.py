@@ -15,8 +15,9 @@ The design's pusher, exactly:
 
 Overload contract: a drain issues at most one read per (connection, topic) at a time (the session
 coalesces pokes), never reads for a paused connection, and the safety poll pokes ``SAFETY_CHUNK``
-connections at a time, waiting for their read round and yielding to the loop between chunks; so the work in flight is bounded by the
-connections that are writable and the pokes that arrived, never by the backlog in Q.
+connections at a time, waiting for their read round and yielding to the loop between chunks; so the
+work in flight is bounded by the connections that are writable and the pokes that arrived, never by
+the backlog in Q.
 """
 
 from __future__ import annotations
@@ -27,10 +28,8 @@ import time
 from collections.abc import Coroutine, Iterable
 from typing import TYPE_CHECKING, Any
 
-from upf_keyspace import Settings, Since, Store, Watch
+from upf_keyspace import Message, Settings, Since, Store, Watch, message_from_envelope
 from upf_keyspace import telemetry as tm
-
-from upf_keyspace import Message, message_from_envelope
 
 from .session import Close, Command, Read, Send, SessionConfig
 
@@ -649,26 +648,6 @@ class Hub:
             "tasks": len(self._tasks),
             "drain_errors": self.drain_errors,
         }
-
-
-async def _wait_watch(bell: Watch, timeout: float) -> bool:
-    """Wait for a bell with a timeout (a watch is never awaited without one), then drop it. True
-    when the bell fired."""
-    try:
-        await asyncio.wait_for(_as_awaitable(bell), timeout)
-        return True
-    except TimeoutError:
-        pass
-    except asyncio.CancelledError:
-        bell.cancel()
-        raise
-    except Exception:
-        log.warning("bell watch failed", exc_info=True)
-        await asyncio.sleep(0.05)  # never spin on a failing watch
-    finally:
-        if not bell.done():
-            bell.cancel()
-    return False
 
 
 def _resolve(fut: asyncio.Future[None]) -> None:
