@@ -384,18 +384,22 @@ class Hub:
         a poke that came meanwhile) make the next round."""
         try:
             while self._wanted:
-                wanted, self._wanted = self._wanted, {}
-                waiters, self._round_waiters = self._round_waiters, []
-                try:
-                    keys = list(wanted)
-                    for i in range(0, len(keys), READ_GROUP):
-                        await self._read_group(keys[i : i + READ_GROUP], wanted)
-                finally:
-                    for w in waiters:
-                        if not w.done():
-                            w.set_result(None)
+                await self._read_round()
+                await asyncio.sleep(0)  # a read may not suspend (the embedded store): let I/O and bells in
         finally:
             self._reader = None
+
+    async def _read_round(self) -> None:
+        wanted, self._wanted = self._wanted, {}
+        waiters, self._round_waiters = self._round_waiters, []
+        try:
+            keys = list(wanted)
+            for i in range(0, len(keys), READ_GROUP):
+                await self._read_group(keys[i : i + READ_GROUP], wanted)
+        finally:
+            for w in waiters:
+                if not w.done():
+                    w.set_result(None)
 
     async def _read_group(self, keys: list[tuple[str, bytes | None, int]], wanted: _Wanted) -> None:
         try:
@@ -514,14 +518,19 @@ class Hub:
                 finally:
                     self._in_bell = False
                 if self._wanted and self._reader is None:
-                    # Read what the pokes asked for here: bells that ring meanwhile gather for one drain.
+                    # Run the round the pokes asked for here (bells that ring meanwhile gather for one
+                    # drain); the reads it leads to (a catch-up's next batch) go on in the reader task.
                     self._reader = asyncio.current_task()
                     try:
-                        await self._read_rounds()
+                        await self._read_round()
                     except asyncio.CancelledError:
                         raise
                     except Exception:  # never let a delivery bug stop the bells
                         log.warning("read round failed", exc_info=True)
+                    finally:
+                        self._reader = None
+                    if self._wanted and not self._closing:
+                        self._reader = asyncio.get_running_loop().create_task(self._read_rounds())
         finally:
             for bell in bells.values():
                 bell.cancel()
