@@ -459,6 +459,7 @@ class Hub:
         cleared: dict[int, bytes | None] = dict.fromkeys(range(k))
         bells: dict[int, Watch] = {}
         next_clear = 0.0
+        clearing: asyncio.Task[None] | None = None
         rung = self._rung
         rung.update(range(k))
         try:
@@ -480,13 +481,12 @@ class Hub:
                     old = bells.pop(shard, None)
                     if old is not None:
                         old.cancel()  # its waiter ends; the drain below arms a fresh watch
+                if (clearing is None or clearing.done()) and time.monotonic() >= next_clear:
+                    due = {s: a for s, a in after.items() if a is not None and a != cleared[s]}
+                    if due:  # a durable write: never awaited here, where it would delay every shard's drain
+                        clearing = self._spawn(self._clear_inboxes(due, cleared))
+                        next_clear = time.monotonic() + INBOX_CLEAR_SECS
                 try:
-                    if time.monotonic() >= next_clear:
-                        due = {s: a for s, a in after.items() if a is not None and a != cleared[s]}
-                        if due:
-                            await self.store.clear_inboxes(self.node, due)
-                            cleared.update(due)
-                            next_clear = time.monotonic() + INBOX_CLEAR_SECS
                     drained = await self.store.drain_inboxes(self.node, {s: after[s] for s in shards})
                 except asyncio.CancelledError:
                     raise
@@ -534,6 +534,16 @@ class Hub:
         finally:
             for bell in bells.values():
                 bell.cancel()
+
+    async def _clear_inboxes(self, due: dict[int, bytes], cleared: dict[int, bytes | None]) -> None:
+        """Clear the pokes already read, up to ``due`` per shard; on failure the next pass covers them
+        (a clear runs from the shard's first key)."""
+        try:
+            await self.store.clear_inboxes(self.node, due)
+        except Exception:
+            log.warning("inbox clear failed", extra={"node": self.node, "shards": len(due)}, exc_info=True)
+            return
+        cleared.update(due)
 
     async def _bell_waiter(self, shard: int, bell: Watch) -> None:
         """Mark ``shard`` rung when its bell fires; return quietly when the loop cancels the watch."""
