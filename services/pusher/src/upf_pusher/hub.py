@@ -15,8 +15,9 @@ The design's pusher, exactly:
 
 Overload contract: a drain issues at most one read per (connection, topic) at a time (the session
 coalesces pokes), never reads for a paused connection, and the safety poll pokes ``SAFETY_CHUNK``
-connections at a time, waiting for their read round and yielding to the loop between chunks; so the work in flight is bounded by the
-connections that are writable and the pokes that arrived, never by the backlog in Q.
+connections at a time, waiting for their read round and yielding to the loop between chunks; so the
+work in flight is bounded by the connections that are writable and the pokes that arrived, never by
+the backlog in Q.
 """
 
 from __future__ import annotations
@@ -27,10 +28,8 @@ import time
 from collections.abc import Coroutine, Iterable
 from typing import TYPE_CHECKING, Any
 
-from upf_keyspace import Settings, Since, Store, Watch
+from upf_keyspace import Message, Settings, Since, Store, Watch, message_from_envelope
 from upf_keyspace import telemetry as tm
-
-from upf_keyspace import Message, message_from_envelope
 
 from .session import Close, Command, Read, Send, SessionConfig
 
@@ -385,18 +384,22 @@ class Hub:
         a poke that came meanwhile) make the next round."""
         try:
             while self._wanted:
-                wanted, self._wanted = self._wanted, {}
-                waiters, self._round_waiters = self._round_waiters, []
-                try:
-                    keys = list(wanted)
-                    for i in range(0, len(keys), READ_GROUP):
-                        await self._read_group(keys[i : i + READ_GROUP], wanted)
-                finally:
-                    for w in waiters:
-                        if not w.done():
-                            w.set_result(None)
+                await self._read_round()
+                await asyncio.sleep(0)  # a read may not suspend (the embedded store): let I/O and bells in
         finally:
             self._reader = None
+
+    async def _read_round(self) -> None:
+        wanted, self._wanted = self._wanted, {}
+        waiters, self._round_waiters = self._round_waiters, []
+        try:
+            keys = list(wanted)
+            for i in range(0, len(keys), READ_GROUP):
+                await self._read_group(keys[i : i + READ_GROUP], wanted)
+        finally:
+            for w in waiters:
+                if not w.done():
+                    w.set_result(None)
 
     async def _read_group(self, keys: list[tuple[str, bytes | None, int]], wanted: _Wanted) -> None:
         try:
@@ -456,6 +459,7 @@ class Hub:
         cleared: dict[int, bytes | None] = dict.fromkeys(range(k))
         bells: dict[int, Watch] = {}
         next_clear = 0.0
+        clearing: asyncio.Task[None] | None = None
         rung = self._rung
         rung.update(range(k))
         try:
@@ -477,13 +481,12 @@ class Hub:
                     old = bells.pop(shard, None)
                     if old is not None:
                         old.cancel()  # its waiter ends; the drain below arms a fresh watch
+                if (clearing is None or clearing.done()) and time.monotonic() >= next_clear:
+                    due = {s: a for s, a in after.items() if a is not None and a != cleared[s]}
+                    if due:  # a durable write: never awaited here, where it would delay every shard's drain
+                        clearing = self._spawn(self._clear_inboxes(due, cleared))
+                        next_clear = time.monotonic() + INBOX_CLEAR_SECS
                 try:
-                    if time.monotonic() >= next_clear:
-                        due = {s: a for s, a in after.items() if a is not None and a != cleared[s]}
-                        if due:
-                            await self.store.clear_inboxes(self.node, due)
-                            cleared.update(due)
-                            next_clear = time.monotonic() + INBOX_CLEAR_SECS
                     drained = await self.store.drain_inboxes(self.node, {s: after[s] for s in shards})
                 except asyncio.CancelledError:
                     raise
@@ -515,17 +518,32 @@ class Hub:
                 finally:
                     self._in_bell = False
                 if self._wanted and self._reader is None:
-                    # Read what the pokes asked for here: bells that ring meanwhile gather for one drain.
+                    # Run the round the pokes asked for here (bells that ring meanwhile gather for one
+                    # drain); the reads it leads to (a catch-up's next batch) go on in the reader task.
                     self._reader = asyncio.current_task()
                     try:
-                        await self._read_rounds()
+                        await self._read_round()
                     except asyncio.CancelledError:
                         raise
                     except Exception:  # never let a delivery bug stop the bells
                         log.warning("read round failed", exc_info=True)
+                    finally:
+                        self._reader = None
+                    if self._wanted and not self._closing:
+                        self._reader = asyncio.get_running_loop().create_task(self._read_rounds())
         finally:
             for bell in bells.values():
                 bell.cancel()
+
+    async def _clear_inboxes(self, due: dict[int, bytes], cleared: dict[int, bytes | None]) -> None:
+        """Clear the pokes already read, up to ``due`` per shard; on failure the next pass covers them
+        (a clear runs from the shard's first key)."""
+        try:
+            await self.store.clear_inboxes(self.node, due)
+        except Exception:
+            log.warning("inbox clear failed", extra={"node": self.node, "shards": len(due)}, exc_info=True)
+            return
+        cleared.update(due)
 
     async def _bell_waiter(self, shard: int, bell: Watch) -> None:
         """Mark ``shard`` rung when its bell fires; return quietly when the loop cancels the watch."""
@@ -649,26 +667,6 @@ class Hub:
             "tasks": len(self._tasks),
             "drain_errors": self.drain_errors,
         }
-
-
-async def _wait_watch(bell: Watch, timeout: float) -> bool:
-    """Wait for a bell with a timeout (a watch is never awaited without one), then drop it. True
-    when the bell fired."""
-    try:
-        await asyncio.wait_for(_as_awaitable(bell), timeout)
-        return True
-    except TimeoutError:
-        pass
-    except asyncio.CancelledError:
-        bell.cancel()
-        raise
-    except Exception:
-        log.warning("bell watch failed", exc_info=True)
-        await asyncio.sleep(0.05)  # never spin on a failing watch
-    finally:
-        if not bell.done():
-            bell.cancel()
-    return False
 
 
 def _resolve(fut: asyncio.Future[None]) -> None:

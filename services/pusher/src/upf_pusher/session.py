@@ -2,8 +2,8 @@
 
 It knows nothing of sockets, transports or the store. The hub feeds it events (cursors resolved, a
 batch read, a poke, write paused/resumed, a tick, the peer gone) and carries out the commands it
-returns, in order: ``Send`` (events as ntfy Message objects, queued messages as their stored rows), ``Read`` (a topic's queue
-after a cursor) and ``Close``.
+returns, in order: ``Send`` (events as ntfy Message objects, queued messages as their stored rows),
+``Read`` (a topic's queue after a cursor) and ``Close``.
 
 Rule 1, phases (``RULES`` below is the whole table; an event missing from it for the current phase
 is ignored)::

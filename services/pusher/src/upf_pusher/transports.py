@@ -47,6 +47,7 @@ WS_MAX_FRAME = 4096
 """Largest client frame accepted; clients send only pings, pongs and close frames (ntfy reads 64 bytes)."""
 
 _ws_logger = logging.getLogger("upf.pusher.ws")
+_STREAM_KINDS = {(name, chunked): name + "/chunked" if chunked else name for name in framing.ENCODERS for chunked in (False, True)}
 
 
 class Subscriber(asyncio.Protocol, abc.ABC):
@@ -127,7 +128,7 @@ class StreamSubscriber(Subscriber):
     def __init__(self, hub: Hub, session: Session, transport: asyncio.Transport, name: str, *, chunked: bool) -> None:
         super().__init__(hub, session, transport)
         self.transport_name = name
-        self.frame_kind = name + "/chunked" if chunked else name
+        self.frame_kind = _STREAM_KINDS[name, chunked]  # a shared string, not one per connection
         self.chunked = chunked
         self.accepted = False
 
