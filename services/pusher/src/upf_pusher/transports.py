@@ -30,10 +30,10 @@ from websockets.http11 import Request
 from websockets.protocol import SEND_EOF, State
 from websockets.server import ServerProtocol
 
+from upf_edge.http11 import LAST_CHUNK, RequestHead, chunk, error_response, response_head
 from upf_keyspace import Message
 
 from . import framing
-from .http11 import LAST_CHUNK, RequestHead, chunk, error_response, response_head
 from .session import Session
 
 if TYPE_CHECKING:

@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from upf_keyspace import Since
 
-from upf_pusher.http11 import ChunkedDecoder, HttpError, RequestHead, find_head_end, parse_head
+from upf_edge.http11 import ChunkedDecoder, HttpError, RequestHead, find_head_end, parse_head
 from upf_pusher.query import QueryError, parse_since, parse_subscribe
 
 _HEADISH = st.lists(
