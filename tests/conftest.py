@@ -10,6 +10,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Self
 
 import httpx
 import pytest
@@ -23,33 +24,31 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-class Role:
-    """One real process (``python -m <module>``) with its own port; stopped on exit."""
+class Process:
+    """A real server process on a loopback port, its output in a log file; stopped on exit. Ready
+    when ``health`` answers 200."""
 
-    def __init__(self, module: str, env: dict[str, str], log: Path) -> None:
-        self.module = module
-        self.port = int(env["UPF_BIND"].rsplit(":", 1)[1])
-        self.base = f"http://127.0.0.1:{self.port}"
-        self.env = env
+    def __init__(self, name: str, argv: list[str], env: dict[str, str] | None, log: Path, port: int, health: str) -> None:
+        self.name = name
+        self.port = port
+        self.base = f"http://127.0.0.1:{port}"
+        self.health = health
         self.log_path = log
         self._log = open(log, "ab")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", module], env=env, stdout=self._log, stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+        self.proc = subprocess.Popen(argv, env=env, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
 
-    def wait_ready(self, timeout: float = 20.0) -> Role:
+    def wait_ready(self, timeout: float = 20.0) -> Self:
         deadline = time.monotonic() + timeout * TIMEOUT_FACTOR
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"{self.module} exited with {self.proc.returncode}: {self.log()}")
+                raise RuntimeError(f"{self.name} exited with {self.proc.returncode}: {self.log()}")
             try:
-                if httpx.get(self.base + "/__lbheartbeat__", timeout=1).status_code == 200:
+                if httpx.get(self.base + self.health, timeout=1).status_code == 200:
                     return self
             except httpx.HTTPError:
                 pass
             time.sleep(0.1)
-        raise TimeoutError(f"{self.module} not ready: {self.log()}")
+        raise TimeoutError(f"{self.name} not ready: {self.log()}")
 
     def log(self) -> str:
         self._log.flush()
@@ -68,6 +67,16 @@ class Role:
                 self.proc.kill()
                 self.proc.wait(10)
         self._log.close()
+
+
+class Role(Process):
+    """One UPF process (``python -m <module>``) with its own port (from ``UPF_BIND``)."""
+
+    def __init__(self, module: str, env: dict[str, str], log: Path) -> None:
+        port = int(env["UPF_BIND"].rsplit(":", 1)[1])
+        super().__init__(module, [sys.executable, "-m", module], env, log, port, "/__lbheartbeat__")
+        self.module = module
+        self.env = env
 
 
 class Fleet:

@@ -16,14 +16,12 @@ import json
 import os
 import re
 import shutil
-import signal
-import socket
 import subprocess
 import tempfile
 import time
 from pathlib import Path
 
-import httpx
+from tests.conftest import Process, free_port
 
 NTFY_MODULE = "heckel.io/ntfy/v2"
 NTFY_VERSION = "v2.13.0"
@@ -118,24 +116,18 @@ def ensure_ntfy() -> Path:
     return binary
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class NtfyServer:
+class NtfyServer(Process):
     """One ntfy process on a free loopback port with a throw-away config; ``stop()`` ends it."""
 
     def __init__(self, binary: Path, workdir: Path, *, keepalive_secs: int = 45,
                  cache_secs: int = 2419200, message_size_limit: int = 4096, cache_file: bool = True,
                  **extra: object) -> None:
-        self.port = _free_port()
-        self.base = f"http://127.0.0.1:{self.port}"
+        port = free_port()
+        base = f"http://127.0.0.1:{port}"
         workdir.mkdir(parents=True, exist_ok=True)
         config = {
-            "base-url": self.base,
-            "listen-http": f"127.0.0.1:{self.port}",
+            "base-url": base,
+            "listen-http": f"127.0.0.1:{port}",
             "cache-file": str(workdir / "cache.db"),
             "cache-duration": f"{cache_secs}s",
             "behind-proxy": False,
@@ -154,36 +146,5 @@ class NtfyServer:
         self.config_path = workdir / "server.yml"
         # JSON is YAML; ntfy reads the file with its YAML loader
         self.config_path.write_text(json.dumps(config, indent=1))
-        self.log_path = workdir / "ntfy.log"
-        self._log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(
-            [str(binary), "serve", "--config", str(self.config_path)],
-            stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True,
-        )
-
-    def log(self) -> str:
-        self._log.flush()
-        return self.log_path.read_text(errors="replace")[-3000:]
-
-    def wait_ready(self, timeout: float = 20.0) -> NtfyServer:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"ntfy exited with {self.proc.returncode}: {self.log()}")
-            try:
-                if httpx.get(self.base + "/v1/health", timeout=1).status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
-        raise TimeoutError(f"ntfy not ready: {self.log()}")
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-        self._log.close()
+        super().__init__("ntfy", [str(binary), "serve", "--config", str(self.config_path)], None,
+                         workdir / "ntfy.log", port, "/v1/health")
