@@ -8,9 +8,10 @@ from __future__ import annotations
 import json
 import socket
 
+import httpx
 import pytest
 
-from tests.clients.ntfy import poll
+from tests.clients.ntfy import error_body, poll
 
 
 def _exchange(port: int, data: bytes) -> tuple[bytes, bool]:
@@ -105,3 +106,25 @@ def test_within_the_limit_100_continue_still_comes(upf):
         while chunk := s.recv(65536):
             resp += chunk
     assert resp.startswith(b"HTTP/1.1 200 ")
+
+
+async def test_subscribe_and_publish_inputs_are_bounded(fleet):
+    """Over UPF_MAX_TOPICS_PER_SUBSCRIBE topics is 400 40093; a title, tags, click or icon over
+    UPF_MAX_FIELD_BYTES is 413 41301 and stores nothing; at the bounds both are served."""
+    upf = fleet.start("upf", node="bounds", UPF_MAX_TOPICS_PER_SUBSCRIBE="3", UPF_MAX_FIELD_BYTES="16")
+    async with httpx.AsyncClient(base_url=upf.base, timeout=10) as c:
+        r = await c.get("/bA,bB,bC,bD/json", params={"poll": "1"})
+        assert r.status_code == 400 and error_body(r) == {"code": 40093, "http": 400, "error": "invalid request: too many topics"}
+        assert (await c.get("/bA,bB,bC/json", params={"poll": "1"})).status_code == 200
+        for headers, params in (
+            ({"X-Title": "t" * 17}, {}),
+            ({}, {"tags": "a" * 17}),
+            ({"X-Click": "https://x.example/" + "a" * 20}, {}),
+            ({"X-Icon": "https://x.example/a.png"}, {}),
+        ):
+            r = await c.post("/bA", content=b"body", headers=headers, params=params)
+            assert r.status_code == 413 and error_body(r)["code"] == 41301
+        assert await poll(upf.base, "bA") == []
+        r = await c.post("/bA", content=b"body", headers={"X-Title": "t" * 16})
+        assert r.status_code == 200
+    assert [f.title for f in await poll(upf.base, "bA")] == ["t" * 16]

@@ -268,7 +268,7 @@ class HttpProtocol(asyncio.Protocol):
         keep = head.keep_alive
         try:
             headers, query = head.header_map(), head.query()
-            req = parse_subscribe(topics_raw, transport_name, headers, query, time.time)
+            req = parse_subscribe(topics_raw, transport_name, headers, query, time.time, p.settings.max_topics_per_subscribe)
         except QueryError as e:
             self._reply(head, error_response(e.http, e.code, e.error, keep_alive=keep), keep)
             return False
