@@ -6,6 +6,7 @@ is ever stored (in particular a request smuggled behind an ambiguous body)."""
 from __future__ import annotations
 
 import json
+import resource
 import socket
 
 import httpx
@@ -128,3 +129,18 @@ async def test_subscribe_and_publish_inputs_are_bounded(fleet):
         r = await c.post("/bA", content=b"body", headers={"X-Title": "t" * 16})
         assert r.status_code == 200
     assert [f.title for f in await poll(upf.base, "bA")] == ["t" * 16]
+
+
+@pytest.mark.parametrize("module", ["upf", "upf_pusher", "upf_writer"])
+def test_every_entry_point_raises_the_open_files_limit(fleet, module):
+    """Started with a soft limit of 256, each role runs with its soft limit at the hard one."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(soft, 256), hard))  # what the child inherits
+    try:
+        role = fleet.start(module, node=f"nofile-{module.replace('_', '-')}")
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    with open(f"/proc/{role.proc.pid}/limits") as f:
+        line = next(line for line in f if line.startswith("Max open files"))
+    limit_soft, limit_hard = line.split()[3:5]
+    assert limit_soft == limit_hard and int(limit_soft) > 256
