@@ -53,3 +53,14 @@ def test_bad_values_name_the_variable(name, value):
     with pytest.raises(SettingsError) as info:
         load_settings({name: value})
     assert name in str(info.value)
+
+
+def test_input_bounds_default_read_and_validated():
+    """UPF_MAX_TOPICS_PER_SUBSCRIBE (128) and UPF_MAX_FIELD_BYTES (1024): read, and refused out of range."""
+    s = load_settings({})
+    assert (s.max_topics_per_subscribe, s.max_field_bytes) == (128, 1024)
+    s = load_settings({"UPF_MAX_TOPICS_PER_SUBSCRIBE": "3", "UPF_MAX_FIELD_BYTES": "200"})
+    assert (s.max_topics_per_subscribe, s.max_field_bytes) == (3, 200)
+    for name, value in (("UPF_MAX_TOPICS_PER_SUBSCRIBE", "0"), ("UPF_MAX_FIELD_BYTES", "0"), ("UPF_MAX_FIELD_BYTES", "x")):
+        with pytest.raises(SettingsError, match=name):
+            load_settings({name: value})

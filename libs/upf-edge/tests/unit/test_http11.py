@@ -23,6 +23,10 @@ from upf_edge.http11 import (
 
 
 def head(text: str) -> bytes:
+    """A head from ``\\n``-separated lines, with the ``Host`` HTTP/1.1 requires when it names none."""
+    first, _, rest = text.partition("\n")
+    if first.endswith("HTTP/1.1") and "host:" not in rest.lower():
+        text = first + "\nHost: x" + ("\n" + rest if rest else "")
     return text.replace("\n", "\r\n").encode() + b"\r\n\r\n"
 
 
@@ -150,11 +154,11 @@ def test_request_body_chunked_and_expect_continue() -> None:
     [
         ("Content-Length: 101", 413),
         ("Content-Length: -1", 400),
-        ("Transfer-Encoding: gzip, chunked", 501),
+        ("Transfer-Encoding: gzip, chunked", 400),
     ],
 )
 def test_request_body_refusals(fields: str, http: int) -> None:
-    """Over the limit is 413, a malformed length 400, a transfer coding other than chunked 501."""
+    """Over the limit is 413, a malformed length or a transfer coding other than chunked 400."""
     with pytest.raises(HttpError) as e:
         RequestBody(parse_head(head(f"POST /t HTTP/1.1\n{fields}")), 100)
     assert e.value.http == http
@@ -194,3 +198,125 @@ def test_ntfy_error_body_and_the_one_error_type() -> None:
     e = HttpError(431, 43100, "request header fields too large")
     assert isinstance(e, NtfyError) and e.problem == Problem(43100, 431, "request header fields too large")
     assert (e.http, e.code, e.error) == (431, 43100, "request header fields too large")
+
+
+# --- the strict front door: every head two parsers could read two ways is 400 ------------------------
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        # Content-Length with Transfer-Encoding (the classic smuggling pair), either order
+        b"POST /t HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n",
+        b"POST /t HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nContent-Length: 5\r\n\r\n",
+        # Content-Length repeated, differing or not, or as a list
+        b"POST /t HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\n",
+        b"POST /t HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nContent-Length: 5\r\n\r\n",
+        b"POST /t HTTP/1.1\r\nHost: x\r\nContent-Length: 5, 5\r\n\r\n",
+        b"POST /t HTTP/1.1\r\nHost: x\r\nContent-Length: +5\r\n\r\n",
+        # Transfer-Encoding repeated, or anything but chunked
+        b"POST /t HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n",
+        b"POST /t HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip\r\n\r\n",
+        b"POST /t HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked, chunked\r\n\r\n",
+        b"POST /t HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: xchunked\r\n\r\n",
+        b"POST /t HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: \x0bchunked\r\n\r\n",
+        # chunked on HTTP/1.0
+        b"POST /t HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n",
+        # Host missing on HTTP/1.1, or repeated
+        b"GET /t/json HTTP/1.1\r\n\r\n",
+        b"GET /t/json HTTP/1.1\r\nHost: x\r\nHost: y\r\n\r\n",
+        # control bytes anywhere: target, query, names, values
+        b"GET /t/json?since=a\x00b HTTP/1.1\r\nHost: x\r\n\r\n",
+        b"GET /t/json?since=a\x7fb HTTP/1.1\r\nHost: x\r\n\r\n",
+        b"GET /t/json?a=\xc3\xa9 HTTP/1.1\r\nHost: x\r\n\r\n",
+        b"GET /t/json HTTP/1.1\r\nHost: x\r\nX-A: a\x00b\r\n\r\n",
+        b"GET /t/json HTTP/1.1\r\nHost: x\r\nX-A: a\x01b\r\n\r\n",
+        b"GET /t/json HTTP/1.1\r\nHost: x\r\nX-A: a\x1bb\r\n\r\n",
+        b"GET /t/json HTTP/1.1\r\nHost: x\r\nX-A: a\x7fb\r\n\r\n",
+        b"GET /t/json HTTP/1.1\r\nHost: x\r\nX-A: a\rb\r\n\r\n",
+        b"GET /t/json HTTP/1.1\r\nHost: x\r\nX-A: a\nb\r\n\r\n",
+        # obsolete line folding
+        b"GET /t/json HTTP/1.1\r\nHost: x\r\nX-A: a\r\n b\r\n\r\n",
+    ],
+)
+def test_ambiguous_or_dirty_heads_are_400(raw: bytes) -> None:
+    """Framing two parsers could read two ways, a missing Host, control bytes and folding: 400."""
+    with pytest.raises(HttpError) as e:
+        parse_head(raw[: find_head_end(raw)])
+    assert (e.value.http, e.value.code) == (400, 40000)
+
+
+def test_tab_in_a_value_and_case_of_chunked_are_accepted() -> None:
+    """HTAB between words of a value is allowed; transfer-coding names are case-insensitive (RFC 9112)."""
+    h = parse_head(b"POST /t HTTP/1.1\r\nHost: x\r\nX-Title: a\tb\r\nTransfer-Encoding: Chunked\r\n\r\n")
+    assert h.header(b"x-title") == b"a\tb" and h.chunked and h.content_length is None
+    assert parse_head(head("POST /t HTTP/1.1\nContent-Length: 007")).content_length == 7
+
+
+@pytest.mark.parametrize(
+    "partial",
+    [
+        b"GET /t/json HTTP/1.1\nHost: x\n\n",
+        b"GET /t/json HTTP/1.1\r\nHost: x\n",
+        b"GET /t/json HTTP/1.1\rHost: x",
+        b"GET /t/json HTTP/1.1\r\r\n",
+    ],
+)
+def test_bare_line_ends_are_refused_at_once(partial: bytes) -> None:
+    """A head with bare LF or CR line ends is 400 as soon as it shows, not left to the head timeout."""
+    with pytest.raises(HttpError) as e:
+        find_head_end(partial)
+    assert e.value.http == 400
+
+
+def test_a_head_cut_after_cr_is_still_waited_for() -> None:
+    """A CR at the very end may be the first half of a CRLF still on its way."""
+    assert find_head_end(b"GET /t/json HTTP/1.1\r") == -1
+    assert find_head_end(b"GET /t/json HTTP/1.1\r\nHost: x\r\n\r") == -1
+
+
+@pytest.mark.parametrize(
+    "size_line",
+    [b" 3", b"3 ", b"3\t", b"+3", b"0x3", b"3 ;ext", b"", b"-1", b"123456789", b"3;a\x00"],
+)
+def test_chunk_size_with_junk_is_400(size_line: bytes) -> None:
+    """Only hex digits (at most 8) and an optional ``;extension`` make a chunk-size line."""
+    with pytest.raises(HttpError) as e:
+        ChunkedDecoder(100).feed(size_line + b"\r\nabc\r\n0\r\n\r\n")
+    assert e.value.http == 400
+
+
+def test_chunk_extension_is_accepted_and_bare_lf_in_chunk_lines_refused() -> None:
+    """``3;name=value`` is a valid size line; a size line or trailer ended by bare LF is 400 at once."""
+    d = ChunkedDecoder(100)
+    assert d.feed(b"3;name=value\r\nabc\r\n0\r\nX-T: 1\r\n\r\nNEXT") == b"NEXT" and bytes(d.body) == b"abc"
+    with pytest.raises(HttpError):
+        ChunkedDecoder(100).feed(b"3\n")
+    with pytest.raises(HttpError):
+        ChunkedDecoder(100).feed(b"0\r\nX-T: 1\n")
+    with pytest.raises(HttpError):
+        ChunkedDecoder(100).feed(b"0\r\nnot a trailer\r\n\r\n")
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        # the ntfy Android app (OkHttp)
+        b"GET /upABC/json?since=AAAAAcXoizIAAAAA HTTP/1.1\r\nHost: push.example.org\r\nConnection: Keep-Alive\r\n"
+        b"Accept-Encoding: gzip\r\nUser-Agent: ntfy/1.16.0 (fdroid; Android 14; SDK 34)\r\n\r\n",
+        b"GET /upABC/ws?since=all HTTP/1.1\r\nHost: push.example.org\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"
+        b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\nAccept-Encoding: gzip\r\n"
+        b"User-Agent: okhttp/4.12.0\r\n\r\n",
+        # curl, with a body and 100-continue
+        b"POST /upABC?up=1 HTTP/1.1\r\nHost: localhost:8080\r\nUser-Agent: curl/8.5.0\r\nAccept: */*\r\n"
+        b"Content-Length: 5000\r\nContent-Type: application/x-www-form-urlencoded\r\nExpect: 100-continue\r\n\r\n",
+        # httpx, chunked
+        b"PUT /t HTTP/1.1\r\nHost: 127.0.0.1:8080\r\nAccept: */*\r\nAccept-Encoding: gzip, deflate\r\n"
+        b"Connection: keep-alive\r\nUser-Agent: python-httpx/0.28.1\r\nTransfer-Encoding: chunked\r\n\r\n",
+        # HTTP/1.0 needs no Host
+        b"GET /old/json?poll=1 HTTP/1.0\r\n\r\n",
+    ],
+)
+def test_real_clients_heads_are_accepted(raw: bytes) -> None:
+    """What the clients UPF serves actually send parses."""
+    assert parse_head(raw[: find_head_end(raw)]).method in ("GET", "POST", "PUT")

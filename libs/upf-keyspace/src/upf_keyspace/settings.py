@@ -40,6 +40,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     """Use FoundationDB (the real bindings) through this cluster file instead of the embedded store."""
     slow_subscriber_timeout_secs: float = 60.0
     """A subscriber whose socket stays above its high-water mark this long is closed (it resumes with since=)."""
+    max_topics_per_subscribe: int = 128
+    """Topics one subscribe may name (400 40093 beyond): each costs a registration and an affinity write."""
+    max_field_bytes: int = 1024
+    """UTF-8 bytes each of a publish's title, tags, click and icon may have (413 41301 beyond)."""
     auth_default_access: str = "read-write"
     """What a request no ACL entry matches may do (ntfy's auth-default-access): read-write keeps a UPF
     with no users as open as before; read-only, write-only or deny-all close it."""
@@ -121,6 +125,8 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         store_path=env.get("UPF_STORE_PATH", "data/upf.db"),
         fdb_cluster_file=cluster_file,
         slow_subscriber_timeout_secs=_float(env, "UPF_SLOW_SUBSCRIBER_TIMEOUT_SECS", 60.0, 0.05, 86400),
+        max_topics_per_subscribe=_int(env, "UPF_MAX_TOPICS_PER_SUBSCRIBE", 128, 1, 4096),
+        max_field_bytes=_int(env, "UPF_MAX_FIELD_BYTES", 1024, 1, 65536),
         workers=_int(env, "UPF_WORKERS", os.cpu_count() or 1, 1, 256),
         auth_default_access=_choice(env, "UPF_AUTH_DEFAULT_ACCESS", "read-write", DEFAULT_ACCESS),
     )

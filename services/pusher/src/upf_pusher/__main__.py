@@ -8,6 +8,7 @@ import os
 import signal
 import sys
 
+from upf_edge.limits_os import raise_open_files_limit
 from upf_edge.loop import install_loop_policy
 from upf_edge.provision import load_provisioning
 from upf_keyspace import SettingsError, load_settings, open_store
@@ -39,6 +40,7 @@ async def _run() -> None:
 
 def main() -> None:
     configure_logging(os.environ.get("UPF_LOG_LEVEL", "INFO"))
+    raise_open_files_limit()
     install_loop_policy()
     try:
         asyncio.run(_run())

@@ -50,6 +50,11 @@ def bad_topic() -> QueryError:
     return QueryError(400, 40009, "invalid request: topic invalid")
 
 
+def too_many_topics() -> QueryError:
+    """UPF's code (ntfy has no per-subscribe cap): the first code after the writer's 40091/40092."""
+    return QueryError(400, 40093, "invalid request: too many topics")
+
+
 class Subscribe:
     """A validated subscribe request."""
 
@@ -72,8 +77,11 @@ def match_subscribe_path(path: str) -> tuple[str, str] | None:
     return (m.group(1), m.group(2)) if m else None
 
 
-def parse_topics(raw: str) -> tuple[str, ...]:
-    """The comma-joined topic list of the path, deduplicated in order; any invalid name is 40009."""
+def parse_topics(raw: str, max_topics: int = 128) -> tuple[str, ...]:
+    """The comma-joined topic list of the path, deduplicated in order; any invalid name is 40009, more
+    than ``max_topics`` names (counted before deduplication, so before any work per name) 40093."""
+    if raw.count(",") >= max_topics:
+        raise too_many_topics()
     topics: dict[str, None] = {}
     for t in raw.split(","):
         if not _TOPIC.fullmatch(t):
@@ -147,9 +155,10 @@ def parse_subscribe(
     headers: Mapping[str, str],
     query: Mapping[str, str],
     now: Callable[[], float] | float,
+    max_topics: int = 128,
 ) -> Subscribe:
     """Validate a subscribe request. ``headers`` has lower-case names; ``query`` holds first values."""
-    topics = parse_topics(topics_raw)
+    topics = parse_topics(topics_raw, max_topics)
     poll_text = _param(headers, query, ("x-poll", "poll", "po"))
     poll = parse_bool(poll_text) if poll_text is not None else False
     since_text = _param(headers, query, ("x-since", "since", "si")) or ""

@@ -85,9 +85,18 @@ class HandlerCycle:
         self.keep_alive = head.keep_alive
 
     def begin(self, buf: bytes) -> bytes | None:
-        """As ``Cycle.begin``: the bytes after the body once it is complete (the handler then runs)."""
-        self.reader = RequestBody(self.head, MAX_BODY)
+        """As ``Cycle.begin``: the bytes after the body once it is complete (the handler then runs).
+
+        A client waiting on ``Expect: 100-continue`` with a declared length over the handler's limit gets
+        the handler's 413 instead of the go-ahead, and the connection then closes (its body is never read)."""
+        head = self.head
+        self.reader = RequestBody(head, MAX_BODY)
         if self.reader.expect_continue:
+            limit = self.handler.body_limit(head.method, head.path[1:])
+            if limit != NO_BODY and head.content_length is not None and head.content_length > limit:
+                self.keep_alive = False
+                self.task = self.owner.spawn(self._run(None))
+                return b""
             self.owner.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
         return self.feed(buf)
 
@@ -105,7 +114,7 @@ class HandlerCycle:
     def connection_lost(self) -> None:
         """Nothing to wake: the handler finishes its store call; its reply is dropped."""
 
-    async def _run(self, raw: bytes) -> None:
+    async def _run(self, raw: bytes | None) -> None:
         head = self.head
         method = head.method
         t = self.owner.transport
@@ -113,7 +122,7 @@ class HandlerCycle:
         try:
             topic = head.path[1:]
             limit = self.handler.body_limit(method, topic)
-            body = b"" if limit == NO_BODY else raw if len(raw) <= limit else None
+            body = b"" if limit == NO_BODY else raw if raw is not None and len(raw) <= limit else None
             reply = await self.handler(method, topic, head.headers, head.query_string, body)
             if not t.is_closing():
                 t.write(reply_response(reply, keep_alive=self.keep_alive, head_only=method == "HEAD"))
@@ -259,7 +268,7 @@ class HttpProtocol(asyncio.Protocol):
         keep = head.keep_alive
         try:
             headers, query = head.header_map(), head.query()
-            req = parse_subscribe(topics_raw, transport_name, headers, query, time.time)
+            req = parse_subscribe(topics_raw, transport_name, headers, query, time.time, p.settings.max_topics_per_subscribe)
         except QueryError as e:
             self._reply(head, error_response(e.http, e.code, e.error, keep_alive=keep), keep)
             return False

@@ -106,3 +106,17 @@ def test_largest_valid_unix_time_and_duration_still_parse() -> None:
     """The bounds are ntfy's, not tighter: int64's largest unix time and 106,751 days still parse."""
     assert since(str((1 << 63) - 1)) == Since("time", time=(1 << 63) - 1)
     assert since("106751d") == Since("time", time=int(NOW - 106751 * 86400))
+
+
+def test_topic_count_is_capped() -> None:
+    """At most ``max_topics`` names per subscribe (duplicates count: the cap is checked before any
+    per-name work), else 400 40093; the cap also reaches parse_subscribe."""
+    assert len(parse_topics(",".join(f"t{i}" for i in range(128)))) == 128
+    for raw in (",".join(f"t{i}" for i in range(129)), ",".join(["t"] * 129)):
+        with pytest.raises(QueryError) as e:
+            parse_topics(raw)
+        assert (e.value.http, e.value.code) == (400, 40093)
+    with pytest.raises(QueryError) as e:
+        parse_subscribe("a,b,c", "json", {}, {}, 0.0, max_topics=2)
+    assert e.value.code == 40093
+    assert parse_subscribe("a,b", "json", {}, {}, 0.0, max_topics=2).topics == ("a", "b")

@@ -19,6 +19,7 @@ import signal
 import socket
 import sys
 
+from upf_edge.limits_os import raise_open_files_limit
 from upf_edge.loop import install_loop_policy
 from upf_edge.provision import load_provisioning
 from upf_keyspace import Settings, SettingsError, load_settings, open_store
@@ -89,6 +90,7 @@ def main() -> None:
         print(f"upf: {exc}", file=sys.stderr)
         sys.exit(2)
     roles = set(settings.roles)
+    raise_open_files_limit()
     install_loop_policy()
     try:
         if "pusher" in roles:

@@ -13,6 +13,7 @@ from granian import Granian
 from granian.constants import HTTPModes, Interfaces, Loops
 from granian.http import HTTP1Settings
 from granian.log import LogLevels
+from upf_edge.limits_os import raise_open_files_limit
 from upf_edge.provision import load_provisioning
 from upf_keyspace import SettingsError, load_settings
 
@@ -59,6 +60,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     level = os.environ.get("UPF_LOG_LEVEL", "info").lower()
     logging.config.dictConfig(log_dictconfig(level.upper()))
+    raise_open_files_limit()  # granian's workers inherit it
     log.info(
         "writer starting",
         extra={"bind_host": settings.bind_host, "bind_port": settings.bind_port, "public_url": settings.public_url},

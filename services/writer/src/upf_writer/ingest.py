@@ -16,8 +16,9 @@ Where UPF differs from ntfy on purpose (see ntfy-protocol.md, "Where this projec
 - a body over ``max_message_bytes`` is 413 41301, in UnifiedPush mode too (ntfy truncates);
 - a binary or oversized plain body never becomes an attachment (UPF has none): binary bodies up to
   the limit are stored as base64, exactly as UnifiedPush bodies are;
-- title, tags, click, icon and a message given as a parameter are each capped at
-  ``max_message_bytes`` (413 41301), so an envelope stays far below the store's value limit;
+- title, tags, click and icon are each capped at ``max_field_bytes`` (1024 by default; ntfy has no
+  cap) and a message given as a parameter at ``max_message_bytes`` (413 41301), so an envelope stays far
+  below the store's value limit and a publisher cannot make every subscriber download kilobytes of title;
 - the RFC 8030 ``TTL`` header sets the message's expiry (ntfy ignores it); a malformed one is 400;
 - ``Idempotency-Key``/``X-Idempotency-Key`` make a retried publish return the original message.
 Parameters ntfy has and UPF does not implement (delay, actions, attach, filename, email, call, cache,
@@ -122,11 +123,13 @@ class Limits(msgspec.Struct, frozen=True):
     max_message_bytes: int = 4096
     default_ttl_secs: int = 2_419_200
     public_url: str = "http://localhost:8080"
+    max_field_bytes: int = 1024
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Limits:
         return cls(
             max_message_bytes=settings.max_message_bytes,
+            max_field_bytes=settings.max_field_bytes,
             default_ttl_secs=settings.default_ttl_secs,
             public_url=settings.public_url.rstrip("/"),
         )
@@ -325,8 +328,9 @@ def _split_tags(text: str) -> tuple[str, ...]:
     return tuple(t for t in (go_trim(s) for s in text.split(",")) if t)
 
 
-def _capped(text: str, limits: Limits) -> str:
-    if len(text) > limits.max_message_bytes // 4 and len(text.encode("utf-8", "surrogatepass")) > limits.max_message_bytes:
+def _capped(text: str, limit: int) -> str:
+    """``text`` when its UTF-8 form fits ``limit`` bytes, else 413 41301 (encoded only when it might not fit)."""
+    if len(text) > limit // 4 and len(text.encode("utf-8", "surrogatepass")) > limit:
         raise PublishError(MESSAGE_TOO_LARGE)
     return text
 
@@ -384,12 +388,12 @@ def parse_params(
         markdown = True
     return Params(
         unifiedpush=encrypted or p.get("unifiedpush", "").lower() in ("1", "yes", "true"),
-        message=_capped(p.get("message", "").replace("\\n", "\n"), limits),
-        title=_capped(p.get("title", ""), limits),
+        message=_capped(p.get("message", "").replace("\\n", "\n"), limits.max_message_bytes),
+        title=_capped(p.get("title", ""), limits.max_field_bytes),
         priority=_parse_priority(p.get("priority", "")),
-        tags=_split_tags(_capped(p.get("tags", ""), limits)),
-        click=_capped(p.get("click", ""), limits),
-        icon=_capped(icon, limits),
+        tags=_split_tags(_capped(p.get("tags", ""), limits.max_field_bytes)),
+        click=_capped(p.get("click", ""), limits.max_field_bytes),
+        icon=_capped(icon, limits.max_field_bytes),
         content_type="text/markdown" if markdown else "",
         ttl=ttl,
         idem=idem,

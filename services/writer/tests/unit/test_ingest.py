@@ -138,11 +138,28 @@ def test_size_limit_is_inclusive() -> None:
 
 
 def test_parameters_are_capped() -> None:
-    """Title, tags, click, icon and a message parameter are each capped at the message limit."""
-    for name in ("x-title", "x-tags", "x-click", "x-message"):
-        rejected(ingest.MESSAGE_TOO_LARGE, publish, b"", {name: "é" * 2049})
-        publish(b"", {name: "é" * 2048})
-    rejected(ingest.MESSAGE_TOO_LARGE, publish, b"", {"x-icon": "https://" + "a" * 4096})
+    """Title, tags, click and icon are each capped at the field limit (1024 bytes), a message parameter
+    at the message limit; the bound counts UTF-8 bytes, not characters."""
+    for name in ("x-title", "x-tags", "x-click"):
+        rejected(ingest.MESSAGE_TOO_LARGE, publish, b"", {name: "é" * 513})
+        rejected(ingest.MESSAGE_TOO_LARGE, publish, b"", {}, {name[2:]: "a" * 1025})
+        publish(b"", {name: "é" * 512})
+    rejected(ingest.MESSAGE_TOO_LARGE, publish, b"", {"x-icon": "https://" + "a" * 1017})
+    assert publish(b"", {"x-icon": "https://" + "a" * 1016}).envelope.icon
+    rejected(ingest.MESSAGE_TOO_LARGE, publish, b"", {"x-message": "é" * 2049})
+    publish(b"", {"x-message": "é" * 2048})
+
+
+def test_field_limit_follows_its_setting_in_json_publishes_too() -> None:
+    """``max_field_bytes`` comes from UPF_MAX_FIELD_BYTES; a JSON publish's fields are held to it."""
+    from upf_keyspace import load_settings
+
+    limits = Limits.from_settings(load_settings({"UPF_MAX_FIELD_BYTES": "10"}))
+    assert limits.max_field_bytes == 10
+    ingest.ingest_publish("t", {"x-title": "a" * 10}, {}, b"", now=0, limits=limits)
+    rejected(ingest.MESSAGE_TOO_LARGE, ingest.ingest_publish, "t", {"x-title": "a" * 11}, {}, b"", now=0, limits=limits)
+    doc = json.dumps({"topic": "t", "message": "m", "tags": ["abcdef", "ghijk"]}).encode()
+    rejected(ingest.MESSAGE_TOO_LARGE, ingest.ingest_json, {}, {}, doc, now=0, limits=limits)
 
 
 # --- parameters --------------------------------------------------------------------------------------

@@ -19,6 +19,8 @@ import secrets
 import socket
 import time
 
+from ._private import make_private_dirs
+
 __all__ = ["Doorbell", "Inbox", "wake_dir"]
 
 log = logging.getLogger("upf.store.wake")
@@ -58,7 +60,7 @@ class Inbox:
 
     def __init__(self, store_path: str) -> None:
         directory = wake_dir(store_path)
-        os.makedirs(directory, exist_ok=True)
+        make_private_dirs(directory)  # 0700: only this user's processes may send wakes
         self.dir = _Dir(directory)
         self.name = f"{os.getpid()}-{secrets.token_hex(6)}"
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)

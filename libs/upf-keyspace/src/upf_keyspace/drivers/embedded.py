@@ -46,6 +46,7 @@ from typing import Any, TypeVar
 from .. import errors
 from ..contract import KEY_LIMIT, LIFETIME_SECS, TRANSACTION_LIMIT, VALUE_LIMIT
 from . import _metrics
+from ._private import create_private_file, make_private_dirs
 from ._wake import Doorbell, Inbox
 from ._ranges import BatchWrites, IntervalSet, point
 
@@ -832,9 +833,10 @@ class EmbeddedDatabase:
 
 
 async def open_embedded(path: str) -> EmbeddedDatabase:
-    """Open (creating if needed) the store file; the schema is created idempotently by any process."""
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
+    """Open (creating if needed) the store file; the schema is created idempotently by any process.
+    What it creates is private: directories 0700, the file (and so its WAL and SHM) 0600."""
+    make_private_dirs(os.path.dirname(os.path.abspath(path)))
+    create_private_file(path)
     conn = _connect(path)
     try:
         mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]

@@ -1,0 +1,146 @@
+"""The all-in-one's front door against hostile heads, black box: raw sockets to a real process.
+
+Every refusal is ntfy's JSON error and a closed connection, and nothing a refused connection carried
+is ever stored (in particular a request smuggled behind an ambiguous body)."""
+
+from __future__ import annotations
+
+import json
+import resource
+import socket
+
+import httpx
+import pytest
+
+from tests.clients.ntfy import error_body, poll
+
+
+def _exchange(port: int, data: bytes) -> tuple[bytes, bool]:
+    """Send ``data``, read until the server closes (True) or goes quiet for 5 s (False)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+        s.sendall(data)
+        chunks = []
+        try:
+            while True:
+                c = s.recv(65536)
+                if not c:
+                    return b"".join(chunks), True
+                chunks.append(c)
+        except (TimeoutError, socket.timeout):
+            return b"".join(chunks), False
+        except ConnectionResetError:
+            return b"".join(chunks), True
+
+
+def _status_and_error(resp: bytes) -> tuple[int, dict]:
+    head, _, body = resp.partition(b"\r\n\r\n")
+    return int(head.split(b" ", 2)[1]), json.loads(body.split(b"\n", 1)[0])
+
+
+SMUGGLED = b"POST /smugB HTTP/1.1\r\nHost: x\r\nContent-Length: 7\r\n\r\nsmuggle"
+
+
+@pytest.mark.parametrize(
+    "first",
+    [
+        b"POST /smugA HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+        b"POST /smugA HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nContent-Length: 80\r\n\r\n0\r\n\r\n",
+        b"POST /smugA HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nContent-Length: 80\r\n\r\n",
+        b"POST /smugA HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: identity\r\n\r\n0\r\n\r\n",
+        b"POST /smugA HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+    ],
+)
+async def test_smuggled_publish_is_never_stored(upf, first):
+    """An ambiguous body framing is one 400 and a closed connection: the publish behind it never runs."""
+    resp, closed = _exchange(upf.port, first + SMUGGLED)
+    status, err = _status_and_error(resp)
+    assert (status, err["code"], err["http"]) == (400, 40000, 400) and closed
+    assert resp.count(b"HTTP/1.1 ") == 1
+    assert await poll(upf.base, "smugA,smugB") == []
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"GET /fd1/json?poll=1 HTTP/1.1\r\nConnection: close\r\n\r\n",  # no Host
+        b"GET /fd1/json?poll=1 HTTP/1.1\r\nHost: x\r\nHost: y\r\n\r\n",
+        b"GET /fd1/json?poll=1&x=a\x01b HTTP/1.1\r\nHost: x\r\n\r\n",  # control byte in the query
+        b"GET /fd1/json?poll=1 HTTP/1.1\r\nHost: x\r\nX-A: a\x00b\r\n\r\n",
+        b"POST /fd1 HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nContent-Length: 5\r\n\r\nhello",
+        b"POST /fd1 HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip\r\n\r\n",
+        b"POST /fd1 HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5 \r\nhello\r\n0\r\n\r\n",
+        b"POST /fd1 HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n0x5\r\nhello\r\n0\r\n\r\n",
+    ],
+)
+async def test_malformed_heads_are_400_and_close(upf, raw):
+    """Each is ntfy's 400 error JSON, the connection closes, and nothing is stored."""
+    resp, closed = _exchange(upf.port, raw)
+    status, err = _status_and_error(resp)
+    assert (status, err["code"]) == (400, 40000) and closed
+    assert await poll(upf.base, "fd1") == []
+
+
+def test_bare_lf_head_is_refused_without_waiting(upf):
+    """Bare-LF line ends never form a head: 400 and close at once, not a silent head timeout."""
+    resp, closed = _exchange(upf.port, b"GET /fd2/json?poll=1 HTTP/1.1\nHost: x\n\n")
+    assert _status_and_error(resp)[0] == 400 and closed
+
+
+async def test_declared_length_over_the_limit_is_413_before_100_continue(upf):
+    """A publish declaring more than the message limit gets 413 instead of the go-ahead to send it."""
+    resp, closed = _exchange(
+        upf.port, b"POST /fd3 HTTP/1.1\r\nHost: x\r\nContent-Length: 5000\r\nExpect: 100-continue\r\n\r\n"
+    )
+    assert not resp.startswith(b"HTTP/1.1 100")
+    status, err = _status_and_error(resp)
+    assert (status, err["code"]) == (413, 41301) and closed
+    assert await poll(upf.base, "fd3") == []
+
+
+def test_within_the_limit_100_continue_still_comes(upf):
+    """A publish within the limit still gets ``100 Continue`` and then its 200."""
+    with socket.create_connection(("127.0.0.1", upf.port), timeout=5) as s:
+        s.sendall(b"POST /fd4 HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nExpect: 100-continue\r\nConnection: close\r\n\r\n")
+        assert s.recv(1024) == b"HTTP/1.1 100 Continue\r\n\r\n"
+        s.sendall(b"hello")
+        resp = b""
+        while chunk := s.recv(65536):
+            resp += chunk
+    assert resp.startswith(b"HTTP/1.1 200 ")
+
+
+async def test_subscribe_and_publish_inputs_are_bounded(fleet):
+    """Over UPF_MAX_TOPICS_PER_SUBSCRIBE topics is 400 40093; a title, tags, click or icon over
+    UPF_MAX_FIELD_BYTES is 413 41301 and stores nothing; at the bounds both are served."""
+    upf = fleet.start("upf", node="bounds", UPF_MAX_TOPICS_PER_SUBSCRIBE="3", UPF_MAX_FIELD_BYTES="16")
+    async with httpx.AsyncClient(base_url=upf.base, timeout=10) as c:
+        r = await c.get("/bA,bB,bC,bD/json", params={"poll": "1"})
+        assert r.status_code == 400 and error_body(r) == {"code": 40093, "http": 400, "error": "invalid request: too many topics"}
+        assert (await c.get("/bA,bB,bC/json", params={"poll": "1"})).status_code == 200
+        for headers, params in (
+            ({"X-Title": "t" * 17}, {}),
+            ({}, {"tags": "a" * 17}),
+            ({"X-Click": "https://x.example/" + "a" * 20}, {}),
+            ({"X-Icon": "https://x.example/a.png"}, {}),
+        ):
+            r = await c.post("/bA", content=b"body", headers=headers, params=params)
+            assert r.status_code == 413 and error_body(r)["code"] == 41301
+        assert await poll(upf.base, "bA") == []
+        r = await c.post("/bA", content=b"body", headers={"X-Title": "t" * 16})
+        assert r.status_code == 200
+    assert [f.title for f in await poll(upf.base, "bA")] == ["t" * 16]
+
+
+@pytest.mark.parametrize("module", ["upf", "upf_pusher", "upf_writer"])
+def test_every_entry_point_raises_the_open_files_limit(fleet, module):
+    """Started with a soft limit of 256, each role runs with its soft limit at the hard one."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(soft, 256), hard))  # what the child inherits
+    try:
+        role = fleet.start(module, node=f"nofile-{module.replace('_', '-')}")
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    with open(f"/proc/{role.proc.pid}/limits") as f:
+        line = next(line for line in f if line.startswith("Max open files"))
+    limit_soft, limit_hard = line.split()[3:5]
+    assert limit_soft == limit_hard and int(limit_soft) > 256
