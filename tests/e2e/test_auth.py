@@ -180,7 +180,7 @@ async def test_malformed_credentials_are_clear_errors_never_500(secured):
         r = await post(secured.base, "upPHIL0001", "x", {"Authorization": header})
         assert r.status_code == status and error_body(r)["code"] == 40101, header[:30]
     r = await post(secured.base, "upPHIL0001", "x", params={"auth": "@@not-base64@@"})
-    assert (r.status_code, error_body(r)["code"]) == (400, 40093)
+    assert (r.status_code, error_body(r)["code"]) == (400, 40094)
     log = secured.log()
     assert "phil-pass" not in log and "tk_" not in log
 

@@ -9,7 +9,7 @@ ntfy's rules (ntfy-auth-and-limits.md), kept exactly:
 - Admins may do everything. Otherwise the entries of the user and of ``*`` whose pattern matches the
   topic are ordered (the user's own first, then the longer pattern, then the one granting write) and
   the first decides; with none, the default access does.
-UPF's choices where ntfy is quirky: an undecodable ``?auth=`` is 400 40093 (a UPF-only code)
+UPF's choices where ntfy is quirky: an undecodable ``?auth=`` is 400 40094 (a UPF-only code)
 (ntfy answers 500), and a credential over 4 KB is refused without being parsed.
 """
 
@@ -45,7 +45,7 @@ __all__ = [
 
 UNAUTHORIZED = Problem(40101, 401, "unauthorized")
 FORBIDDEN = Problem(40301, 403, "forbidden")
-BAD_AUTH_PARAM = Problem(40093, 400, "invalid request: auth parameter is not base64url")
+BAD_AUTH_PARAM = Problem(40094, 400, "invalid request: auth parameter is not base64url")
 
 MAX_CREDENTIAL_CHARS = 4096
 _TOKEN = re.compile(r"tk_[a-z0-9]{29}")

@@ -75,8 +75,8 @@ def test_malformed_credentials_are_401(header: str) -> None:
 
 
 def test_undecodable_auth_param_is_400_and_huge_one_401() -> None:
-    assert refused(None, "@@@not-base64@@@") == (400, 40093)
-    assert refused(None, base64.urlsafe_b64encode(b"\xff\xfe").decode()) == (400, 40093)  # not UTF-8
+    assert refused(None, "@@@not-base64@@@") == (400, 40094)
+    assert refused(None, base64.urlsafe_b64encode(b"\xff\xfe").decode()) == (400, 40094)  # not UTF-8
     assert refused(None, "A" * 5000) == (401, 40101)
 
 
