@@ -12,7 +12,7 @@ from typing import NamedTuple
 
 import msgspec
 
-__all__ = ["Bucket", "Lease", "take", "encode_bucket", "decode_bucket"]
+__all__ = ["Bucket", "Lease", "take", "is_full", "encode_bucket", "decode_bucket"]
 
 _EPSILON = 1e-9
 """Float slack, so that waiting exactly the announced seconds always yields the token."""
@@ -46,6 +46,11 @@ def take(bucket: Bucket | None, want: int, now: float, burst: int, refill_secs: 
     level = max(0.0, level - granted)
     wait = 0 if granted else max(1, math.ceil((1.0 - level) * refill_secs - _EPSILON))
     return Bucket(level, at), Lease(granted, int(level + _EPSILON), wait)
+
+
+def is_full(bucket: Bucket, now: float, burst: int, refill_secs: float) -> bool:
+    """Refilled to the burst by ``now``: the same as no bucket, so the janitor may clear it."""
+    return bucket.tokens + max(0.0, now - bucket.at) / refill_secs >= burst
 
 
 _ENCODER = msgspec.msgpack.Encoder()

@@ -143,6 +143,12 @@ class Store:
         """Up to ``want`` request tokens from ``visitor``'s fleet-wide bucket (see ``ops.limits``)."""
         return await self.db.transact(ops.limits.lease, visitor, want, now, burst, refill_secs)
 
+    async def sweep_buckets(
+        self, now: float, burst: int, refill_secs: float, after: bytes | None = None, limit: int = 500
+    ) -> tuple[int, bytes | None]:
+        """Clear refilled request buckets in one batch (see ``ops.limits.sweep``)."""
+        return await self.db.transact(ops.limits.sweep, now, burst, refill_secs, after, limit)
+
     # --- auth (users, tokens, ACL); roles cache auth_state() and reload when watch_auth() fires -------
     async def auth_state(self) -> AuthState:
         return await self.db.transact(ops.auth.load_state)

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from .. import keys
 from ..contract import Transaction
-from ..limits import Lease, decode_bucket, encode_bucket, take
+from ..limits import Lease, decode_bucket, encode_bucket, is_full, take
 
-__all__ = ["lease"]
+__all__ = ["lease", "sweep"]
 
 
 async def lease(tr: Transaction, visitor: str, want: int, now: float, burst: int, refill_secs: float) -> Lease:
@@ -23,3 +23,22 @@ async def lease(tr: Transaction, visitor: str, want: int, now: float, burst: int
     if granted.granted:
         tr.set(key, encode_bucket(bucket))
     return granted
+
+
+async def sweep(
+    tr: Transaction, now: float, burst: int, refill_secs: float, after: bytes | None, limit: int
+) -> tuple[int, bytes | None]:
+    """Clear the buckets among the next ``limit`` after key ``after`` that have refilled to the burst
+    (a full bucket is the same as none), so a visitor seen once does not stay in the store. Returns
+    how many were cleared and the key to continue after (None: the end). The reads are not snapshot
+    reads: a lease committing meanwhile makes this transaction retry instead of losing its take."""
+    begin, end = keys.bucket_range()
+    if after is not None:
+        begin = after + b"\x00"
+    rows = await tr.get_range(begin, end, limit=limit)
+    cleared = 0
+    for key, raw in rows:
+        if is_full(decode_bucket(raw), now, burst, refill_secs):
+            tr.clear(key)
+            cleared += 1
+    return cleared, rows[-1][0] if len(rows) == limit else None
