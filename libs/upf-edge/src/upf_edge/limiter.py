@@ -7,12 +7,15 @@ hot, conflicting key. So a process takes ``lease_size`` tokens in one small tran
 What is admitted fleet-wide never exceeds the bucket (every token is taken from it first); the
 tolerance is the other way: tokens leased by one process and not yet spent (at most ``lease_size``
 per process per visitor) are not available to the others, and a visitor idle for ``IDLE_SECS``
-loses its local leftovers (they are dropped, not returned). Exempt visitors never touch the store.
+loses its local leftovers (they are dropped, not returned). Exempt visitors never touch the store, and
+a refused visitor does not either until its announced Retry-After is over.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import math
 import time
 import weakref
 from collections.abc import Callable
@@ -35,7 +38,9 @@ _SHARED: weakref.WeakKeyDictionary[Store, RequestLimiter] = weakref.WeakKeyDicti
 
 
 class RequestLimiter:
-    __slots__ = ("store", "config", "header", "clock", "_local", "_exempt_peers", "_swept", "__weakref__")
+    __slots__ = (
+        "store", "config", "header", "clock", "_local", "_refused", "_pending", "_exempt_peers", "_swept", "__weakref__"
+    )
 
     def __init__(self, store: Store, config: LimitConfig, clock: Callable[[], float] = time.time) -> None:
         self.store = store
@@ -44,6 +49,8 @@ class RequestLimiter:
         """The forwarded header's lower-case name: callers pass its value to :meth:`visitor`."""
         self.clock = clock
         self._local: dict[str, list[float]] = {}  # visitor -> [tokens leased and unspent, last use]
+        self._refused: dict[str, float] = {}  # visitor -> when its bucket will next hold a token
+        self._pending: dict[str, asyncio.Future[None]] = {}  # visitor -> its lease in flight
         self._exempt_peers: set[str] = set()  # exempt peers, known without parsing them again
         self._swept = 0.0
 
@@ -93,28 +100,48 @@ class RequestLimiter:
             await self.lease(visitor)  # type: ignore[arg-type]  # None is always taken locally
 
     async def lease(self, visitor: str) -> None:
-        """Lease tokens for ``visitor`` from the store and spend one of them, or raise the 429."""
-        config = self.config
-        now = self.clock()
+        """Lease tokens for ``visitor`` from the store and spend one of them, or raise the 429.
+        Concurrent requests of one visitor wait for a single lease instead of each taking one (which
+        would empty the bucket into one process and refuse the rest); a refusal is remembered until its
+        wait is over (no token can be in the bucket before then), so hammering costs no transaction."""
+        while True:
+            now = self.clock()
+            until = self._refused.get(visitor)
+            if until is not None:
+                if now < until:
+                    raise refusal(self.config, math.ceil(until - now))
+                del self._refused[visitor]
+            pending = self._pending.get(visitor)
+            if pending is None:
+                break
+            await asyncio.shield(pending)
+            if self.take_local(visitor):
+                return
         if now - self._swept > IDLE_SECS:
             self._sweep(now)
+        done = self._pending[visitor] = asyncio.get_running_loop().create_future()
+        try:
+            await self._lease(visitor, now)
+        finally:
+            del self._pending[visitor]
+            done.set_result(None)
+
+    async def _lease(self, visitor: str, now: float) -> None:
+        config = self.config
         try:
             lease = await self.store.lease_tokens(visitor, config.lease_size, now, config.burst, config.refill_secs)
         except Exception:
             log.warning("request limit lease failed", exc_info=True)
             raise NtfyError(STORE_UNAVAILABLE) from None
         if not lease.granted:
+            self._refused[visitor] = now + lease.wait
             raise refusal(config, lease.wait)
         if lease.granted > 1:
-            entry = self._local.get(visitor)
-            if entry is None:
-                self._local[visitor] = [lease.granted - 1, now]
-            else:  # two leases raced (concurrent requests of one visitor): keep both
-                entry[0] += lease.granted - 1
-                entry[1] = now
+            self._local[visitor] = [lease.granted - 1, now]
 
     def _sweep(self, now: float) -> None:
         self._swept = now
-        idle = [v for v, (_, last) in self._local.items() if now - last > IDLE_SECS]
-        for v in idle:
+        for v in [v for v, (_, last) in self._local.items() if now - last > IDLE_SECS]:
             del self._local[v]
+        for v in [v for v, until in self._refused.items() if until <= now]:
+            del self._refused[v]

@@ -3,6 +3,7 @@ leasing limiter over a fake store: leases only when local tokens run out, exempt
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
 
 import pytest
@@ -161,3 +162,38 @@ async def test_a_store_that_does_not_answer_is_a_503():
     with pytest.raises(NtfyError) as info:
         await lim.check("ip:192.0.2.1")
     assert info.value.problem == STORE_UNAVAILABLE
+
+
+class SlowStore(FakeStore):
+    """A lease that takes a moment, so concurrent requests overlap it."""
+
+    async def lease_tokens(self, visitor: str, want: int, now: float, burst: int, refill_secs: float) -> Lease:
+        await asyncio.sleep(0.01)
+        return await super().lease_tokens(visitor, want, now, burst, refill_secs)
+
+
+async def test_concurrent_requests_of_one_visitor_share_one_lease():
+    """32 requests at once with 60 tokens: all admitted through few leases, none refused because
+    the others' leases emptied the bucket into this process."""
+    store, clock = SlowStore(), Clock()
+    lim = RequestLimiter(store, LimitConfig(burst=60, refill_secs=5.0), clock)  # type: ignore[arg-type]
+    await asyncio.gather(*(lim.check("ip:192.0.2.1") for _ in range(32)))
+    assert store.calls == 6  # 32 requests / 6 tokens a lease
+    await asyncio.gather(*(lim.check("ip:192.0.2.1") for _ in range(28)))
+    assert store.buckets["ip:192.0.2.1"].tokens == pytest.approx(0.0)
+
+
+async def test_a_refused_visitor_does_not_ask_the_store_again_before_its_retry_after():
+    lim, store, clock = limiter(burst=1)
+    await lim.check("ip:192.0.2.1")
+    for _ in range(50):
+        with pytest.raises(NtfyError) as info:
+            await lim.check("ip:192.0.2.1")
+    assert store.calls == 2 and dict(info.value.headers)[b"retry-after"] == b"5"
+    clock.now += 3
+    with pytest.raises(NtfyError) as info:
+        await lim.check("ip:192.0.2.1")
+    assert store.calls == 2 and dict(info.value.headers)[b"retry-after"] == b"2"
+    clock.now += 2
+    await lim.check("ip:192.0.2.1")
+    assert store.calls == 3
