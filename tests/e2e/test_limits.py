@@ -110,3 +110,22 @@ def test_subscribes_auth_checks_and_matrix_pushes_are_requests(fleet, transport:
         assert_limited(c.post("/upSubs000001", content="x"), 3, 1800)
         assert_limited(c.get("/upSubs000001", params={"up": "1"}), 3, 1800)
         assert c.get("/v1/health").status_code == 200  # ops endpoints are not requests of a visitor
+
+
+def test_ntfys_order_401_then_429_then_403_and_a_user_is_its_own_visitor(fleet) -> None:
+    from tests.e2e.test_auth import basic, cli
+
+    cli(fleet, "user", "add", "phil", password="phil-pass")
+    cli(fleet, "access", "phil", "up*", "rw")
+    upf = fleet.start(
+        "upf", node="ordered", UPF_AUTH_DEFAULT_ACCESS="deny-all", UPF_LIMIT_REQUEST_BURST="1",
+        UPF_LIMIT_REQUEST_REFILL_SECS="600", **LIMITED,
+    )
+    with client(upf.base) as c:
+        assert c.post("/upOrder00001", content="x").status_code == 403  # admitted, then denied: spent
+        assert_limited(c.post("/upOrder00001", content="x"), 1, 600)  # the limit before the ACL
+        wrong = {"Authorization": basic("phil", "wrong")}
+        assert c.post("/upOrder00001", content="x", headers=wrong).status_code == 401  # before the limit
+        phil = {"Authorization": basic("phil", "phil-pass")}  # user:phil, not this address
+        assert c.post("/upOrder00001", content="x", headers=phil).status_code == 200
+        assert_limited(c.post("/upOrder00001", content="x", headers=phil), 1, 600)
