@@ -129,3 +129,19 @@ def test_ntfys_order_401_then_429_then_403_and_a_user_is_its_own_visitor(fleet) 
         phil = {"Authorization": basic("phil", "phil-pass")}  # user:phil, not this address
         assert c.post("/upOrder00001", content="x", headers=phil).status_code == 200
         assert_limited(c.post("/upOrder00001", content="x", headers=phil), 1, 600)
+
+
+async def test_a_websocket_subscribe_past_the_limit_is_refused_before_the_upgrade(fleet) -> None:
+    """The ntfy app subscribes over /ws: past the limit the handshake gets the 429 and its headers."""
+    import websockets
+
+    upf = fleet.start("upf", node="ws", UPF_LIMIT_REQUEST_BURST="1", UPF_LIMIT_REQUEST_REFILL_SECS="600", **LIMITED)
+    url = upf.base.replace("http://", "ws://") + "/upWsLimit001/ws"
+    async with websockets.connect(url) as ws:
+        assert json.loads(await ws.recv())["event"] == "open"
+    with pytest.raises(websockets.InvalidStatus) as err:
+        async with websockets.connect(url):
+            pass
+    response = err.value.response
+    assert response.status_code == 429 and json.loads(response.body)["code"] == 42901
+    assert 1 <= int(response.headers["Retry-After"]) <= 600
