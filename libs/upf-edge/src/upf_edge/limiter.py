@@ -39,7 +39,8 @@ _SHARED: weakref.WeakKeyDictionary[Store, RequestLimiter] = weakref.WeakKeyDicti
 
 class RequestLimiter:
     __slots__ = (
-        "store", "config", "header", "clock", "_local", "_refused", "_pending", "_exempt_peers", "_swept", "__weakref__"
+        "store", "config", "header", "clock", "_local", "_refused", "_pending", "_waiting", "_exempt_peers", "_swept",
+        "__weakref__",
     )
 
     def __init__(self, store: Store, config: LimitConfig, clock: Callable[[], float] = time.time) -> None:
@@ -51,6 +52,7 @@ class RequestLimiter:
         self._local: dict[str, list[float]] = {}  # visitor -> [tokens leased and unspent, last use]
         self._refused: dict[str, float] = {}  # visitor -> when its bucket will next hold a token
         self._pending: dict[str, asyncio.Future[None]] = {}  # visitor -> its lease in flight
+        self._waiting: dict[str, int] = {}  # visitor -> requests waiting on that lease
         self._exempt_peers: set[str] = set()  # exempt peers, known without parsing them again
         self._swept = 0.0
 
@@ -114,7 +116,15 @@ class RequestLimiter:
             pending = self._pending.get(visitor)
             if pending is None:
                 break
-            await asyncio.shield(pending)
+            waiting = self._waiting
+            waiting[visitor] = waiting.get(visitor, 0) + 1
+            try:
+                await asyncio.shield(pending)
+            finally:
+                if waiting[visitor] <= 1:
+                    del waiting[visitor]
+                else:
+                    waiting[visitor] -= 1
             if self.take_local(visitor):
                 return
         if now - self._swept > IDLE_SECS:
@@ -127,9 +137,12 @@ class RequestLimiter:
             done.set_result(None)
 
     async def _lease(self, visitor: str, now: float) -> None:
+        """One lease: ``lease_size`` tokens plus one for every request already waiting on it (their
+        tokens are spent at once, so they add to no one's unspent slack; one transaction serves them)."""
         config = self.config
+        want = config.lease_size + self._waiting.get(visitor, 0)
         try:
-            lease = await self.store.lease_tokens(visitor, config.lease_size, now, config.burst, config.refill_secs)
+            lease = await self.store.lease_tokens(visitor, want, now, config.burst, config.refill_secs)
         except Exception:
             log.warning("request limit lease failed", exc_info=True)
             raise NtfyError(STORE_UNAVAILABLE) from None

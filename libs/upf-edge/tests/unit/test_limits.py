@@ -174,13 +174,17 @@ class SlowStore(FakeStore):
 
 async def test_concurrent_requests_of_one_visitor_share_one_lease():
     """32 requests at once with 60 tokens: all admitted through few leases, none refused because
-    the others' leases emptied the bucket into this process."""
+    the others' leases emptied the bucket into this process; a lease covers the requests waiting on
+    the one before it, so the store is asked twice, not once per 6 requests."""
     store, clock = SlowStore(), Clock()
     lim = RequestLimiter(store, LimitConfig(burst=60, refill_secs=5.0), clock)  # type: ignore[arg-type]
     await asyncio.gather(*(lim.check("ip:192.0.2.1") for _ in range(32)))
-    assert store.calls == 6  # 32 requests / 6 tokens a lease
+    assert store.calls == 2  # 6, then 6 + the 25 still waiting
+    assert lim._local["ip:192.0.2.1"][0] == 5  # no more left unspent than one plain lease
     await asyncio.gather(*(lim.check("ip:192.0.2.1") for _ in range(28)))
     assert store.buckets["ip:192.0.2.1"].tokens == pytest.approx(0.0)
+    with pytest.raises(NtfyError):
+        await lim.check("ip:192.0.2.1")
 
 
 async def test_a_refused_visitor_does_not_ask_the_store_again_before_its_retry_after():
