@@ -47,6 +47,18 @@ def test_values_are_read():
         ("UPF_WORKERS", "two"),
         ("UPF_AUTH_DEFAULT_ACCESS", "rw-ish"),
         ("FDB_CLUSTER_FILE", "/nonexistent/fdb.cluster"),
+        ("UPF_LIMIT_EXEMPT", "10.0.0.300"),
+        ("UPF_LIMIT_EXEMPT", "10.0.0.0/33"),
+        ("UPF_LIMIT_EXEMPT", "not a host"),
+        ("UPF_LIMIT_EXEMPT", "no-such-host.invalid"),
+        ("UPF_LIMIT_REQUEST_BURST", "0"),
+        ("UPF_LIMIT_REQUEST_BURST", "lots"),
+        ("UPF_LIMIT_REQUEST_REFILL_SECS", "0"),
+        ("UPF_LIMIT_REQUEST_REFILL_SECS", "-5"),
+        ("UPF_VISITOR_PREFIX_BITS_IPV4", "33"),
+        ("UPF_VISITOR_PREFIX_BITS_IPV6", "0"),
+        ("UPF_PROXY_TRUSTED", "proxy!"),
+        ("UPF_PROXY_FORWARDED_HEADER", "X Forwarded"),
     ],
 )
 def test_bad_values_name_the_variable(name, value):
@@ -64,3 +76,19 @@ def test_input_bounds_default_read_and_validated():
     for name, value in (("UPF_MAX_TOPICS_PER_SUBSCRIBE", "0"), ("UPF_MAX_FIELD_BYTES", "0"), ("UPF_MAX_FIELD_BYTES", "x")):
         with pytest.raises(SettingsError, match=name):
             load_settings({name: value})
+
+
+def test_request_limit_settings():
+    """ntfy's defaults; loopback exempt unless told otherwise; set and empty exempts nothing; IPs,
+    ranges and host names all become networks."""
+    s = load_settings({})
+    assert (s.limit_request_burst, s.limit_request_refill_secs) == (60, 5.0)
+    assert s.limit_exempt == ("127.0.0.0/8", "::1/128") and s.proxy_trusted == ()
+    assert s.proxy_forwarded_header == "X-Forwarded-For"
+    assert (s.visitor_prefix_bits_ipv4, s.visitor_prefix_bits_ipv6) == (32, 64)
+    s = load_settings({"UPF_LIMIT_EXEMPT": "", "UPF_PROXY_TRUSTED": "10.1.2.3, fd00::/8,localhost",
+                       "UPF_LIMIT_REQUEST_BURST": "5", "UPF_LIMIT_REQUEST_REFILL_SECS": "0.5",
+                       "UPF_PROXY_FORWARDED_HEADER": "X-Real-IP"})
+    assert s.limit_exempt == () and (s.limit_request_burst, s.limit_request_refill_secs) == (5, 0.5)
+    assert s.proxy_trusted[:2] == ("10.1.2.3/32", "fd00::/8") and "127.0.0.1/32" in s.proxy_trusted
+    assert s.proxy_forwarded_header == "X-Real-IP"

@@ -50,3 +50,22 @@ async def test_sweeps_only_dead_nodes(store):
         )
 
     assert await store.db.transact(dead_records) == []
+
+
+async def test_clears_request_buckets_once_they_have_refilled(store, monkeypatch):
+    """A refilled bucket is the same as none: cleared (in batches); one still refilling is kept."""
+    import upf_janitor.janitor as jmod
+
+    monkeypatch.setattr(jmod, "BUCKET_BATCH", 3)
+    now = int(time.time())
+    for i in range(7):  # one token each at now - 10: refilled to 60 by now + 290
+        await store.lease_tokens(f"ip:192.0.2.{i}", 1, now - 10, 60, 5.0)
+    await store.lease_tokens("ip:192.0.2.99", 30, now + 250, 60, 5.0)  # 30 taken: full at now + 400
+    result = await Janitor(store, Settings(heartbeat_secs=10)).run_once(now + 300)
+    assert result.cleared_buckets == 7
+
+    async def left(tr):
+        return [keys.unpack_bucket_key(k) for k, _ in await tr.get_range(*keys.bucket_range())]
+
+    assert await store.db.transact(left) == ["ip:192.0.2.99"]
+    assert (await Janitor(store, Settings(heartbeat_secs=10)).run_once(now + 100)).cleared_buckets == 0

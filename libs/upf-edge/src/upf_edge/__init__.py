@@ -4,6 +4,8 @@
 - ``upf_edge.errors``: ntfy's one error type and the builder of its JSON body;
 - ``upf_edge.handler``: the plain-function contract a role's hot routes implement, so any front door
   (the pusher's asyncio server, or ``upf_edge.asgi`` under granian) calls them with no framework between;
+- ``upf_edge.limits`` / ``upf_edge.limiter``: ntfy's request limit (visitor, exemptions, the client behind
+  a trusted proxy, the 429) and the adapter that leases each visitor's fleet-wide tokens from the store;
 - ``upf_edge.ops``: the ops endpoints every role serves (health, heartbeats, version, metrics), as one
   such handler.
 

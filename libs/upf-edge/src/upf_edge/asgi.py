@@ -71,4 +71,6 @@ async def serve_asgi(handler: Handler, scope: MutableMapping[str, Any], receive:
                 body = await read_body(receive, limit)
             except ClientGone:
                 return
-    await send_reply(send, await handler(method, topic, scope["headers"], scope["query_string"], body))
+    peer = scope.get("client")
+    client = peer[0] if peer else ""
+    await send_reply(send, await handler(method, topic, scope["headers"], scope["query_string"], body, client))

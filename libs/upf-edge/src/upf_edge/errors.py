@@ -36,11 +36,13 @@ class Problem(NamedTuple):
 
 
 class NtfyError(Exception):
-    """A request refused with a documented :class:`Problem`."""
+    """A request refused with a documented :class:`Problem`, and any reply headers it needs (a 429's
+    ``Retry-After``) as raw (lower-case name, value) pairs."""
 
-    def __init__(self, problem: Problem) -> None:
+    def __init__(self, problem: Problem, headers: tuple[tuple[bytes, bytes], ...] = ()) -> None:
         super().__init__(problem.error)
         self.problem = problem
+        self.headers = headers
 
     @property
     def code(self) -> int:

@@ -3,12 +3,14 @@
 A front door (the pusher's asyncio HTTP/1.1 server, or an ASGI adapter under granian) parses the
 request once, asks ``handler.wants(method, path)`` and, when it does, reads the body (at most
 ``handler.body_limit(method, topic)`` bytes; ``None`` when over that limit) and awaits
-``handler(method, topic, headers, query, body)`` for a :class:`Reply`. Why: each extra layer
+``handler(method, topic, headers, query, body, client)`` for a :class:`Reply`. Why: each extra layer
 (an ASGI scope, a second parse, a framework's per-request machinery) costs a share of the CPU a
 publish takes (measurements.md: Litestar's route machinery ~3.5x a bare callable).
 
 ``topic`` is the percent-decoded path without its leading slash ("" for ``/``); ``headers`` are the
-raw (lower-case name, value) byte pairs as ASGI carries them; ``query`` is the raw query string.
+raw (lower-case name, value) byte pairs as ASGI carries them; ``query`` is the raw query string;
+``client`` is the peer's IP as the socket reports it ("" when there is none): the request limit needs
+it, and only a front door knows it.
 """
 
 from __future__ import annotations
@@ -44,7 +46,13 @@ class Handler(Protocol):
         ...
 
     async def __call__(
-        self, method: str, topic: str, headers: Sequence[tuple[bytes, bytes]], query: bytes, body: bytes | None
+        self,
+        method: str,
+        topic: str,
+        headers: Sequence[tuple[bytes, bytes]],
+        query: bytes,
+        body: bytes | None,
+        client: str,
     ) -> Reply:
         """Answer the request; ``body`` is ``None`` when it was over ``body_limit`` (not read whole)."""
         ...

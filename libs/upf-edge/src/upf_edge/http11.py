@@ -242,8 +242,16 @@ def response_head(status: int, headers: list[tuple[bytes, bytes]] | tuple[tuple[
     return b"".join(out)
 
 
-def json_response(status: int, body: bytes, *, keep_alive: bool = True, head_only: bool = False) -> bytes:
+def json_response(
+    status: int,
+    body: bytes,
+    *,
+    keep_alive: bool = True,
+    head_only: bool = False,
+    extra: tuple[tuple[bytes, bytes], ...] = (),
+) -> bytes:
     headers = [
+        *extra,
         (b"Content-Type", b"application/json"),
         (b"Content-Length", str(len(body)).encode()),
         (b"Access-Control-Allow-Origin", b"*"),
@@ -252,9 +260,12 @@ def json_response(status: int, body: bytes, *, keep_alive: bool = True, head_onl
     return response_head(status, headers) + (b"" if head_only else body)
 
 
-def error_response(http: int, code: int, error: str, *, keep_alive: bool = False) -> bytes:
-    """ntfy's error reply: the JSON body plus a newline, ``Content-Type: application/json``."""
-    return json_response(http, error_body(Problem(code, http, error)), keep_alive=keep_alive)
+def error_response(
+    http: int, code: int, error: str, *, keep_alive: bool = False, extra: tuple[tuple[bytes, bytes], ...] = ()
+) -> bytes:
+    """ntfy's error reply: the JSON body plus a newline, ``Content-Type: application/json``; ``extra``
+    are further headers (a 429's ``Retry-After``)."""
+    return json_response(http, error_body(Problem(code, http, error)), keep_alive=keep_alive, extra=extra)
 
 
 def reply_response(reply: Reply, *, keep_alive: bool = True, head_only: bool = False) -> bytes:

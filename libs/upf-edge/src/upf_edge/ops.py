@@ -80,7 +80,13 @@ class OpsRoutes:
         return NO_BODY
 
     async def __call__(
-        self, method: str, topic: str, headers: Sequence[tuple[bytes, bytes]], query: bytes, body: bytes | None
+        self,
+        method: str,
+        topic: str,
+        headers: Sequence[tuple[bytes, bytes]],
+        query: bytes,
+        body: bytes | None,
+        client: str,
     ) -> Reply:
         if method != "GET" and method != "HEAD":
             return Reply(405, METHOD_NOT_ALLOWED.body(), _ALLOW)

@@ -21,7 +21,7 @@ def routes(probe_result: object = None, fail: bool = False) -> OpsRoutes:
 
 async def call(r: OpsRoutes, method: str, path: str):  # noqa: ANN201
     assert r.wants(method, path) and r.body_limit(method, path[1:]) == NO_BODY
-    return await r(method, path[1:], [], b"", b"")
+    return await r(method, path[1:], [], b"", b"", "127.0.0.1")
 
 
 async def test_bodies_of_each_path() -> None:

@@ -17,7 +17,8 @@ of key can never collide::
     ├── "AU"  / user:str                                -> auth.User (msgpack)    users (password hash, role)
     ├── "AT"  / user:str / digest:str                   -> auth.Token (msgpack)   access tokens, by SHA-256 digest
     ├── "AA"  / user:str / pattern:str                  -> auth.Access (msgpack)  ACL entries ("*" = everyone)
-    └── "AV"                                            -> counter (LE i64)       auth version, bumped by every change
+    ├── "AV"                                            -> counter (LE i64)       auth version, bumped by every change
+    └── "RL"  / visitor:str                             -> limits.Bucket (msgpack) a visitor's request token bucket
 
 Stamps are 12 bytes: 10 commit bytes assigned at commit plus a 2-byte user version, so one
 transaction's Q, X, IN and ID entries of one message share one stamp: one message, one id.
@@ -77,6 +78,9 @@ __all__ = [
     "access_range",
     "unpack_access_key",
     "auth_version_key",
+    "bucket_key",
+    "bucket_range",
+    "unpack_bucket_key",
     "shard_of",
     "pack_i64",
     "unpack_i64",
@@ -124,6 +128,7 @@ class Prefix(str, enum.Enum):
     AUTH_TOKEN = "AT"
     AUTH_ACCESS = "AA"
     AUTH_VERSION = "AV"
+    RATE_BUCKET = "RL"
 
 
 ROOT = fdbtuple.pack(("upf",))
@@ -395,3 +400,16 @@ def unpack_access_key(key: bytes) -> tuple[str, str]:
 
 def auth_version_key() -> bytes:
     return _pack(Prefix.AUTH_VERSION.value)
+
+
+def bucket_key(visitor: str) -> bytes:
+    return _pack(Prefix.RATE_BUCKET.value, visitor)
+
+
+def bucket_range() -> tuple[bytes, bytes]:
+    return _range(Prefix.RATE_BUCKET.value)
+
+
+def unpack_bucket_key(key: bytes) -> str:
+    (visitor,) = _unpack(key, Prefix.RATE_BUCKET, 1)
+    return visitor

@@ -6,7 +6,10 @@ surfacing later as a confusing runtime error.
 
 from __future__ import annotations
 
+import ipaddress
 import os
+import re
+import socket
 import uuid
 from collections.abc import Mapping
 
@@ -49,6 +52,15 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     with no users as open as before; read-only, write-only or deny-all close it."""
     workers: int = 1
     """Worker processes of the all-in-one with the pusher role, on one port (SO_REUSEPORT); default: the cores."""
+    limit_exempt: tuple[str, ...] = ("127.0.0.0/8", "::1/128")
+    """Networks (CIDR) whose clients no request limit applies to; hosts were resolved at start."""
+    limit_request_burst: int = 60
+    limit_request_refill_secs: float = 5.0
+    visitor_prefix_bits_ipv4: int = 32
+    visitor_prefix_bits_ipv6: int = 64
+    proxy_trusted: tuple[str, ...] = ()
+    """Proxies (CIDR) whose forwarded header names the client; from anyone else it is ignored."""
+    proxy_forwarded_header: str = "X-Forwarded-For"
 
 
 DEFAULT_ACCESS = ("read-write", "read-only", "write-only", "deny-all")
@@ -89,6 +101,35 @@ def _float(env: Mapping[str, str], name: str, default: float, lo: float, hi: flo
     return value
 
 
+DEFAULT_EXEMPT = "127.0.0.0/8,::1"
+_HOSTNAME = re.compile(r"(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*")
+_HEADER_NAME = re.compile(r"[A-Za-z0-9-]{1,64}")
+
+
+def _networks(env: Mapping[str, str], name: str, default: str) -> tuple[str, ...]:
+    """A comma list of IPs, CIDR ranges and host names as CIDR strings (names resolved now, as ntfy
+    does at start). Unset is ``default``; set and empty is nothing."""
+    raw = env.get(name)
+    out: list[str] = []
+    for item in (default if raw is None else raw).split(","):
+        item = item.strip()
+        if not item:
+            continue
+        try:
+            out.append(str(ipaddress.ip_network(item, strict=False)))
+            continue
+        except ValueError:
+            pass
+        if _HOSTNAME.fullmatch(item) is None or item.replace(".", "").isdigit():
+            raise SettingsError(f"{name} must be a comma list of IPs, CIDR ranges or host names, got {item!r}")
+        try:
+            infos = socket.getaddrinfo(item, None, proto=socket.IPPROTO_TCP)
+        except OSError:
+            raise SettingsError(f"{name} names a host that does not resolve: {item!r}") from None
+        out.extend(str(ipaddress.ip_network(info[4][0].partition("%")[0])) for info in infos)
+    return tuple(dict.fromkeys(out))
+
+
 def load_settings(env: Mapping[str, str] | None = None) -> Settings:
     env = os.environ if env is None else env
     bind = env.get("UPF_BIND", "0.0.0.0:8080")
@@ -109,6 +150,9 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
     public_url = env.get("UPF_PUBLIC_URL", "http://localhost:8080").rstrip("/")
     if not public_url.startswith(("http://", "https://")):
         raise SettingsError(f"UPF_PUBLIC_URL must start with http:// or https://, got {public_url!r}")
+    forwarded = env.get("UPF_PROXY_FORWARDED_HEADER", "") or "X-Forwarded-For"
+    if _HEADER_NAME.fullmatch(forwarded) is None:
+        raise SettingsError(f"UPF_PROXY_FORWARDED_HEADER must be a header name, got {forwarded!r}")
     settings = Settings(
         bind_host=host,
         bind_port=int(port_text),
@@ -129,5 +173,12 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         max_field_bytes=_int(env, "UPF_MAX_FIELD_BYTES", 1024, 1, 65536),
         workers=_int(env, "UPF_WORKERS", os.cpu_count() or 1, 1, 256),
         auth_default_access=_choice(env, "UPF_AUTH_DEFAULT_ACCESS", "read-write", DEFAULT_ACCESS),
+        limit_exempt=_networks(env, "UPF_LIMIT_EXEMPT", DEFAULT_EXEMPT),
+        limit_request_burst=_int(env, "UPF_LIMIT_REQUEST_BURST", 60, 1, 1_000_000),
+        limit_request_refill_secs=_float(env, "UPF_LIMIT_REQUEST_REFILL_SECS", 5.0, 0.0001, 86400),
+        visitor_prefix_bits_ipv4=_int(env, "UPF_VISITOR_PREFIX_BITS_IPV4", 32, 1, 32),
+        visitor_prefix_bits_ipv6=_int(env, "UPF_VISITOR_PREFIX_BITS_IPV6", 64, 1, 128),
+        proxy_trusted=_networks(env, "UPF_PROXY_TRUSTED", ""),
+        proxy_forwarded_header=forwarded,
     )
     return settings

@@ -14,6 +14,7 @@ from . import keys, ops
 from .auth import AuthState, Permission, Token, User
 from .contract import Database, Watch
 from .envelope import Envelope
+from .limits import Lease
 from .msgid import encode_id
 from .ops.inbox import Drained
 from .ops.read import Since, Stored
@@ -137,6 +138,16 @@ class Store:
 
     async def sweep_node(self, node: str, now: int, max_age: int, limit: int = 500) -> int | None:
         return await self.db.transact(ops.janitor.sweep_node, node, now, max_age, limit)
+
+    async def lease_tokens(self, visitor: str, want: int, now: float, burst: int, refill_secs: float) -> Lease:
+        """Up to ``want`` request tokens from ``visitor``'s fleet-wide bucket (see ``ops.limits``)."""
+        return await self.db.transact(ops.limits.lease, visitor, want, now, burst, refill_secs)
+
+    async def sweep_buckets(
+        self, now: float, burst: int, refill_secs: float, after: bytes | None = None, limit: int = 500
+    ) -> tuple[int, bytes | None]:
+        """Clear refilled request buckets in one batch (see ``ops.limits.sweep``)."""
+        return await self.db.transact(ops.limits.sweep, now, burst, refill_secs, after, limit)
 
     # --- auth (users, tokens, ACL); roles cache auth_state() and reload when watch_auth() fires -------
     async def auth_state(self) -> AuthState:

@@ -1,5 +1,6 @@
-"""The janitor's passes: expire TTL'd messages through the X index in bounded batches, then sweep
-nodes whose heartbeat is older than a few heartbeat intervals.
+"""The janitor's passes: expire TTL'd messages through the X index in bounded batches, sweep nodes
+whose heartbeat is older than a few heartbeat intervals, then clear request buckets that have refilled
+(a full bucket is the same as none: without this, every visitor ever seen would stay in the store).
 
 Bounded batches keep each transaction far below FoundationDB's 5 s / 10 MB limits and let writers
 and pushers interleave; several janitors may run at once (their transactions conflict and retry,
@@ -26,16 +27,18 @@ DEAD_AFTER_HEARTBEATS = 3
 """A node silent for this many heartbeat intervals is dead: its records are swept."""
 EXPIRE_BATCH = 500
 SWEEP_BATCH = 500
+BUCKET_BATCH = 500
 
 
 class PassResult(msgspec.Struct):
     expired: int = 0
     swept_nodes: list[str] = msgspec.field(default_factory=list)
     cleared_affinities: int = 0
+    cleared_buckets: int = 0
 
 
 class JanitorMetrics:
-    __slots__ = ("passes", "failed_passes", "expired", "swept_nodes", "cleared_affinities")
+    __slots__ = ("passes", "failed_passes", "expired", "swept_nodes", "cleared_affinities", "cleared_buckets")
 
     def __init__(self, registry: tm.Registry) -> None:
         passes = registry.counter("upf.janitor.passes", "janitor passes, by result: ok or failed", attributes=("result",))
@@ -48,6 +51,9 @@ class JanitorMetrics:
         self.cleared_affinities = registry.counter(
             "upf.janitor.cleared_affinities", "affinity records of dead nodes cleared"
         ).cell()
+        self.cleared_buckets = registry.counter(
+            "upf.janitor.cleared_buckets", "request buckets cleared because they had refilled"
+        ).cell()
 
 
 class Janitor:
@@ -56,6 +62,8 @@ class Janitor:
         self.metrics = JanitorMetrics((tm.current() if telemetry is None else telemetry).registry)
         self.interval = settings.janitor_interval_secs
         self.dead_after = max(1, int(round(settings.heartbeat_secs * DEAD_AFTER_HEARTBEATS)))
+        self.burst = settings.limit_request_burst
+        self.refill_secs = settings.limit_request_refill_secs
         self.passes = 0
         self.last: PassResult | None = None
 
@@ -80,14 +88,21 @@ class Janitor:
                     result.swept_nodes.append(node)
                     metrics.swept_nodes.add()
                     break
+        after: bytes | None = None
+        while True:
+            cleared, after = await self.store.sweep_buckets(now, self.burst, self.refill_secs, after, BUCKET_BATCH)
+            result.cleared_buckets += cleared
+            metrics.cleared_buckets.add(cleared)
+            if after is None:
+                break
         self.passes += 1
         metrics.passes.add()
         self.last = result
-        if result.expired or result.swept_nodes:
+        if result.expired or result.swept_nodes or result.cleared_buckets:
             log.info(
                 "janitor pass",
                 extra={"expired": result.expired, "swept_nodes": len(result.swept_nodes),
-                       "cleared_affinities": result.cleared_affinities},
+                       "cleared_affinities": result.cleared_affinities, "cleared_buckets": result.cleared_buckets},
             )
         return result
 

@@ -36,8 +36,10 @@ from upf_edge.http11 import (
     parse_head,
     reply_response,
 )
+from upf_edge.access import Identity
 from upf_edge.errors import NtfyError
 from upf_edge.gate import AccessGate, auth_param
+from upf_edge.limiter import RequestLimiter
 from upf_edge.ops import OpsRoutes
 from upf_keyspace import Settings, Store
 from upf_keyspace import telemetry as tm
@@ -45,7 +47,7 @@ from upf_keyspace import telemetry as tm
 from . import __version__
 from .asgi_bridge import MAX_BODY, ASGIApp, Cycle, Lifespan
 from .hub import Hub
-from .query import QueryError, match_subscribe_path, parse_subscribe
+from .query import QueryError, Subscribe, match_subscribe_path, parse_subscribe
 from .session import Session
 from .transports import StreamSubscriber, Subscriber, WsSubscriber, ws_handshake
 
@@ -123,7 +125,7 @@ class HandlerCycle:
             topic = head.path[1:]
             limit = self.handler.body_limit(method, topic)
             body = b"" if limit == NO_BODY else raw if raw is not None and len(raw) <= limit else None
-            reply = await self.handler(method, topic, head.headers, head.query_string, body)
+            reply = await self.handler(method, topic, head.headers, head.query_string, body, self.owner.client)
             if not t.is_closing():
                 t.write(reply_response(reply, keep_alive=self.keep_alive, head_only=method == "HEAD"))
             finished = True
@@ -140,11 +142,13 @@ class HandlerCycle:
 class HttpProtocol(asyncio.Protocol):
     """A connection until it is routed: parses heads, answers ops and errors, runs handler and fallback cycles."""
 
-    __slots__ = ("pusher", "transport", "buf", "busy", "deadline", "cycle", "gone")
+    __slots__ = ("pusher", "transport", "client", "buf", "busy", "deadline", "cycle", "gone")
 
     def __init__(self, pusher: Pusher) -> None:
         self.pusher = pusher
         self.transport: asyncio.Transport = None  # type: ignore[assignment]
+        self.client = ""
+        """The peer's IP ("" when the socket has none): who the request limit counts."""
         self.buf = b""
         self.busy = False
         self.deadline = 0.0  # time.monotonic() past which _timeout runs (0: none); see Pusher._sweep
@@ -154,6 +158,9 @@ class HttpProtocol(asyncio.Protocol):
     # --- asyncio callbacks --------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
+        peer = transport.get_extra_info("peername")
+        if isinstance(peer, tuple) and peer:
+            self.client = str(peer[0])
         self.pusher._http.add(self)
         self._arm(HEAD_TIMEOUT)
 
@@ -278,11 +285,54 @@ class HttpProtocol(asyncio.Protocol):
         if p.closing:
             self._reply(head, error_response(503, 50300, "service unavailable: shutting down"), False)
             return True
-        try:  # ntfy's order: bad credentials (401) before a denied topic (403); one denied topic fails all
-            p.gate.check(headers.get("authorization"), auth_param(query), req.topics, write=False)
+        # ntfy's order: bad credentials (401), then the request limit (429), then a denied topic (403;
+        # one denied topic fails them all). A subscribe is a request: it spends a token.
+        try:
+            who = p.gate.identify(headers.get("authorization"), auth_param(query))
+            visitor = p.limiter.visitor(who.user, self.client, headers.get(p.limiter.header))
+            if not p.limiter.take_local(visitor):
+                self.busy = True  # parsing waits while the store is asked for a lease
+                p._spawn(self._subscribe_leased(head, req, transport_name, who, visitor))  # type: ignore[arg-type]
+                return True
+            p.gate.authorize(who, req.topics, write=False)
         except NtfyError as e:
-            self._reply(head, error_response(e.http, e.code, e.error, keep_alive=keep), keep)
+            self._reply(head, error_response(e.http, e.code, e.error, keep_alive=keep, extra=e.headers), keep)
             return False
+        return self._attach(head, req, transport_name)
+
+    async def _subscribe_leased(
+        self, head: RequestHead, req: Subscribe, transport_name: str, who: Identity, visitor: str
+    ) -> None:
+        """The rest of a subscribe whose visitor had no local token left: lease, then as before."""
+        p = self.pusher
+        keep = head.keep_alive
+        try:
+            await p.limiter.lease(visitor)
+            p.gate.authorize(who, req.topics, write=False)
+        except NtfyError as e:
+            if not self.gone and not self.transport.is_closing():
+                self._reply(head, error_response(e.http, e.code, e.error, keep_alive=keep, extra=e.headers), keep)
+                self._resume()
+            return
+        if self.gone or self.transport.is_closing():
+            return
+        if p.closing:
+            self._reply(head, error_response(503, 50300, "service unavailable: shutting down"), False)
+            return
+        if not self._attach(head, req, transport_name):
+            self._resume()
+
+    def _resume(self) -> None:
+        """Parse what arrived while a request waited (pipelined requests)."""
+        self.busy = False
+        if not self.gone and not self.transport.is_closing():
+            self.transport.resume_reading()
+            self._process()
+
+    def _attach(self, head: RequestHead, req: Subscribe, transport_name: str) -> bool:
+        """Hand the admitted subscribe's connection to its transport and the hub (False: refused)."""
+        p = self.pusher
+        keep = head.keep_alive
         session = Session(req.topics, req.topics_raw, p.hub.config, poll=req.poll)
         sub: Subscriber
         if transport_name == "ws":
@@ -367,6 +417,8 @@ class Pusher:
         self.closing = False
         self.gate = AccessGate(store, settings.auth_default_access)
         """Replaced at start by the process's shared gate for this store (who may subscribe to what)."""
+        self.limiter = RequestLimiter.shared(store, settings)
+        """The request limit, shared with a writer in this process on the same store."""
         self._server: asyncio.base_events.Server | None = None
         self._http: set[HttpProtocol] = set()
         self._tasks: set[asyncio.Task[Any]] = set()

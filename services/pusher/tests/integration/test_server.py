@@ -360,7 +360,9 @@ class RecordingHandler:
     def body_limit(self, method: str, topic: str) -> int:
         return NO_BODY if method in ("GET", "HEAD") else self.LIMIT
 
-    async def __call__(self, method: str, topic: str, headers: Any, query: bytes, body: bytes | None) -> Reply:
+    async def __call__(
+        self, method: str, topic: str, headers: Any, query: bytes, body: bytes | None, client: str
+    ) -> Reply:
         self.calls.append((method, topic, body))
         if topic == "boom":
             raise RuntimeError("boom")

@@ -17,6 +17,7 @@ from litestar import Litestar, Request, Response
 from litestar.types import Receive, Scope, Send
 from upf_edge.asgi import serve_asgi
 from upf_edge.gate import AccessGate
+from upf_edge.limiter import RequestLimiter
 from upf_edge.ops import PATHS as OPS_PATHS
 from litestar.exceptions import HTTPException, MethodNotAllowedException, NotFoundException
 from upf_keyspace import Settings, Store, open_store
@@ -49,7 +50,8 @@ def _problem_response(problem: Problem, headers: dict[str, str] | None = None) -
 
 
 def _on_publish_error(_: Request, exc: PublishError) -> Response[bytes]:
-    return _problem_response(exc.problem)
+    headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in exc.headers} if exc.headers else None
+    return _problem_response(exc.problem, headers)
 
 
 def _on_not_found(_: Request, exc: NotFoundException) -> Response[bytes]:
@@ -101,11 +103,14 @@ class WriterApp(Litestar):
 
 @asynccontextmanager
 async def _gate(ctx: WriterContext, store: Store) -> AsyncIterator[None]:
-    """The process's access gate for ``store`` while the app serves (shared with a pusher beside it)."""
+    """The process's access gate and request limiter for ``store`` while the app serves (shared with a
+    pusher beside it)."""
     ctx.gate = await AccessGate.acquire(store, ctx.settings.auth_default_access)
+    ctx.limiter = RequestLimiter.shared(store, ctx.settings)
     try:
         yield
     finally:
+        ctx.limiter = None
         gate, ctx.gate = ctx.gate, None
         await gate.release()
 

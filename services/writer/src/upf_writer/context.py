@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable
 
 from upf_edge.gate import AccessGate
+from upf_edge.limiter import RequestLimiter
 from upf_keyspace import Settings, Store
 from upf_keyspace import telemetry as tm
 
@@ -57,7 +58,7 @@ class WriterMetrics:
 
 
 class WriterContext:
-    __slots__ = ("settings", "limits", "store", "clock", "telemetry", "metrics", "gate")
+    __slots__ = ("settings", "limits", "store", "clock", "telemetry", "metrics", "gate", "limiter")
 
     def __init__(
         self,
@@ -74,6 +75,8 @@ class WriterContext:
         self.metrics = WriterMetrics(self.telemetry.registry)
         self.gate: AccessGate | None = None
         """Who may publish where: the process's shared gate for the store, set by the app's lifespan."""
+        self.limiter: RequestLimiter | None = None
+        """The request limit (ntfy's 42901), the process's for the store, set with the gate."""
 
     def require_store(self) -> Store:
         store = self.store
@@ -86,3 +89,11 @@ class WriterContext:
         if gate is None:
             raise PublishError(STORE_UNAVAILABLE)
         return gate
+
+    async def admit(self, user: str | None, client: str, forwarded: str | None) -> None:
+        """Spend one request of the visitor (``user``, else ``client``'s address, or the address a
+        trusted proxy forwarded) or raise the 429; called after authentication, before the ACL."""
+        limiter = self.limiter
+        if limiter is None:
+            raise PublishError(STORE_UNAVAILABLE)
+        await limiter.check(limiter.visitor(user, client, forwarded))

@@ -1,4 +1,4 @@
-"""The writer's hot routes as one plain function: ``(method, topic, headers, query, body) -> Reply``.
+"""The writer's hot routes as one plain function: ``(method, topic, headers, query, body, client) -> Reply``.
 
 ``POST``/``PUT /{topic}`` (publish), ``POST``/``PUT /`` (ntfy's JSON publish) and ``GET``/``HEAD
 /{topic}`` (the UnifiedPush endpoint check) carry nearly all of the writer's traffic. They are served
@@ -39,7 +39,7 @@ class WriterFront:
     """The writer's ``upf_edge`` handler (see the module docstring). ``reserved`` are the one-segment
     paths the writer's Litestar app serves itself (``/metrics``, ``/__version__``...): not topics."""
 
-    __slots__ = ("ctx", "reserved", "_max", "_json_max", "_tracing")
+    __slots__ = ("ctx", "reserved", "_max", "_json_max", "_tracing", "_forwarded")
 
     def __init__(self, ctx: WriterContext, reserved: frozenset[str] = frozenset()) -> None:
         self.ctx = ctx
@@ -47,6 +47,7 @@ class WriterFront:
         self._max = ctx.limits.max_message_bytes
         self._json_max = ingest.json_body_limit(ctx.limits)
         self._tracing = ctx.telemetry.tracing
+        self._forwarded = ctx.settings.proxy_forwarded_header.lower()
 
     def wants(self, method: str, path: str) -> bool:
         if path == "/":
@@ -59,27 +60,38 @@ class WriterFront:
         return NO_BODY
 
     async def __call__(
-        self, method: str, topic: str, headers: Sequence[tuple[bytes, bytes]], query: bytes, body: bytes | None
+        self,
+        method: str,
+        topic: str,
+        headers: Sequence[tuple[bytes, bytes]],
+        query: bytes,
+        body: bytes | None,
+        client: str,
     ) -> Reply:
         if method == "POST" or method == "PUT":
-            return await self.publish(topic, headers, query, body)
+            return await self.publish(topic, headers, query, body, client)
         try:
             if method == "GET" or method == "HEAD":
+                decoded, params = decode_headers(headers), decode_query(query)
+                ctx = self.ctx
+                who = ctx.require_gate().identify(decoded.get("authorization"), auth_param(params))
+                await ctx.admit(who.user, client, decoded.get(self._forwarded))
                 ingest.validate_topic(topic)
-                if not ingest.unifiedpush_requested(decode_headers(headers), decode_query(query)):
+                if not ingest.unifiedpush_requested(decoded, params):
                     raise PublishError(ingest.NOT_FOUND)
                 return Reply(200, schemas.UP_DISCOVERY)
             return problem_reply(ingest.METHOD_NOT_ALLOWED, _ALLOW)
         except PublishError as exc:
-            return problem_reply(exc.problem)
+            return problem_reply(exc.problem, exc.headers)
         except Exception as exc:  # noqa: BLE001 - every failure still answers with ntfy's error JSON
             return problem_reply(failure_problem(exc, "topic"))
 
     async def publish(
-        self, topic: str, raw_headers: Sequence[tuple[bytes, bytes]], query: bytes, body: bytes | None
+        self, topic: str, raw_headers: Sequence[tuple[bytes, bytes]], query: bytes, body: bytes | None, client: str
     ) -> Reply:
         """One publish: ``topic`` "" is ntfy's JSON publish on ``/`` (the topic is in the body).
-        ``body`` is ``None`` when the front door found it over ``body_limit``. Bad input stores nothing."""
+        ``body`` is ``None`` when the front door found it over ``body_limit``. Bad input stores nothing;
+        so does a refusal (401, then the request limit's 429, then 403, as ntfy orders them)."""
         ctx = self.ctx
         start_ns = time.time_ns() if self._tracing else 0
         route = "topic" if topic else "json"
@@ -88,6 +100,7 @@ class WriterFront:
             params = decode_query(query)
             gate = ctx.require_gate()
             who = gate.identify(headers.get("authorization"), auth_param(params))  # 401 before anything else
+            await ctx.admit(who.user, client, headers.get(self._forwarded))
             if topic:
                 ingest.validate_topic(topic)
                 limit, too_large = self._max, ingest.MESSAGE_TOO_LARGE
@@ -104,7 +117,7 @@ class WriterFront:
             payload, replayed = await publish_one(ctx, ingested, headers, len(body), start_ns, route)
         except PublishError as exc:
             ctx.metrics.rejected(exc.problem.code)
-            return problem_reply(exc.problem)
+            return problem_reply(exc.problem, exc.headers)
         except Exception as exc:  # noqa: BLE001 - every failure still answers with ntfy's error JSON
             problem = failure_problem(exc, route)
             ctx.metrics.rejected(problem.code)

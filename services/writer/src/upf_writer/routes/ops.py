@@ -1,4 +1,5 @@
-"""Small GET routes the writer keeps in Litestar: ``/{topics}/auth`` (ntfy's) and ``/`` (``GET``/``HEAD``).
+"""Small GET routes the writer keeps in Litestar: ``/{topics}/auth`` (ntfy's: a request, so rate limited)
+and ``/`` (``GET``/``HEAD``).
 
 The ops endpoints every role serves (``/v1/health``, ``__lbheartbeat__``, ``__heartbeat__``,
 ``__version__``, ``/metrics``) are ``upf_edge.ops.OpsRoutes``, one copy for all roles, served in front of
@@ -49,6 +50,8 @@ def build(ctx: WriterContext) -> list[ControllerRouterHandler]:
         on any one of the topics)."""
         gate = ctx.require_gate()
         who = gate.identify(request.headers.get("authorization"), auth_param(request.query_params))
+        client = request.client.host if request.client else ""
+        await ctx.admit(who.user, client, request.headers.get(ctx.settings.proxy_forwarded_header))
         gate.authorize(who, ingest.validate_topic_list(topics), write=False)
         return Response(auth_body, media_type=_JSON)
 

@@ -1,0 +1,132 @@
+"""ntfy's request limit, the parts that decide: who the visitor is, who is exempt, which address a
+request comes from behind a proxy, and the 429 reply. Pure; the bucket arithmetic itself is
+``upf_keyspace.limits`` (the store applies it), the leasing adapter is :mod:`upf_edge.limiter`.
+
+ntfy's model (ntfy-auth-and-limits.md, "Rate limits"): a visitor is ``user:<name>`` when
+authenticated, else ``ip:<prefix>`` (the /32 of an IPv4 client, the /64 of an IPv6 one, both
+settings); each has a bucket of ``burst`` requests refilled one per ``refill_secs``. Exempt clients
+(loopback by default) are never counted. A forwarded header is believed only from a trusted proxy.
+Beyond ntfy: a refusal says when to come back (``Retry-After``, whole seconds, never 0) and carries
+the IETF draft's ``RateLimit-Policy``/``RateLimit`` headers, which ntfy users ask for (ntfy #1173).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Sequence
+from typing import NamedTuple
+
+from upf_keyspace import Settings
+
+from .errors import NtfyError, Problem
+
+__all__ = [
+    "TOO_MANY_REQUESTS",
+    "Network",
+    "LimitConfig",
+    "parse_address",
+    "in_networks",
+    "client_address",
+    "visitor_key",
+    "refusal",
+]
+
+TOO_MANY_REQUESTS = Problem(42901, 429, "limit reached: too many requests")
+
+Address = ipaddress.IPv4Address | ipaddress.IPv6Address
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+LEASE_FRACTION = 10
+"""A process leases a tenth of the burst at a time (at least one token): few transactions per
+visitor, and at most that many tokens per process sit leased but unspent (the fleet's tolerance)."""
+
+
+class LimitConfig(NamedTuple):
+    burst: int = 60
+    refill_secs: float = 5.0
+    exempt: tuple[Network, ...] = ()
+    trusted: tuple[Network, ...] = ()
+    header: str = "x-forwarded-for"
+    """The forwarded header's name, lower-case (as the front doors' decoded headers carry it)."""
+    prefix4: int = 32
+    prefix6: int = 64
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> LimitConfig:
+        return cls(
+            burst=settings.limit_request_burst,
+            refill_secs=settings.limit_request_refill_secs,
+            exempt=tuple(ipaddress.ip_network(n) for n in settings.limit_exempt),
+            trusted=tuple(ipaddress.ip_network(n) for n in settings.proxy_trusted),
+            header=settings.proxy_forwarded_header.lower(),
+            prefix4=settings.visitor_prefix_bits_ipv4,
+            prefix6=settings.visitor_prefix_bits_ipv6,
+        )
+
+    @property
+    def lease_size(self) -> int:
+        return max(1, self.burst // LEASE_FRACTION)
+
+    @property
+    def window_secs(self) -> int:
+        """The time an empty bucket takes to fill (the draft's policy window)."""
+        return max(1, round(self.burst * self.refill_secs))
+
+
+def parse_address(text: str) -> Address | None:
+    """An IP from a peer name or a forwarded-header entry (``[v6]``, a zone and an IPv4-mapped IPv6
+    form are accepted); None when it is not one."""
+    text = text.strip()
+    if text.startswith("["):
+        text = text[1:].partition("]")[0]
+    try:
+        addr = ipaddress.ip_address(text.partition("%")[0])
+    except ValueError:
+        return None
+    if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
+        return addr.ipv4_mapped
+    return addr
+
+
+def in_networks(addr: Address, networks: Sequence[Network]) -> bool:
+    return any(addr.version == n.version and addr in n for n in networks)
+
+
+def client_address(peer: Address, forwarded: str | None, trusted: Sequence[Network]) -> Address:
+    """The client a request comes from. The forwarded header counts only when the peer is a trusted
+    proxy; then its entries are read from the last hop back, skipping trusted proxies (a chain of
+    them), and the first other one is the client. Entries a client wrote itself stand further left,
+    so it cannot choose its own address. An unreadable entry means the peer is all that is known."""
+    if not forwarded or not trusted or not in_networks(peer, trusted):
+        return peer
+    hop = peer
+    for entry in reversed(forwarded.split(",")):
+        addr = parse_address(entry)
+        if addr is None:
+            return hop
+        hop = addr
+        if not in_networks(addr, trusted):
+            return addr
+    return hop
+
+
+def visitor_key(user: str | None, addr: Address, prefix4: int = 32, prefix6: int = 64) -> str:
+    """ntfy's visitor: the user when authenticated, else the client's network prefix."""
+    if user is not None:
+        return "user:" + user
+    bits = prefix4 if addr.version == 4 else prefix6
+    return "ip:" + str(ipaddress.ip_network((addr, bits), strict=False).network_address)
+
+
+def refusal(config: LimitConfig, wait: int) -> NtfyError:
+    """The 429 for a visitor whose next token is ``wait`` seconds away: ntfy's body, plus
+    ``Retry-After`` and the draft's headers (``remaining`` is 0: this visitor has none left)."""
+    wait = max(1, wait)
+    return NtfyError(
+        TOO_MANY_REQUESTS,
+        (
+            (b"retry-after", b"%d" % wait),
+            (b"ratelimit-policy", b"%d;w=%d" % (config.burst, config.window_secs)),
+            (b"ratelimit", b"limit=%d, remaining=0, reset=%d" % (config.burst, wait)),
+        ),
+    )
