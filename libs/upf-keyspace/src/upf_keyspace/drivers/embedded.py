@@ -69,12 +69,12 @@ _MAX_WATCHES = 10_000
 _RETRY_LIMIT = 100
 _FALLBACK_POLL_SECS = 1.0  # the backstop for lost wake datagrams
 _NO_WAKE_POLL_SECS = 0.05  # without a wake socket (a read-only directory, no /proc for long paths)
-_RANGE_CACHE_ENTRIES = 8192  # small range results kept, with the version they were valid at
+_RANGE_CACHE_ENTRIES = 1024  # small range results kept (hot ones: reuse needs a recent entry), with their version
 _RANGE_CACHE_SCAN = 8
 """At most this many commits' write sets are checked to reuse a cached range; further back, one
 SQLite read is cheaper than the scan (1,000 topics published round-robin made it ~30 us per read)."""
 _RANGE_CACHE_ROWS = 4  # only results this small are kept (affinity reads: 0 or 1 row) ...
-_RANGE_CACHE_BYTES = 1024  # ... and this many key and value bytes, so the cache stays under ~10 MB
+_RANGE_CACHE_BYTES = 1024  # ... and this many key and value bytes, so the cache stays under ~1 MB
 _I64 = struct.Struct("<q")
 _BATCH_SIZE = _metrics.COMMIT_BATCH.cell("embedded")
 _COMMIT_DURATION = _metrics.COMMIT_DURATION.cell("embedded")
