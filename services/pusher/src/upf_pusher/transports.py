@@ -21,11 +21,13 @@ import abc
 import asyncio
 import base64
 import binascii
+import codecs
 import logging
 from typing import TYPE_CHECKING
 
-from websockets.datastructures import Headers
+from websockets.datastructures import Headers, MultipleValuesError
 from websockets.exceptions import InvalidHandshake
+from websockets.frames import CloseCode, Frame, Opcode
 from websockets.http11 import Request
 from websockets.protocol import SEND_EOF, State
 from websockets.server import ServerProtocol
@@ -166,7 +168,7 @@ class StreamSubscriber(Subscriber):
 class WsSubscriber(Subscriber):
     """/ws: one text frame per event; pings are answered by the sans-I/O core."""
 
-    __slots__ = ("ws", "head", "transport_name")
+    __slots__ = ("ws", "head", "transport_name", "text")
 
     frame_kind = "ws"
 
@@ -175,6 +177,8 @@ class WsSubscriber(Subscriber):
         self.transport_name = "ws"
         self.ws = ws
         self.head: bytes | None = head
+        self.text: codecs.IncrementalDecoder | None = None
+        """The UTF-8 check of a text message fragmented over several frames (rare: None otherwise)."""
 
     def accept(self) -> None:
         head, self.head = self.head, None
@@ -191,10 +195,34 @@ class WsSubscriber(Subscriber):
     def data_received(self, data: bytes) -> None:
         ws = self.ws
         ws.receive_data(data)
-        ws.events_received()  # pings are answered inside the core; text from the client is ignored
+        for frame in ws.events_received():  # pings are answered inside the core; text is only checked
+            if (frame.opcode is Opcode.TEXT or frame.opcode is Opcode.CONT) and not self._utf8(frame):
+                ws.fail(CloseCode.INVALID_DATA, "invalid UTF-8")  # RFC 6455 8.1: close with 1007
+                break
         self._flush()
         if ws.state is State.CLOSED or ws.close_expected():
             self.transport.close()
+
+    def _utf8(self, frame: Frame) -> bool:
+        """Whether a text frame keeps its message valid UTF-8 (fragments are checked across frames)."""
+        if frame.opcode is Opcode.TEXT:
+            if frame.fin:
+                try:
+                    frame.data.decode("utf-8")
+                    return True
+                except UnicodeDecodeError:
+                    return False
+            self.text = codecs.getincrementaldecoder("utf-8")()
+        decoder = self.text
+        if decoder is None:
+            return True  # a continuation of a binary message
+        if frame.fin:
+            self.text = None
+        try:
+            decoder.decode(frame.data, final=frame.fin)
+            return True
+        except UnicodeDecodeError:
+            return False
 
     def eof_received(self) -> bool:
         self.ws.receive_eof()
@@ -231,11 +259,11 @@ def ws_handshake(head: RequestHead) -> tuple[ServerProtocol, bytes]:
     for k, v in head.headers:
         headers[k.decode("latin-1")] = v.decode("latin-1")
     ws = ServerProtocol(state=State.OPEN, max_size=WS_MAX_FRAME, logger=_ws_logger)
-    key = headers.get("Sec-WebSocket-Key", "")
     try:
+        key = headers.get("Sec-WebSocket-Key", "")
         if len(base64.b64decode(key.encode(), validate=True)) != 16:
             raise InvalidHandshake("bad Sec-WebSocket-Key")
-    except (binascii.Error, ValueError):
+    except (binascii.Error, ValueError, MultipleValuesError):  # two keys: RFC 6455 wants exactly one
         raise InvalidHandshake("bad Sec-WebSocket-Key") from None
     request = Request(head.path, headers, method=head.method, protocol="HTTP/" + head.version)
     accept, _extensions, _protocol = ws.process_request(request)

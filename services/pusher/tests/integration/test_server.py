@@ -428,3 +428,59 @@ async def test_idle_keep_alive_connection_is_closed(start_pusher: Any, monkeypat
         assert reader.at_eof()
     finally:
         writer.close()
+
+
+def _client_frame(opcode: int, payload: bytes, fin: bool = True) -> bytes:
+    """A masked client frame (RFC 6455 5.2), built by hand so that it can carry what no library sends."""
+    mask = b"\x11\x22\x33\x44"
+    masked = bytes(b ^ mask[i % 4] for i, b in enumerate(payload))
+    assert len(payload) < 126
+    return bytes(((0x80 if fin else 0) | opcode, 0x80 | len(payload))) + mask + masked
+
+
+async def _ws_upgrade(port: int, extra: str = "") -> tuple[asyncio.StreamReader, asyncio.StreamWriter, bytes]:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(
+        (
+            "GET /utf/ws HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+            f"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n{extra}\r\n"
+        ).encode()
+    )
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+    return reader, writer, head
+
+
+async def _close_code(reader: asyncio.StreamReader) -> int:
+    """Read server frames until the close frame; its status code."""
+    while True:
+        b0, b1 = await asyncio.wait_for(reader.readexactly(2), 5)
+        n = b1 & 0x7F
+        if n == 126:
+            n = int.from_bytes(await reader.readexactly(2), "big")
+        data = await reader.readexactly(n)
+        if b0 & 0x0F == 0x8:
+            return int.from_bytes(data[:2], "big")
+
+
+async def test_invalid_utf8_text_frame_closes_with_1007(pusher: Pusher) -> None:
+    """RFC 6455 8.1: a text message that is not UTF-8 ends the connection with 1007, whole or
+    fragmented (the bad byte in a continuation); valid text and binary messages are left alone."""
+    for frames in (
+        [_client_frame(0x1, b"ok \xff")],
+        [_client_frame(0x1, "ok \u00e9".encode()[:-1], fin=False), _client_frame(0x0, b"\xff")],
+    ):
+        reader, writer, head = await _ws_upgrade(pusher.port)
+        assert head.startswith(b"HTTP/1.1 101")
+        writer.write(_client_frame(0x1, "fine \u00e9".encode()) + _client_frame(0x2, b"\xff\xfe"))
+        writer.write(b"".join(frames))
+        await writer.drain()
+        assert await _close_code(reader) == 1007
+        writer.close()
+
+
+async def test_two_websocket_keys_are_400_not_an_exception(pusher: Pusher, caplog: Any) -> None:
+    """Two Sec-WebSocket-Key headers: a 400 handshake error, no traceback."""
+    reader, writer, head = await _ws_upgrade(pusher.port, "Sec-WebSocket-Key: AAAAAAAAAAAAAAAAAAAAAA==\r\n")
+    assert head.split(b" ", 2)[1] == b"400"
+    writer.close()
+    assert "Traceback" not in caplog.text and "MultipleValuesError" not in caplog.text
