@@ -49,6 +49,17 @@ async def db(request, tmp_path):
 
 
 @pytest.fixture
+async def pair(tmp_path):
+    """Two handles on one file: each has its own wake socket, exactly as two processes would."""
+    path = str(tmp_path / "store.db")
+    a = await open_embedded(path)
+    b = await open_embedded(path)
+    yield a, b
+    await a.close()
+    await b.close()
+
+
+@pytest.fixture
 def prefix() -> bytes:
     """A fresh key prefix, so FoundationDB runs never see another run's keys."""
     return b"\x01test-" + uuid.uuid4().hex.encode() + b"/"

@@ -3,10 +3,6 @@ or another) wrote into it, and a reused read still conflicts like any other."""
 
 from __future__ import annotations
 
-import pytest
-
-from upf_keyspace.drivers.embedded import open_embedded
-
 KEY = b"\x01test-other/bell"
 
 
@@ -15,17 +11,6 @@ async def _set(db, value: bytes) -> None:
         tr.set(KEY, value)
 
     await db.transact(body)
-
-
-@pytest.fixture
-async def pair(tmp_path):
-    """Two handles on one file, as two processes would have."""
-    path = str(tmp_path / "store.db")
-    a = await open_embedded(path)
-    b = await open_embedded(path)
-    yield a, b
-    await a.close()
-    await b.close()
 
 
 async def _rows(db, begin: bytes, end: bytes):

@@ -38,17 +38,6 @@ async def _wait(watch) -> None:
     await watch
 
 
-@pytest.fixture
-async def pair(tmp_path):
-    """Two handles on one file: each has its own wake socket, exactly as two processes would."""
-    path = str(tmp_path / "store.db")
-    a = await open_embedded(path)
-    b = await open_embedded(path)
-    yield a, b
-    await a.close()
-    await b.close()
-
-
 async def test_other_handle_commit_wakes_watch_without_polling(pair):
     """With the fallback poll pushed out of reach, only the datagram can fire the watch."""
     a, b = pair

@@ -12,7 +12,7 @@ from .msgid import decode_id, encode_id
 from .ops.read import SINCE_ALL, SINCE_LATEST, SINCE_NONE, Since, Stored
 from .settings import Settings, SettingsError, load_settings
 from .store import Drained, Published, Store, open_database, open_store
-from .wire import ErrorBody, Message, message_from_envelope
+from .wire import Message, message_from_envelope
 
 __version__ = "0.1.0"
 
@@ -22,7 +22,6 @@ __all__ = [
     "Drained",
     "ENVELOPE_VERSION",
     "Envelope",
-    "ErrorBody",
     "FormatVersion",
     "FormatVersionError",
     "Message",

@@ -10,7 +10,7 @@ import msgspec
 from .envelope import Envelope
 from .msgid import encode_id
 
-__all__ = ["Message", "ErrorBody", "message_from_envelope", "encode_json", "decode_json"]
+__all__ = ["Message", "message_from_envelope", "encode_json", "decode_json"]
 
 
 class Message(msgspec.Struct, frozen=True, omit_defaults=True, kw_only=True):
@@ -28,15 +28,6 @@ class Message(msgspec.Struct, frozen=True, omit_defaults=True, kw_only=True):
     content_type: str = ""
     encoding: str = ""
 
-
-
-class ErrorBody(msgspec.Struct, frozen=True, omit_defaults=True):
-    """ntfy's error JSON: ``{"code":40009,"http":400,"error":"invalid request: topic invalid"}``."""
-
-    code: int
-    http: int
-    error: str
-    link: str = ""
 
 
 def message_from_envelope(stamp: bytes, topic: str, env: Envelope) -> Message:
