@@ -148,13 +148,24 @@ class EnvelopeV1(msgspec.Struct, frozen=True, array_like=True, omit_defaults=Fal
 
 
 def test_envelope_v2_is_readable_both_ways() -> None:
-    assert ENVELOPE_VERSION == 2
+    assert ENVELOPE_VERSION >= 2
     v2 = Envelope(time=1, expires=2, message="m", traceparent="00-" + "1" * 32 + "-" + "2" * 16 + "-01", published_ms=1234)
     old = msgspec.msgpack.decode(encode_envelope(v2), type=EnvelopeV1)
     assert (old.message, old.traceparent) == ("m", v2.traceparent)
     back = decode_envelope(msgspec.msgpack.encode(EnvelopeV1(time=1, expires=2, message="m")))
     assert back.published_ms == 0 and back.message == "m"
     assert decode_envelope(encode_envelope(v2)) == v2
+
+
+def test_envelope_v3_fields_survive_a_v2_reader_and_default_for_v2_rows() -> None:
+    """A v2 role reading a v3 row ignores the new trailing fields; a v3 role reading a v2 row gets defaults."""
+    assert ENVELOPE_VERSION == 3
+    v3 = Envelope(time=1, expires=2, message="m", published_ms=7, event="message_delete", sequence_id="s1", nocache=True, urgency="high", poll_id="p")
+    v2_fields = msgspec.msgpack.decode(encode_envelope(v3))[:14]
+    assert v2_fields[-1] == 7
+    back = decode_envelope(msgspec.msgpack.encode(v2_fields))
+    assert (back.event, back.sequence_id, back.nocache, back.actions) == ("", "", False, "")
+    assert decode_envelope(encode_envelope(v3)) == v3
 
 
 async def test_store_counts_transactions_and_conflict_retries(tmp_path) -> None:

@@ -15,8 +15,9 @@ import msgspec
 
 __all__ = ["ENVELOPE_VERSION", "Envelope", "decode_envelope", "encode_envelope"]
 
-ENVELOPE_VERSION = 2
-"""1: the first release. 2: ``published_ms`` appended."""
+ENVELOPE_VERSION = 3
+"""1: the first release. 2: ``published_ms`` appended. 3: the newer ntfy and Web Push fields appended
+(``event`` through ``poll_id``)."""
 
 
 class Envelope(msgspec.Struct, frozen=True, array_like=True, omit_defaults=False):
@@ -44,6 +45,28 @@ class Envelope(msgspec.Struct, frozen=True, array_like=True, omit_defaults=False
     0 when written by an envelope-1 writer. A pusher measures delivery latency from it (that span
     includes the commit; the writer's commit latency is its own metric), across hosts only as well as
     their clocks agree."""
+    event: str = ""
+    """ntfy's event name when it is not ``message``: ``message_clear``, ``message_delete`` (by sequence
+    id) or ``poll_request``."""
+    sequence_id: str = ""
+    """ntfy's sequence id (``X-Sequence-ID``): a later message with the same one replaces the
+    notification on the device."""
+    nocache: bool = False
+    """``X-Cache: no``: delivered to subscribers connected when it lands, never replayed."""
+    origin_id: str = ""
+    """The id the publisher was given, when it is not the Q key's (a scheduled message enters Q at
+    its delivery time, under a later versionstamp)."""
+    urgency: str = ""
+    """Web Push ``Urgency`` (very-low, low, normal, high), kept as sent."""
+    push_topic: str = ""
+    """Web Push ``Topic``: a newer message with the same one replaces this one while undelivered."""
+    actions: str = ""
+    """ntfy's action buttons, as the JSON array text a subscriber receives."""
+    attach_url: str = ""
+    """An external attachment URL (``X-Attach``); UPF stores no attachment bodies."""
+    attach_name: str = ""
+    poll_id: str = ""
+    """``X-Poll-ID``: the id a ``poll_request`` event carries."""
 
 
 _encoder = msgspec.msgpack.Encoder()
