@@ -18,7 +18,12 @@ of key can never collide::
     ├── "AT"  / user:str / digest:str                   -> auth.Token (msgpack)   access tokens, by SHA-256 digest
     ├── "AA"  / user:str / pattern:str                  -> auth.Access (msgpack)  ACL entries ("*" = everyone)
     ├── "AV"                                            -> counter (LE i64)       auth version, bumped by every change
-    └── "RL"  / visitor:str                             -> limits.Bucket (msgpack) a visitor's request token bucket
+    ├── "RL"  / visitor:str                             -> limits.Bucket (msgpack) a visitor's request token bucket
+    ├── "S"   / due:int / stamp:Versionstamp / topic:str -> Envelope (msgpack)   scheduled (X-Delay), not yet in Q
+    ├── "SR"  / topic:str / origin:bytes / stamp:Versionstamp -> ""             a released scheduled message: its
+    │                                                                            publish id -> its Q stamp
+    ├── "ST"  / name:str / slot:int                     -> counter (LE i64)       fleet-wide stats (atomic adds)
+    └── "SH"  / unix:int                                -> counter (LE i64)       samples of the messages counter
 
 Stamps are 12 bytes: 10 commit bytes assigned at commit plus a 2-byte user version, so one
 transaction's Q, X, IN and ID entries of one message share one stamp: one message, one id.
@@ -81,6 +86,19 @@ __all__ = [
     "bucket_key",
     "bucket_range",
     "unpack_bucket_key",
+    "scheduled_key",
+    "scheduled_key_incomplete",
+    "scheduled_due_range",
+    "unpack_scheduled_key",
+    "released_key_incomplete",
+    "released_key",
+    "released_range",
+    "unpack_released_key",
+    "stat_key",
+    "stat_range",
+    "stat_sample_key",
+    "stat_sample_range",
+    "unpack_stat_sample_key",
     "shard_of",
     "pack_i64",
     "unpack_i64",
@@ -129,6 +147,10 @@ class Prefix(str, enum.Enum):
     AUTH_ACCESS = "AA"
     AUTH_VERSION = "AV"
     RATE_BUCKET = "RL"
+    SCHEDULED = "S"
+    RELEASED = "SR"
+    STATS = "ST"
+    STATS_SAMPLE = "SH"
 
 
 ROOT = fdbtuple.pack(("upf",))
@@ -413,3 +435,62 @@ def bucket_range() -> tuple[bytes, bytes]:
 def unpack_bucket_key(key: bytes) -> str:
     (visitor,) = _unpack(key, Prefix.RATE_BUCKET, 1)
     return visitor
+
+
+# --- S / SR -----------------------------------------------------------------------------------------
+def scheduled_key(due: int, stamp: bytes, topic: str) -> bytes:
+    return _pack_stamped(_prefix(Prefix.SCHEDULED.value) + _enc(due), stamp, topic)
+
+
+def scheduled_key_incomplete(due: int, topic: str, user_version: int) -> bytes:
+    return _pack_vs(_prefix(Prefix.SCHEDULED.value) + _enc(due), user_version, topic)
+
+
+def scheduled_due_range(until: int) -> tuple[bytes, bytes]:
+    """Every scheduled message due at or before ``until``, earliest first."""
+    return _prefix(Prefix.SCHEDULED.value), _prefix(Prefix.SCHEDULED.value) + _enc(until + 1)
+
+
+def unpack_scheduled_key(key: bytes) -> tuple[int, bytes, str]:
+    due, vs, topic = _unpack(key, Prefix.SCHEDULED, 3)
+    return due, stamp_of(vs), topic
+
+
+def released_key_incomplete(topic: str, origin: bytes, user_version: int) -> bytes:
+    return _pack_vs(_prefix(Prefix.RELEASED.value, topic) + _enc(origin), user_version)
+
+
+def released_key(topic: str, origin: bytes, stamp: bytes) -> bytes:
+    return _pack_stamped(_prefix(Prefix.RELEASED.value, topic) + _enc(origin), stamp)
+
+
+def released_range(topic: str, origin: bytes) -> tuple[bytes, bytes]:
+    p = _prefix(Prefix.RELEASED.value, topic) + _enc(origin)
+    return p + b"\x00", p + b"\xff"
+
+
+def unpack_released_key(key: bytes) -> tuple[str, bytes, bytes]:
+    topic, origin, vs = _unpack(key, Prefix.RELEASED, 3)
+    return topic, origin, stamp_of(vs)
+
+
+# --- ST / SH ----------------------------------------------------------------------------------------
+def stat_key(name: str, slot: int) -> bytes:
+    return _pack(Prefix.STATS.value, name, slot)
+
+
+def stat_range(name: str) -> tuple[bytes, bytes]:
+    return _range(Prefix.STATS.value, name)
+
+
+def stat_sample_key(unix: int) -> bytes:
+    return _pack(Prefix.STATS_SAMPLE.value, unix)
+
+
+def stat_sample_range() -> tuple[bytes, bytes]:
+    return _range(Prefix.STATS_SAMPLE.value)
+
+
+def unpack_stat_sample_key(key: bytes) -> int:
+    (unix,) = _unpack(key, Prefix.STATS_SAMPLE, 1)
+    return unix

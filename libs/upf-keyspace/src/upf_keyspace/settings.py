@@ -61,6 +61,17 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     proxy_trusted: tuple[str, ...] = ()
     """Proxies (CIDR) whose forwarded header names the client; from anyone else it is ignored."""
     proxy_forwarded_header: str = "X-Forwarded-For"
+    delay_min_secs: int = 10
+    """The earliest a scheduled message (X-Delay/X-At/X-In) may be due, in seconds from now (ntfy: 10 s)."""
+    delay_max_secs: int = 259_200
+    """The latest, in seconds from now (ntfy: 3 days)."""
+    release_poll_secs: float = 1.0
+    """How often a pusher looks for scheduled messages that are due (it sleeps less when one is due sooner)."""
+    nocache_keep_secs: int = 120
+    """How long an X-Cache: no message stays in the store for live delivery (never replayed) before the
+    janitor may delete it; covers a live subscriber whose bell was lost until the safety poll."""
+    stats_sample_secs: int = 60
+    """The janitor samples the fleet's message counter this often; /v1/stats' rate spans the last 10 samples."""
 
 
 DEFAULT_ACCESS = ("read-write", "read-only", "write-only", "deny-all")
@@ -180,5 +191,14 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         visitor_prefix_bits_ipv6=_int(env, "UPF_VISITOR_PREFIX_BITS_IPV6", 64, 1, 128),
         proxy_trusted=_networks(env, "UPF_PROXY_TRUSTED", ""),
         proxy_forwarded_header=forwarded,
+        delay_min_secs=_int(env, "UPF_DELAY_MIN_SECS", 10, 0, 10 * 365 * 86400),
+        delay_max_secs=_int(env, "UPF_DELAY_MAX_SECS", 259_200, 1, 10 * 365 * 86400),
+        release_poll_secs=_float(env, "UPF_RELEASE_POLL_SECS", 1.0, 0.05, 3600),
+        nocache_keep_secs=_int(env, "UPF_NOCACHE_KEEP_SECS", 120, 1, 86400),
+        stats_sample_secs=_int(env, "UPF_STATS_SAMPLE_SECS", 60, 1, 86400),
     )
+    if settings.delay_min_secs > settings.delay_max_secs:
+        raise SettingsError(
+            f"UPF_DELAY_MIN_SECS ({settings.delay_min_secs}) must not exceed UPF_DELAY_MAX_SECS ({settings.delay_max_secs})"
+        )
     return settings

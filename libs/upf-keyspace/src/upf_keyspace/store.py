@@ -96,6 +96,44 @@ class Store:
 
         return await self.db.transact(body)
 
+    async def subscribe_live(
+        self, topics: Sequence[str], node: str, since: Since
+    ) -> tuple[dict[str, bytes | None], dict[str, bytes | None]]:
+        """``subscribe`` that also returns each topic's live mark (``ops.read.live_mark``): what is above
+        it arrived while the subscriber was connected, so ``X-Cache: no`` messages there are sent."""
+
+        async def body(tr):  # type: ignore[no-untyped-def]
+            ops.affinity.hold(tr, topics, node)
+            return await ops.read.positions_and_marks(tr, topics, since)
+
+        return await self.db.transact(body)
+
+    async def schedule(self, topic: str, envelope: Envelope, due: int) -> Published:
+        """Keep ``envelope`` hidden until ``due`` (unix secs); its id is the one delivered later."""
+        pending = await self.db.transact(ops.schedule.schedule, topic, envelope, due)
+        assert pending.commit_stamp is not None
+        stamp = await pending.commit_stamp + pending.user_version.to_bytes(2, "big")
+        return Published(stamp, pending.envelope, False, 0)
+
+    async def next_due(self) -> int | None:
+        return await self.db.transact(ops.schedule.next_due)
+
+    async def release_due(self, now: int, limit: int = 100) -> int:
+        """Move due scheduled messages into Q (exactly once, whichever node runs it)."""
+        return await self.db.transact(ops.schedule.release_due, now, limit, shard_count=self.shard_count)
+
+    async def stats(self) -> tuple[int, float]:
+        """``/v1/stats``: the fleet's message total and its rate per second (ntfy's fields)."""
+
+        async def body(tr):  # type: ignore[no-untyped-def]
+            return await ops.stats.total(tr), await ops.stats.samples(tr)
+
+        total, history = await self.db.transact(body)
+        return total, ops.stats.rate(history)
+
+    async def sample_stats(self, now: int, every: int = 60, keep: int = 10) -> bool:
+        return await self.db.transact(ops.stats.sample, now, every, keep)
+
     async def positions(self, topics: Sequence[str], since: Since) -> dict[str, bytes | None]:
         """Resolve ``since`` without holding the topics (``poll=1`` reads and leaves)."""
         return await self.db.transact(ops.read.positions, topics, since)

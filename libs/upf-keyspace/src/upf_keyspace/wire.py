@@ -31,10 +31,12 @@ class Message(msgspec.Struct, frozen=True, omit_defaults=True, kw_only=True):
 
 
 def message_from_envelope(stamp: bytes, topic: str, env: Envelope) -> Message:
+    """A released scheduled message keeps the id its publisher was given (``origin_id``); an
+    ``X-Cache: no`` one has no ``expires`` (ntfy's wire form: it is never kept)."""
     return Message(
-        id=encode_id(stamp),
+        id=env.origin_id or encode_id(stamp),
         time=env.time,
-        expires=env.expires,
+        expires=0 if env.nocache else env.expires,
         event="message",
         topic=topic,
         title=env.title,

@@ -1,6 +1,8 @@
 """The janitor's passes: expire TTL'd messages through the X index in bounded batches, sweep nodes
 whose heartbeat is older than a few heartbeat intervals, then clear request buckets that have refilled
-(a full bucket is the same as none: without this, every visitor ever seen would stay in the store).
+(a full bucket is the same as none: without this, every visitor ever seen would stay in the store), and
+take a sample of the fleet's message counter for ``/v1/stats`` when one is due. ``X-Cache: no``
+messages need nothing special: their X entry is due early (``UPF_NOCACHE_KEEP_SECS``).
 
 Bounded batches keep each transaction far below FoundationDB's 5 s / 10 MB limits and let writers
 and pushers interleave; several janitors may run at once (their transactions conflict and retry,
@@ -28,6 +30,8 @@ DEAD_AFTER_HEARTBEATS = 3
 EXPIRE_BATCH = 500
 SWEEP_BATCH = 500
 BUCKET_BATCH = 500
+STATS_SAMPLES = 10
+"""Samples of the message counter kept for /v1/stats' rate (ntfy keeps 10)."""
 
 
 class PassResult(msgspec.Struct):
@@ -64,6 +68,7 @@ class Janitor:
         self.dead_after = max(1, int(round(settings.heartbeat_secs * DEAD_AFTER_HEARTBEATS)))
         self.burst = settings.limit_request_burst
         self.refill_secs = settings.limit_request_refill_secs
+        self.stats_every = settings.stats_sample_secs
         self.passes = 0
         self.last: PassResult | None = None
 
@@ -95,6 +100,7 @@ class Janitor:
             metrics.cleared_buckets.add(cleared)
             if after is None:
                 break
+        await self.store.sample_stats(now, self.stats_every, STATS_SAMPLES)
         self.passes += 1
         metrics.passes.add()
         self.last = result

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 from upf_keyspace import Message, Settings, Since, Store, Watch, message_from_envelope
 from upf_keyspace import telemetry as tm
 
+from .release import release_loop
 from .session import Close, Command, Read, Send, SessionConfig
 
 if TYPE_CHECKING:
@@ -162,12 +163,14 @@ class Hub:
 
     # --- lifecycle ----------------------------------------------------------------------------------
     async def start(self) -> None:
-        """Register liveness, then start the K bell loops, the safety poll, the sweep and the heartbeat."""
+        """Register liveness, then start the K bell loops, the safety poll, the sweep, the heartbeat and
+        the scheduled-message releaser."""
         try:
             await self.store.heartbeat(self.node, int(time.time()))
         except Exception:
             log.warning("first heartbeat failed", extra={"node": self.node}, exc_info=True)
         loops: list[Coroutine[Any, Any, None]] = [self._bell_loop(), self._safety_loop(), self._sweep_loop(), self._heartbeat_loop()]
+        loops.append(release_loop(self.store, self.settings.release_poll_secs, self.node))
         self._loops = [asyncio.create_task(c) for c in loops]
 
     async def stop(self) -> None:
@@ -213,10 +216,11 @@ class Hub:
         session = sub.session
         topics = list(session.topics)
         try:
+            live = None
             if session.poll:
                 cursors = await self.store.positions(topics, since)
             else:
-                cursors = await self.store.subscribe(topics, self.node, since)
+                cursors, live = await self.store.subscribe_live(topics, self.node, since)
         except asyncio.CancelledError:
             self._subscribing.discard(sub)
             raise
@@ -233,7 +237,7 @@ class Hub:
             self._forget(sub)
             return
         sub.accept()
-        self.run(sub, session.subscribed(cursors, time.time()), SUBSCRIBE)
+        self.run(sub, session.subscribed(cursors, time.time(), live), SUBSCRIBE)
 
     def detach(self, sub: Subscriber) -> None:
         """The connection is gone (peer, close or abort)."""

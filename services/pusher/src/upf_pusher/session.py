@@ -18,6 +18,10 @@ flight; a poke that arrives meanwhile sets a "drain again" flag. While CATCHING_
 merged in stamp order (stamps are globally ordered bytes), so a multi-topic connection replays its
 backlog in commit order; LIVE drains each topic on its own.
 
+Rule 2b, ``X-Cache: no``: such a row is sent only if it is above the topic's live mark (the newest
+stamp when the subscription started; a poll's is above everything). Only the catch-up can meet rows at
+or below it: once LIVE, the cursor has passed every row that existed at subscribe time.
+
 Rule 3, backpressure (the overload contract): while the transport is paused no ``Read`` is issued,
 and the rows of a read that was already in flight are held in the session (at most one batch per
 topic) until the transport resumes; so the socket buffer holds at most one ``Send`` (one batch, or
@@ -129,11 +133,17 @@ class SessionConfig:
         self.slow_after = slow_after
 
 
+_NOTHING_LIVE = b"\xff" * 12
+"""The live mark of a poll: above every stamp, so nothing it reads counts as live."""
+
+
 class _Topic:
-    __slots__ = ("cursor", "reading", "dirty", "more", "buffer")
+    __slots__ = ("cursor", "reading", "dirty", "more", "buffer", "live")
 
     def __init__(self) -> None:
         self.cursor: bytes | None = None
+        self.live: bytes | None = None
+        """Rows at or below this stamp are replay (None: none are); ``X-Cache: no`` rows there are skipped."""
         self.reading = False
         self.dirty = False
         self.more = False
@@ -170,12 +180,17 @@ class Session:
         return True
 
     # --- events -------------------------------------------------------------------------------------
-    def subscribed(self, cursors: Mapping[str, bytes | None], now: float) -> list[Command]:
-        """The store resolved ``since`` to a cursor per topic: send ``open`` (streams), then catch up."""
+    def subscribed(
+        self, cursors: Mapping[str, bytes | None], now: float, live: Mapping[str, bytes | None] | None = None
+    ) -> list[Command]:
+        """The store resolved ``since`` to a cursor per topic: send ``open`` (streams), then catch up.
+        ``live``: each topic's newest stamp at subscribe (``Store.subscribe_live``); without it the
+        cursor stands in for it. A poll has no live part."""
         if not self._step("subscribed"):
             return []
         for t, ts in self.topics.items():
             ts.cursor = cursors.get(t)
+            ts.live = _NOTHING_LIVE if self.poll else (live.get(t) if live is not None else ts.cursor)
             ts.more = True  # unknown until read
             ts.dirty = False
             ts.buffer = deque()
@@ -310,6 +325,8 @@ class Session:
             t, ts = best
             row = ts.buffer.popleft()  # type: ignore[union-attr]
             ts.cursor = row.stamp
+            if row.envelope.nocache and ts.live is not None and row.stamp <= ts.live:
+                continue  # X-Cache: no, and it landed before this subscription: never replayed
             rows.append(row)
             topics.append(t)
         out: list[Command] = [Send(rows=rows, topics=topics)] if rows else []

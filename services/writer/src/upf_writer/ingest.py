@@ -21,8 +21,9 @@ Where UPF differs from ntfy on purpose (see ntfy-protocol.md, "Where this projec
   below the store's value limit and a publisher cannot make every subscriber download kilobytes of title;
 - the RFC 8030 ``TTL`` header sets the message's expiry (ntfy ignores it); a malformed one is 400;
 - ``Idempotency-Key``/``X-Idempotency-Key`` make a retried publish return the original message.
-Parameters ntfy has and UPF does not implement (delay, actions, attach, filename, email, call, cache,
-firebase, template, poll id) are accepted and ignored.
+Parameters ntfy has and UPF does not implement (actions, attach, filename, email, call, firebase,
+template, poll id) are accepted and ignored. ``X-Cache: no`` and scheduled delivery (``X-Delay``/``X-At``/
+``X-In``) are ntfy's: see ``_parse_cache``/``_parse_delay`` and ``futuretime``.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from upf_edge import NtfyError, Problem
 from upf_edge.errors import STORE_UNAVAILABLE
 from upf_keyspace import Envelope, Settings
 
+from .futuretime import parse_future_time
 from .schemas import JsonPublish, MatrixPush
 
 __all__ = [
@@ -68,6 +70,10 @@ __all__ = [
     "JSON_INVALID",
     "IDEMPOTENCY_KEY_INVALID",
     "TTL_INVALID",
+    "DELAY_NO_CACHE",
+    "DELAY_CANNOT_PARSE",
+    "DELAY_TOO_SMALL",
+    "DELAY_TOO_LARGE",
     "NOT_FOUND",
     "METHOD_NOT_ALLOWED",
     "MESSAGE_TOO_LARGE",
@@ -87,6 +93,10 @@ ICON_INVALID = Problem(40021, 400, "invalid request: icon URL is invalid")
 JSON_INVALID = Problem(40024, 400, "invalid request: request body must be message JSON")
 IDEMPOTENCY_KEY_INVALID = Problem(40091, 400, "invalid request: idempotency key invalid")  # UPF
 TTL_INVALID = Problem(40092, 400, "invalid request: TTL header invalid")  # UPF
+DELAY_NO_CACHE = Problem(40002, 400, "cannot disable cache for delayed message")
+DELAY_CANNOT_PARSE = Problem(40004, 400, "invalid delay parameter: unable to parse delay")
+DELAY_TOO_SMALL = Problem(40005, 400, "invalid delay parameter: too small, please refer to the docs")
+DELAY_TOO_LARGE = Problem(40006, 400, "invalid delay parameter: too large, please refer to the docs")
 NOT_FOUND = Problem(40401, 404, "page not found")
 METHOD_NOT_ALLOWED = Problem(40501, 405, "method not allowed")  # UPF (ntfy answers 404)
 MESSAGE_TOO_LARGE = Problem(41301, 413, "message too large")  # ntfy's "entity too large" code
@@ -103,6 +113,10 @@ CATALOG: tuple[Problem, ...] = (
     JSON_INVALID,
     IDEMPOTENCY_KEY_INVALID,
     TTL_INVALID,
+    DELAY_NO_CACHE,
+    DELAY_CANNOT_PARSE,
+    DELAY_TOO_SMALL,
+    DELAY_TOO_LARGE,
     NOT_FOUND,
     METHOD_NOT_ALLOWED,
     MESSAGE_TOO_LARGE,
@@ -124,6 +138,9 @@ class Limits(msgspec.Struct, frozen=True):
     default_ttl_secs: int = 2_419_200
     public_url: str = "http://localhost:8080"
     max_field_bytes: int = 1024
+    delay_min_secs: int = 10
+    delay_max_secs: int = 259_200
+    nocache_keep_secs: int = 120
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Limits:
@@ -132,6 +149,9 @@ class Limits(msgspec.Struct, frozen=True):
             max_field_bytes=settings.max_field_bytes,
             default_ttl_secs=settings.default_ttl_secs,
             public_url=settings.public_url.rstrip("/"),
+            delay_min_secs=settings.delay_min_secs,
+            delay_max_secs=settings.delay_max_secs,
+            nocache_keep_secs=settings.nocache_keep_secs,
         )
 
 
@@ -320,6 +340,10 @@ class Params(msgspec.Struct, frozen=True, kw_only=True):
     content_type: str = ""
     ttl: int = 0
     idem: str = ""
+    cache: bool = True
+    """False for ``X-Cache: no``: delivered live only, never replayed."""
+    due: int = 0
+    """Unix secs a scheduled publish is due (``X-Delay``/``X-At``/``X-In``); 0: deliver now."""
 
 
 def _split_tags(text: str) -> tuple[str, ...]:
@@ -364,22 +388,61 @@ def _present(headers: Mapping[str, str], query: Mapping[str, str]) -> dict[str, 
     return out
 
 
+_CACHE = ("x-cache", "cache")
+_DELAY = ("x-delay", "delay", "x-at", "at", "x-in", "in")
+_SCHEDULING_NAMES = frozenset(_CACHE + _DELAY)
+
+
+def _parse_cache(headers: Mapping[str, str], query: Mapping[str, str]) -> bool:
+    """ntfy's ``readBoolParam(r, true, "x-cache", "cache")``: only 1/yes/true keep it cached once set."""
+    value = read_param(headers, query, _CACHE).lower()
+    return value in ("1", "yes", "true") if value else True
+
+
+def _parse_delay(headers: Mapping[str, str], query: Mapping[str, str], cache: bool, now: int, limits: Limits) -> int:
+    """The due time of a scheduled publish, or 0; ntfy's checks and codes, in ntfy's order."""
+    text = read_param(headers, query, _DELAY)
+    if not text:
+        return 0
+    if not cache:
+        raise PublishError(DELAY_NO_CACHE)
+    due = parse_future_time(text, now)
+    if due is None:
+        raise PublishError(DELAY_CANNOT_PARSE)
+    if due < now + limits.delay_min_secs:
+        raise PublishError(DELAY_TOO_SMALL)
+    if due > now + limits.delay_max_secs:
+        raise PublishError(DELAY_TOO_LARGE)
+    return due
+
+
+def _scheduling(headers: Mapping[str, str], query: Mapping[str, str], now: int, limits: Limits) -> tuple[bool, int]:
+    """(cache, due) of a publish; the name check keeps the usual publish (neither) at a set intersection."""
+    if not _SCHEDULING_NAMES.intersection(headers) and not (query and _SCHEDULING_NAMES.intersection(query)):
+        return True, 0
+    cache = _parse_cache(headers, query)
+    return cache, _parse_delay(headers, query, cache, now, limits)
+
+
 def parse_params(
     headers: Mapping[str, str],
     query: Mapping[str, str],
     limits: Limits,
     overrides: Mapping[str, str] | None = None,
+    now: int = 0,
 ) -> Params:
     """Read every publish parameter. ``overrides`` (by header name, e.g. ``x-title``) win over the
-    request, as the fields of a JSON publish do in ntfy (which sets them as headers)."""
+    request, as the fields of a JSON publish do in ntfy (which sets them as headers). ``now`` (unix
+    secs) is what a delay is relative to."""
     if overrides:
         headers = {**headers, **overrides}
     p = _present(headers, query)
     encrypted = "content-encoding" in headers and go_trim(headers["content-encoding"]).lower() == "aes128gcm"
     ttl = _parse_ttl(headers, limits.default_ttl_secs)
     idem = _parse_idempotency_key(headers)
+    cache, due = _scheduling(headers, query, now, limits)
     if not p:
-        return Params(unifiedpush=encrypted, ttl=ttl, idem=idem)
+        return Params(unifiedpush=encrypted, ttl=ttl, idem=idem, cache=cache, due=due)
     icon = p.get("icon", "")
     if icon and _URL_RE.match(icon) is None:
         raise PublishError(ICON_INVALID)
@@ -397,6 +460,8 @@ def parse_params(
         content_type="text/markdown" if markdown else "",
         ttl=ttl,
         idem=idem,
+        cache=cache,
+        due=due,
     )
 
 
@@ -424,9 +489,10 @@ def build_envelope(params: Params, body: bytes, *, now: int, limits: Limits) -> 
         message, encoding = params.message, ""
     if not message:
         message, encoding = TRIGGERED, ""
+    at, expires = _times(params, now, limits)
     return Envelope(
-        time=now,
-        expires=now + params.ttl,
+        time=at,
+        expires=expires,
         message=message,
         encoding=encoding,
         title=params.title,
@@ -436,15 +502,28 @@ def build_envelope(params: Params, body: bytes, *, now: int, limits: Limits) -> 
         icon=params.icon,
         content_type=params.content_type,
         idem=params.idem,
+        nocache=not params.cache,
     )
 
 
+def _times(params: Params, now: int, limits: Limits) -> tuple[int, int]:
+    """(time, expires): a scheduled message's time is its due time and its TTL runs from then (as in
+    ntfy); an ``X-Cache: no`` one is kept only ``nocache_keep_secs``, for live delivery."""
+    if params.due:
+        return params.due, params.due + params.ttl
+    if not params.cache:
+        return now, now + min(params.ttl, limits.nocache_keep_secs)
+    return now, now + params.ttl
+
+
 class Ingested(msgspec.Struct, frozen=True):
-    """A publish ready for ``Store.publish(topic, envelope, idem=idem)``."""
+    """A publish ready for ``Store.publish(topic, envelope, idem=idem)``, or, when ``due`` is set,
+    ``Store.schedule(topic, envelope, due)``."""
 
     topic: str
     envelope: Envelope
     idem: str = ""
+    due: int = 0
 
 
 def check_content_length(headers: Mapping[str, str], limit: int, problem: Problem) -> None:
@@ -462,8 +541,8 @@ def ingest_publish(
 ) -> Ingested:
     """``POST``/``PUT /{topic}``."""
     validate_topic(topic)
-    params = parse_params(headers, query, limits)
-    return Ingested(topic, build_envelope(params, body, now=now, limits=limits), params.idem)
+    params = parse_params(headers, query, limits, now=now)
+    return Ingested(topic, build_envelope(params, body, now=now, limits=limits), params.idem, params.due)
 
 
 # --- JSON publish (POST/PUT /) ---------------------------------------------------------------------
@@ -499,9 +578,13 @@ def ingest_json(
         overrides["x-icon"] = m.icon
     if m.markdown:
         overrides["x-markdown"] = "yes"
-    params = parse_params(headers, query, limits, overrides)
+    if m.delay:
+        overrides["x-delay"] = m.delay
+    if m.cache:
+        overrides["x-cache"] = m.cache
+    params = parse_params(headers, query, limits, overrides, now=now)
     message = (m.message or "").encode("utf-8", "surrogatepass")
-    return Ingested(topic, build_envelope(params, message, now=now, limits=limits), params.idem)
+    return Ingested(topic, build_envelope(params, message, now=now, limits=limits), params.idem, params.due)
 
 
 # --- Matrix push gateway (POST /_matrix/push/v1/notify) ---------------------------------------------

@@ -20,6 +20,7 @@ __all__ = [
     "MatrixDiscovery",
     "MatrixResponse",
     "AuthResponse",
+    "StatsResponse",
     "encode",
     "UP_DISCOVERY",
     "MATRIX_DISCOVERY",
@@ -29,7 +30,7 @@ __all__ = [
 # --- request bodies ---------------------------------------------------------------------------------
 class JsonPublish(msgspec.Struct):
     """ntfy's JSON publish (``publishMessage``). Fields UPF does not implement (actions, attach,
-    filename, email, call, cache, firebase, delay) are ignored; ``null`` means unset, as in Go."""
+    filename, email, call, firebase) are ignored; ``null`` means unset, as in Go."""
 
     topic: str | None = None
     message: str | None = None
@@ -39,6 +40,10 @@ class JsonPublish(msgspec.Struct):
     click: str | None = None
     icon: str | None = None
     markdown: bool | None = None
+    cache: str | None = None
+    """ntfy's ``cache`` (a string: it defaults to true); "no" is ``X-Cache: no``."""
+    delay: str | None = None
+    """ntfy's ``delay``: any form ``X-Delay`` takes."""
 
 
 class MatrixDevice(msgspec.Struct):
@@ -84,6 +89,13 @@ class MatrixResponse(msgspec.Struct, frozen=True):
 
 class AuthResponse(msgspec.Struct, frozen=True):
     success: bool = True
+
+
+class StatsResponse(msgspec.Struct, frozen=True):
+    """``GET /v1/stats`` (ntfy's apiStatsResponse), fleet-wide: messages published, and per second."""
+
+    messages: int
+    messages_rate: float
 
 
 _encoder = msgspec.json.Encoder()

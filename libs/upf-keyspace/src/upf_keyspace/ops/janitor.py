@@ -2,16 +2,22 @@ from __future__ import annotations
 
 from .. import keys
 from ..contract import Transaction
+from ..msgid import decode_id
+from .publish import RELEASED_MARK
 
 
 async def expire(tr: Transaction, now: int, limit: int) -> int:
-    """Delete up to ``limit`` messages whose expiry is at or before ``now``, with their X and ID entries."""
+    """Delete up to ``limit`` messages whose expiry is at or before ``now``, with their X and ID (or SR) entries."""
     rows = await tr.get_range(*keys.expiry_range(now + 1), limit=limit)
     for key, idem in rows:
         _, topic, stamp = keys.unpack_expiry_key(key)
         tr.clear(keys.queue_key(topic, stamp))
         tr.clear(key)
-        if idem:
+        if idem.startswith(RELEASED_MARK):
+            origin = decode_id(idem[1:].decode("ascii", "replace"))
+            if origin is not None:
+                tr.clear(keys.released_key(topic, origin, stamp))
+        elif idem:
             tr.clear(keys.idem_key(topic, idem.decode(), stamp))
     return len(rows)
 

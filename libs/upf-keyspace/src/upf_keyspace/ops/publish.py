@@ -7,6 +7,7 @@ import msgspec
 from .. import keys
 from ..contract import Transaction
 from ..envelope import Envelope, decode_envelope, encode_envelope
+from ..msgid import encode_id
 
 _ONE = keys.pack_i64(1)
 
@@ -21,8 +22,28 @@ class Pending(msgspec.Struct):
     poked: int = 0
 
 
-async def publish(tr: Transaction, topic: str, env: Envelope, *, shard_count: int, idem: str = "") -> Pending:
-    """Append to Q, index in X, poke every node holding the topic: one stamp for all of it."""
+STAT_SLOTS = 16
+"""The fleet-wide message counter is spread over this many keys (summed when read), so the atomic add
+of every publish does not all land on one hot key."""
+
+RELEASED_MARK = b"\x01"
+"""An X entry's value starting with this byte names the publish id (base64url) of a released scheduled
+message, not an idempotency key (those are printable ASCII): the janitor then clears its SR entry."""
+
+
+def count_message(tr: Transaction, topic: str) -> None:
+    """One more message in ``/v1/stats`` (an atomic add: never a conflict)."""
+    tr.add(keys.stat_key("messages", keys.shard_of(topic, STAT_SLOTS)), _ONE)
+
+
+async def publish(
+    tr: Transaction, topic: str, env: Envelope, *, shard_count: int, idem: str = "", origin: bytes = b"", count: bool = True
+) -> Pending:
+    """Append to Q, index in X, poke every node holding the topic: one stamp for all of it.
+
+    ``origin`` is set by a scheduled release: the stamp the publisher was given, remembered in the X
+    entry so the janitor can clear the SR entry that maps it to this Q stamp. ``count``: add to the
+    stats counter (a release was counted when it was scheduled)."""
     if idem:
         marker = await tr.get_range(*keys.idem_range(topic, idem), limit=1)
         if marker:
@@ -33,7 +54,10 @@ async def publish(tr: Transaction, topic: str, env: Envelope, *, shard_count: in
             tr.clear(marker[0][0])  # the original expired: publish anew
     uv = tr.next_user_version()
     tr.set_versionstamped_key(keys.queue_key_incomplete(topic, uv), encode_envelope(env))
-    tr.set_versionstamped_key(keys.expiry_key_incomplete(env.expires, topic, uv), idem.encode())
+    x_value = RELEASED_MARK + encode_id(origin).encode() if origin else idem.encode()
+    tr.set_versionstamped_key(keys.expiry_key_incomplete(env.expires, topic, uv), x_value)
+    if count:
+        count_message(tr, topic)
     if idem:
         tr.set_versionstamped_key(keys.idem_key_incomplete(topic, idem, uv), b"")
     holders = await tr.get_range(*keys.affinity_range(topic))

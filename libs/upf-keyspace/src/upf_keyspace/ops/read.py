@@ -46,7 +46,9 @@ async def position(tr: Transaction, topic: str, since: Since) -> bytes | None:
     if since.kind == "all":
         return None
     if since.kind == "stamp":
-        return since.stamp
+        # The id of a released scheduled message names where it was scheduled; resume after its release.
+        released = await tr.get_range(*keys.released_range(topic, since.stamp), limit=1, snapshot=True)
+        return keys.unpack_released_key(released[0][0])[2] if released else since.stamp
     begin, end = keys.queue_range(topic)
     if since.kind in ("none", "latest"):
         # Not a snapshot read: a publish committing concurrently either lands before this cursor or
@@ -72,3 +74,35 @@ async def position(tr: Transaction, topic: str, since: Since) -> bytes | None:
 
 async def positions(tr: Transaction, topics: Sequence[str], since: Since) -> dict[str, bytes | None]:
     return {t: await position(tr, t, since) for t in topics}
+
+
+NOTHING_LIVE = b"\xff" * 12
+"""A live mark above every stamp: a poll replays and nothing it reads is live."""
+
+
+async def live_mark(tr: Transaction, topic: str, since: Since, cursor: bytes | None) -> bytes | None:
+    """The newest stamp of ``topic`` when the subscription starts (None: the queue is empty). Rows at or
+    below it are replay, above it live: an ``X-Cache: no`` message is only ever sent live. Not a
+    snapshot read, for the reason ``position`` gives for ``none``."""
+    if since.kind == "none":
+        return cursor  # position() just read exactly this
+    begin, end = keys.queue_range(topic)
+    newest = await tr.get_range(begin, end, limit=1, reverse=True)
+    return keys.unpack_queue_key(newest[0][0])[1] if newest else None
+
+
+async def positions_and_marks(
+    tr: Transaction, topics: Sequence[str], since: Since
+) -> tuple[dict[str, bytes | None], dict[str, bytes | None]]:
+    """``positions`` and, per topic, its ``live_mark``."""
+    cursors: dict[str, bytes | None] = {}
+    marks: dict[str, bytes | None] = {}
+    for t in topics:
+        cursors[t] = await position(tr, t, since)
+        marks[t] = await live_mark(tr, t, since, cursors[t])
+    return cursors, marks
+
+
+def replayable(env: Envelope) -> bool:
+    """Whether a stored message may be sent as replay (``since=``, polls): not ``X-Cache: no`` ones."""
+    return not env.nocache

@@ -1,5 +1,5 @@
-"""Small GET routes the writer keeps in Litestar: ``/{topics}/auth`` (ntfy's: a request, so rate limited)
-and ``/`` (``GET``/``HEAD``).
+"""Small GET routes the writer keeps in Litestar: ``/{topics}/auth`` (ntfy's: a request, so rate limited),
+``/v1/stats`` and ``/`` (``GET``/``HEAD``).
 
 The ops endpoints every role serves (``/v1/health``, ``__lbheartbeat__``, ``__heartbeat__``,
 ``__version__``, ``/metrics``) are ``upf_edge.ops.OpsRoutes``, one copy for all roles, served in front of
@@ -55,4 +55,10 @@ def build(ctx: WriterContext) -> list[ControllerRouterHandler]:
         gate.authorize(who, ingest.validate_topic_list(topics), write=False)
         return Response(auth_body, media_type=_JSON)
 
-    return [root_head, root, topic_auth]
+    @get("/v1/stats", name="stats")
+    async def stats() -> Response[bytes]:
+        """ntfy's public stats, for the whole fleet (the store's counter and the janitor's samples)."""
+        total, rate = await ctx.require_store().stats()
+        return Response(schemas.encode(schemas.StatsResponse(total, rate)), media_type=_JSON)
+
+    return [root_head, root, topic_auth, stats]

@@ -61,7 +61,10 @@ async def _store(ctx: WriterContext, store: Store, ingested: Ingested, size: int
     metrics = ctx.metrics
     envelope = _replace(ingested.envelope, traceparent=traceparent, published_ms=int(time.time() * 1000))
     started = time.perf_counter()
-    published = await store.publish(ingested.topic, envelope, idem=ingested.idem)
+    if ingested.due:  # scheduled: hidden in S until due (no idempotency marker: it points into Q)
+        published = await store.schedule(ingested.topic, envelope, ingested.due)
+    else:
+        published = await store.publish(ingested.topic, envelope, idem=ingested.idem)
     metrics.commit.record(time.perf_counter() - started)
     metrics.size.record(size)
     (metrics.replayed if published.duplicate else metrics.stored).add()

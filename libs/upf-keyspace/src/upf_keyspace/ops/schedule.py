@@ -1,0 +1,52 @@
+"""Scheduled delivery (ntfy's ``X-Delay``/``X-At``/``X-In``): a message waits in S until it is due, then
+one transaction moves it into Q.
+
+Exactly once with any number of releasers: ``release_due`` reads the due S keys *not* as a snapshot
+and clears them in the same transaction that appends to Q, so of two releasers racing for one key,
+one commits and the other conflicts, retries and finds it gone. A releaser killed before its commit
+changed nothing; one killed after it released everything it read.
+
+The publisher's id is the S key's stamp; the message enters Q later under a newer stamp, so the
+released envelope carries the publisher's id in ``origin_id`` (the frame's id) and an SR entry maps
+that id to the Q stamp, which is what ``since=<that id>`` resumes from (see ``read.position``).
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from .. import keys
+from ..contract import Transaction
+from ..envelope import Envelope, decode_envelope, encode_envelope
+from ..msgid import encode_id
+from .publish import Pending, count_message, publish
+
+__all__ = ["schedule", "next_due", "release_due"]
+
+
+async def schedule(tr: Transaction, topic: str, env: Envelope, due: int) -> Pending:
+    """Keep ``env`` in S until ``due`` (unix secs). Nothing is poked: no subscriber may see it yet."""
+    uv = tr.next_user_version()
+    tr.set_versionstamped_key(keys.scheduled_key_incomplete(due, topic, uv), encode_envelope(env))
+    count_message(tr, topic)
+    return Pending(envelope=env, user_version=uv, commit_stamp=tr.get_versionstamp())
+
+
+async def next_due(tr: Transaction) -> int | None:
+    """The earliest due time in S (a snapshot read: releasers poll it cheaply), or None."""
+    begin, end = keys.scheduled_due_range((1 << 63) - 2)
+    rows = await tr.get_range(begin, end, limit=1, snapshot=True)
+    return keys.unpack_scheduled_key(rows[0][0])[0] if rows else None
+
+
+async def release_due(tr: Transaction, now: int, limit: int, *, shard_count: int) -> int:
+    """Move up to ``limit`` messages due at or before ``now`` from S into Q, poking their topics' holders
+    as a publish does. Returns how many were released."""
+    rows = await tr.get_range(*keys.scheduled_due_range(now), limit=limit)
+    for key, raw in rows:
+        _, origin, topic = keys.unpack_scheduled_key(key)
+        tr.clear(key)
+        env = msgspec.structs.replace(decode_envelope(raw), origin_id=encode_id(origin))
+        pending = await publish(tr, topic, env, shard_count=shard_count, origin=origin, count=False)
+        tr.set_versionstamped_key(keys.released_key_incomplete(topic, origin, pending.user_version), b"")
+    return len(rows)

@@ -1,0 +1,59 @@
+"""The scheduled-message releaser every pusher runs: when a scheduled message is due, move it into Q
+(``Store.release_due``: one transaction, so exactly once however many pushers race for it, and a
+releaser killed mid-way changed nothing). The move pokes the topic's holders like a publish, so the
+delivering pusher hears of it through its bell, whichever node released it.
+
+``next_sleep`` is the pure part: how long to wait before looking again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from upf_keyspace import Store
+
+__all__ = ["RELEASE_BATCH", "next_sleep", "release_loop", "release_once"]
+
+log = logging.getLogger("upf.pusher.release")
+
+RELEASE_BATCH = 100
+"""Messages moved per transaction (each is a Q, X, SR and maybe IN write: far below the size limits)."""
+
+
+def next_sleep(now: float, due: int | None, poll_secs: float) -> float:
+    """Seconds until the next look: at the earliest due time, but at least every ``poll_secs`` (a message
+    scheduled meanwhile may be due sooner) and never a busy loop."""
+    if due is None:
+        return poll_secs
+    return max(0.01, min(poll_secs, due - now))
+
+
+async def release_once(store: Store, now: float) -> int:
+    """Release everything due at ``now``, batch by batch; how many messages were moved."""
+    moved = 0
+    while True:
+        n = await store.release_due(int(now), RELEASE_BATCH)
+        moved += n
+        if n < RELEASE_BATCH:
+            return moved
+
+
+async def release_loop(store: Store, poll_secs: float, node: str) -> None:
+    while True:
+        sleep = poll_secs
+        try:
+            now = time.time()
+            due = await store.next_due()
+            if due is not None and due <= now:
+                moved = await release_once(store, now)
+                if moved:
+                    log.info("scheduled messages released", extra={"node": node, "released": moved})
+                due = await store.next_due()
+            sleep = next_sleep(time.time(), due, poll_secs)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.warning("scheduled release failed", extra={"node": node}, exc_info=True)
+        await asyncio.sleep(sleep)
