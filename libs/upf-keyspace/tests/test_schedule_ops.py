@@ -1,0 +1,139 @@
+"""Scheduled delivery, X-Cache: no live marks and /v1/stats at the store level (embedded driver)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import msgspec
+import pytest
+
+from upf_keyspace import SINCE_ALL, SINCE_NONE, Envelope, Settings, Since, keys, message_from_envelope, open_store
+from upf_keyspace.drivers.embedded import open_embedded
+from upf_keyspace.msgid import decode_id
+from upf_keyspace.ops import stats
+from upf_keyspace.store import Store
+
+
+@pytest.fixture
+async def store(tmp_path):
+    s = await open_store(Settings(store_path=str(tmp_path / "upf.db"), shard_count=8))
+    yield s
+    await s.close()
+
+
+def env(msg: str, t: int | None = None, ttl: int = 3600, **kw) -> Envelope:
+    now = int(time.time()) if t is None else t
+    return Envelope(time=now, expires=now + ttl, message=msg, **kw)
+
+
+async def test_scheduled_is_hidden_until_released_then_keeps_its_id(store):
+    now = int(time.time())
+    s = await store.schedule("t", env("later", t=now + 100), now + 100)
+    assert await store.read_after("t", None) == []  # hidden from polls and subscribers
+    assert await store.next_due() == now + 100
+    assert await store.release_due(now + 99) == 0
+    assert await store.release_due(now + 100) == 1
+    (row,) = await store.read_after("t", None)
+    assert row.envelope.origin_id == s.id and row.stamp > s.stamp
+    assert message_from_envelope(row.stamp, "t", row.envelope).id == s.id  # the id the publisher got
+    assert await store.next_due() is None and await store.release_due(now + 200) == 0
+
+
+async def test_release_pokes_the_holder(store):
+    now = int(time.time())
+    await store.subscribe(["t"], "n1", SINCE_NONE)
+    await store.schedule("t", env("x", t=now), now)
+    await store.release_due(now)
+    drained = await store.drain_inbox("n1", keys.shard_of("t", 8))
+    drained.bell.cancel()
+    assert drained.topics == {"t"}
+
+
+async def test_racing_releasers_release_exactly_once(tmp_path):
+    """Four handles on one file (as four processes) release the same 40 due messages concurrently."""
+    path = str(tmp_path / "upf.db")
+    stores = [Store(await open_embedded(path), shard_count=8) for _ in range(4)]
+    try:
+        now = int(time.time())
+        ids = {(await stores[0].schedule(f"t{i % 3}", env(f"m{i}", t=now), now)).id for i in range(40)}
+        moved = await asyncio.gather(*(s.release_due(now, limit=7) for s in stores for _ in range(4)))
+        while await stores[0].release_due(now, limit=7):
+            pass
+        rows = [r for t in ("t0", "t1", "t2") for r in await stores[0].read_after(t, None)]
+        assert sorted(r.envelope.origin_id for r in rows) == sorted(ids)  # each once, none lost
+        assert sum(moved) <= 40
+    finally:
+        for s in stores:
+            await s.close()
+
+
+async def test_since_a_scheduled_id_resumes_after_its_release(store):
+    """since=<id of a released scheduled message> is the Q position of its release, not of its scheduling:
+    messages published between the two are not replayed again, and neither is the message itself."""
+    now = int(time.time())
+    s = await store.schedule("t", env("sched", t=now), now)
+    await store.publish("t", env("between"))
+    await store.release_due(now)
+    after = await store.publish("t", env("after"))
+    since = Since("stamp", stamp=s.stamp)
+    cur = await store.subscribe(["t"], "n1", since)
+    assert [r.envelope.message for r in await store.read_after("t", cur["t"])] == ["after"]
+    assert (await store.positions(["other"], since))["other"] == s.stamp  # other topics: the raw position
+    assert after.stamp > cur["t"]
+
+
+async def test_janitor_clears_the_released_index(store):
+    now = int(time.time())
+    await store.schedule("t", env("x", t=now, ttl=5), now)
+    await store.release_due(now)
+    assert await store.db.transact(lambda tr: tr.get_range(*keys._range("SR")))
+    assert await store.expire(now + 10) == 1
+    assert await store.read_after("t", None) == []
+    assert await store.db.transact(lambda tr: tr.get_range(*keys._range("SR"))) == []
+
+
+async def test_live_marks(store):
+    a = await store.publish("t", env("a", nocache=True))
+    b = await store.publish("t", env("b"))
+    cur, live = await store.subscribe_live(["t", "empty"], "n1", SINCE_ALL)
+    assert cur == {"t": None, "empty": None}
+    assert live == {"t": b.stamp, "empty": None}
+    cur, live = await store.subscribe_live(["t"], "n1", SINCE_NONE)
+    assert cur == live == {"t": b.stamp}
+    cur, live = await store.subscribe_live(["t"], "n1", Since("stamp", stamp=a.stamp))
+    assert (cur["t"], live["t"]) == (a.stamp, b.stamp)
+
+
+def test_nocache_reply_has_no_expires():
+    e = env("x", nocache=True)
+    stamp = decode_id("AAAAAAAAAAEAAAAA")
+    assert stamp is not None
+    assert message_from_envelope(stamp, "t", e).expires == 0
+    assert message_from_envelope(stamp, "t", msgspec.structs.replace(e, nocache=False)).expires == e.expires
+
+
+async def test_stats_count_publishes_schedules_not_releases_or_duplicates(store):
+    now = int(time.time())
+    await store.publish("a", env("1"))
+    await store.publish("b", env("2"), idem="k")
+    await store.publish("b", env("2"), idem="k")  # a replay: not a new message
+    await store.schedule("c", env("3", t=now), now)
+    await store.release_due(now)
+    assert (await store.stats()) == (3, 0.0)
+    assert await store.sample_stats(now, every=60, keep=3)
+    assert not await store.sample_stats(now + 30, every=60, keep=3)  # too soon
+    for i in range(5):
+        await store.publish("a", env("more"))
+    assert await store.sample_stats(now + 60, every=60, keep=3)
+    total, rate = await store.stats()
+    assert total == 8 and rate == pytest.approx(5 / 60)
+    for k in range(2, 6):
+        await store.sample_stats(now + 60 * k, every=60, keep=3)
+    history = await store.db.transact(stats.samples)
+    assert [t for t, _ in history] == [now + 180, now + 240, now + 300]
+
+
+def test_rate_is_ntfys():
+    assert stats.rate([]) == 0.0 and stats.rate([(5, 10)]) == 0.0
+    assert stats.rate([(0, 10), (60, 70), (120, 250)]) == pytest.approx(2.0)
