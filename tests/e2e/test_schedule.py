@@ -111,3 +111,15 @@ async def test_bad_delays_are_ntfys_400s_and_store_nothing(split):
         assert await store.next_due() is None
     finally:
         await store.close()
+
+
+async def test_all_in_one_with_two_workers_delivers_once(fleet):
+    """The all-in-one program: each worker is a pusher node with its own releaser; they race for the
+    due message and the subscriber still gets it once."""
+    upf = fleet.start("upf", node="aio", UPF_DELAY_MIN_SECS="1", UPF_WORKERS="2", UPF_RELEASE_POLL_SECS="0.05")
+    async with subscribe(upf.base, "sched4", "ws") as s:
+        sent = [(await publish(upf.base, "sched4", f"m{i}", params={"in": "2s"})).json() for i in range(3)]
+        got = await s.messages(3, timeout=10)
+        assert [f.id for f in got] == [m["id"] for m in sent]
+        assert await s.no_message_within(1.5)
+    assert [f.message for f in await poll(upf.base, "sched4")] == ["m0", "m1", "m2"]

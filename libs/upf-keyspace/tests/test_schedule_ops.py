@@ -57,12 +57,12 @@ async def test_racing_releasers_release_exactly_once(tmp_path):
     try:
         now = int(time.time())
         ids = {(await stores[0].schedule(f"t{i % 3}", env(f"m{i}", t=now), now)).id for i in range(40)}
-        moved = await asyncio.gather(*(s.release_due(now, limit=7) for s in stores for _ in range(4)))
-        while await stores[0].release_due(now, limit=7):
-            pass
+        moved = list(await asyncio.gather(*(s.release_due(now, limit=7) for s in stores for _ in range(4))))
+        while n := await stores[0].release_due(now, limit=7):
+            moved.append(n)
         rows = [r for t in ("t0", "t1", "t2") for r in await stores[0].read_after(t, None)]
         assert sorted(r.envelope.origin_id for r in rows) == sorted(ids)  # each once, none lost
-        assert sum(moved) <= 40
+        assert sum(moved) == 40  # and every releaser's count agrees: nothing was moved twice
     finally:
         for s in stores:
             await s.close()
@@ -137,3 +137,34 @@ async def test_stats_count_publishes_schedules_not_releases_or_duplicates(store)
 def test_rate_is_ntfys():
     assert stats.rate([]) == 0.0 and stats.rate([(5, 10)]) == 0.0
     assert stats.rate([(0, 10), (60, 70), (120, 250)]) == pytest.approx(2.0)
+
+
+# --- keys and settings ------------------------------------------------------------------------------------
+def test_scheduled_and_released_keys_round_trip_and_order_by_due():
+    s1, s2 = b"\x00" * 9 + b"\x01\x00\x00", b"\x00" * 9 + b"\x02\x00\x00"
+    k = keys.scheduled_key(100, s1, "t")
+    assert keys.unpack_scheduled_key(k) == (100, s1, "t")
+    assert keys.scheduled_key(99, s2, "z") < k < keys.scheduled_key(100, s2, "a") < keys.scheduled_key(101, s1, "a")
+    begin, end = keys.scheduled_due_range(100)
+    assert begin < k < end and not begin < keys.scheduled_key(101, s1, "a") < end
+    r = keys.released_key("t", s1, s2)
+    assert keys.unpack_released_key(r) == ("t", s1, s2)
+    lo, hi = keys.released_range("t", s1)
+    assert lo < r < hi and not lo < keys.released_key("t", s2, s1) < hi
+    # no new kind collides with the older ones that share a first letter
+    assert not keys._range("S")[0] < keys.bell_key("n", 1) < keys._range("S")[1]
+
+
+def test_scheduling_settings():
+    from upf_keyspace import SettingsError, load_settings
+
+    s = load_settings({})
+    assert (s.delay_min_secs, s.delay_max_secs, s.release_poll_secs, s.nocache_keep_secs, s.stats_sample_secs) == (
+        10, 259_200, 1.0, 120, 60)  # fmt: skip
+    s = load_settings({"UPF_DELAY_MIN_SECS": "2", "UPF_DELAY_MAX_SECS": "60", "UPF_NOCACHE_KEEP_SECS": "5"})
+    assert (s.delay_min_secs, s.delay_max_secs, s.nocache_keep_secs) == (2, 60, 5)
+    for bad in ({"UPF_DELAY_MIN_SECS": "x"}, {"UPF_DELAY_MAX_SECS": "0"}, {"UPF_RELEASE_POLL_SECS": "0"},
+                {"UPF_DELAY_MIN_SECS": "100", "UPF_DELAY_MAX_SECS": "50"}):  # fmt: skip
+        with pytest.raises(SettingsError) as info:
+            load_settings(bad)
+        assert "UPF_" in str(info.value)
