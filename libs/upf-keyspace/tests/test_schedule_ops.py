@@ -33,8 +33,9 @@ async def test_scheduled_is_hidden_until_released_then_keeps_its_id(store):
     assert await store.read_after("t", None) == []  # hidden from polls and subscribers
     assert await store.next_due() == now + 100
     assert await store.release_due(now + 99) == 0
-    assert await store.release_due(now + 100) == 1
+    assert await store.release_due(now + 100.25) == 1
     (row,) = await store.read_after("t", None)
+    assert row.envelope.published_ms == (now + 100) * 1000 + 250  # latency counts from the release
     assert row.envelope.origin_id == s.id and row.stamp > s.stamp
     assert message_from_envelope(row.stamp, "t", row.envelope).id == s.id  # the id the publisher got
     assert await store.next_due() is None and await store.release_due(now + 200) == 0

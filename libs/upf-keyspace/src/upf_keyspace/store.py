@@ -118,9 +118,11 @@ class Store:
     async def next_due(self) -> int | None:
         return await self.db.transact(ops.schedule.next_due)
 
-    async def release_due(self, now: int, limit: int = 100) -> int:
-        """Move due scheduled messages into Q (exactly once, whichever node runs it)."""
-        return await self.db.transact(ops.schedule.release_due, now, limit, shard_count=self.shard_count)
+    async def release_due(self, now: float, limit: int = 100) -> int:
+        """Move scheduled messages due at ``now`` (unix secs) into Q (exactly once, whichever node runs it)."""
+        return await self.db.transact(
+            ops.schedule.release_due, int(now), limit, shard_count=self.shard_count, now_ms=int(now * 1000)
+        )
 
     async def stats(self) -> tuple[int, float]:
         """``/v1/stats``: the fleet's message total and its rate per second (ntfy's fields)."""

@@ -34,7 +34,7 @@ async def release_once(store: Store, now: float) -> int:
     """Release everything due at ``now``, batch by batch; how many messages were moved."""
     moved = 0
     while True:
-        n = await store.release_due(int(now), RELEASE_BATCH)
+        n = await store.release_due(now, RELEASE_BATCH)
         moved += n
         if n < RELEASE_BATCH:
             return moved

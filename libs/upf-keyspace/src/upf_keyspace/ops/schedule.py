@@ -39,14 +39,16 @@ async def next_due(tr: Transaction) -> int | None:
     return keys.unpack_scheduled_key(rows[0][0])[0] if rows else None
 
 
-async def release_due(tr: Transaction, now: int, limit: int, *, shard_count: int) -> int:
+async def release_due(tr: Transaction, now: int, limit: int, *, shard_count: int, now_ms: int = 0) -> int:
     """Move up to ``limit`` messages due at or before ``now`` from S into Q, poking their topics' holders
-    as a publish does. Returns how many were released."""
+    as a publish does. Returns how many were released. ``now_ms`` becomes their ``published_ms``, so a
+    pusher's delivery latency counts from the release, not from the scheduling."""
     rows = await tr.get_range(*keys.scheduled_due_range(now), limit=limit)
     for key, raw in rows:
         _, origin, topic = keys.unpack_scheduled_key(key)
         tr.clear(key)
-        env = msgspec.structs.replace(decode_envelope(raw), origin_id=encode_id(origin))
+        env = decode_envelope(raw)
+        env = msgspec.structs.replace(env, origin_id=encode_id(origin), published_ms=now_ms or env.published_ms)
         pending = await publish(tr, topic, env, shard_count=shard_count, origin=origin, count=False)
         tr.set_versionstamped_key(keys.released_key_incomplete(topic, origin, pending.user_version), b"")
     return len(rows)
