@@ -416,12 +416,13 @@ def _parse_delay(headers: Mapping[str, str], query: Mapping[str, str], cache: bo
     return due
 
 
-def _scheduling(headers: Mapping[str, str], query: Mapping[str, str], now: int, limits: Limits) -> tuple[bool, int]:
-    """(cache, due) of a publish; the name check keeps the usual publish (neither) at a set intersection."""
+def _with_scheduling(params: Params, headers: Mapping[str, str], query: Mapping[str, str], now: int, limits: Limits) -> Params:
+    """``params`` with the publish's cache and due time. Read last, so a bad delay is reported after a
+    bad icon or priority, in ntfy's order; the name check keeps the usual publish at a set intersection."""
     if not _SCHEDULING_NAMES.intersection(headers) and not (query and _SCHEDULING_NAMES.intersection(query)):
-        return True, 0
+        return params
     cache = _parse_cache(headers, query)
-    return cache, _parse_delay(headers, query, cache, now, limits)
+    return msgspec.structs.replace(params, cache=cache, due=_parse_delay(headers, query, cache, now, limits))
 
 
 def parse_params(
@@ -440,16 +441,15 @@ def parse_params(
     encrypted = "content-encoding" in headers and go_trim(headers["content-encoding"]).lower() == "aes128gcm"
     ttl = _parse_ttl(headers, limits.default_ttl_secs)
     idem = _parse_idempotency_key(headers)
-    cache, due = _scheduling(headers, query, now, limits)
     if not p:
-        return Params(unifiedpush=encrypted, ttl=ttl, idem=idem, cache=cache, due=due)
+        return _with_scheduling(Params(unifiedpush=encrypted, ttl=ttl, idem=idem), headers, query, now, limits)
     icon = p.get("icon", "")
     if icon and _URL_RE.match(icon) is None:
         raise PublishError(ICON_INVALID)
     markdown = p.get("markdown", "").lower() in ("1", "yes", "true")
     if go_trim(p.get("content_type", "").split(";", 1)[0]).lower() == "text/markdown":
         markdown = True
-    return Params(
+    params = Params(
         unifiedpush=encrypted or p.get("unifiedpush", "").lower() in ("1", "yes", "true"),
         message=_capped(p.get("message", "").replace("\\n", "\n"), limits.max_message_bytes),
         title=_capped(p.get("title", ""), limits.max_field_bytes),
@@ -460,9 +460,8 @@ def parse_params(
         content_type="text/markdown" if markdown else "",
         ttl=ttl,
         idem=idem,
-        cache=cache,
-        due=due,
     )
+    return _with_scheduling(params, headers, query, now, limits)
 
 
 # --- body -> envelope -------------------------------------------------------------------------------

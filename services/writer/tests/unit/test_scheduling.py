@@ -156,3 +156,9 @@ def test_future_time_forms(text, expected) -> None:
 @pytest.mark.parametrize("text", ["banana", "25:00", "13pm", "10:75", "yesterday", "in two fortnights", "at"])
 def test_future_time_unparsable(text) -> None:
     assert parse_future_time(text, NOW) is None
+
+
+def test_a_bad_priority_or_icon_is_reported_before_a_bad_delay() -> None:
+    """ntfy's parsePublishParams reads the icon and the priority before the delay."""
+    rejected(ingest.PRIORITY_INVALID, publish, {"x-priority": "9", "x-delay": "banana"})
+    rejected(ingest.ICON_INVALID, publish, {"x-icon": "ftp://x", "x-delay": "1s"})
