@@ -76,10 +76,6 @@ async def positions(tr: Transaction, topics: Sequence[str], since: Since) -> dic
     return {t: await position(tr, t, since) for t in topics}
 
 
-NOTHING_LIVE = b"\xff" * 12
-"""A live mark above every stamp: a poll replays and nothing it reads is live."""
-
-
 async def live_mark(tr: Transaction, topic: str, since: Since, cursor: bytes | None) -> bytes | None:
     """The newest stamp of ``topic`` when the subscription starts (None: the queue is empty). Rows at or
     below it are replay, above it live: an ``X-Cache: no`` message is only ever sent live. Not a
@@ -101,8 +97,3 @@ async def positions_and_marks(
         cursors[t] = await position(tr, t, since)
         marks[t] = await live_mark(tr, t, since, cursors[t])
     return cursors, marks
-
-
-def replayable(env: Envelope) -> bool:
-    """Whether a stored message may be sent as replay (``since=``, polls): not ``X-Cache: no`` ones."""
-    return not env.nocache
