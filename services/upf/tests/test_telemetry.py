@@ -9,7 +9,6 @@ import asyncio
 import time
 from typing import Any
 
-from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 import httpx
@@ -23,7 +22,7 @@ PARENT_ID = 0x00F067AA0BA902B7
 PARENT = tm.format_traceparent(TRACE_ID, PARENT_ID, 1)
 
 
-def metric_points(reader: InMemoryMetricReader) -> dict[str, list[Any]]:
+def metric_points(reader: tm.InMemoryCellReader) -> dict[str, list[Any]]:
     data = reader.get_metrics_data()
     out: dict[str, list[Any]] = {}
     for rm in data.resource_metrics:
@@ -98,14 +97,14 @@ async def eventually(check: Any, timeout: float = 10.0) -> Any:
 # --- in process, in-memory exporters ------------------------------------------------------------------
 async def test_one_publish_one_delivery_in_memory(tmp_path) -> None:
     """The all-in-one shape in this process (pusher front door, writer behind it), with an
-    InMemorySpanExporter and an InMemoryMetricReader: one publish with a ``traceparent`` header and its
+    InMemorySpanExporter and an InMemoryCellReader: one publish with a ``traceparent`` header and its
     delivery produce exactly the expected spans, link and metrics."""
     from upf_pusher.server import serve
     from upf_writer.app import create_app
 
     registry = tm.Registry()
     spans = InMemorySpanExporter()
-    reader = InMemoryMetricReader()
+    reader = tm.InMemoryCellReader()
     telemetry = tm.setup_telemetry(
         "upf", "test", env={}, span_exporter=spans, metric_readers=[reader], registry=registry, make_current=False
     )
