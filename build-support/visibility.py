@@ -23,8 +23,8 @@ macro here, which declares the package's targets and its `__dependencies_rules__
 Glob anchors: "//x" is relative to the repository root, "/x" to the BUILD file that declares the rule, so
 "/**" is "this package, recursively" (it also matches the package directory itself, where non-file
 targets such as pex_binary live). Rules are tried in order and the first match decides; every list ends
-with "!*" so nothing falls through. tests/deploy/test_pants_config.py evaluates these rules against the
-real tree.
+with "!*" so nothing falls through. The same rules are enforced on the real imports by the import-linter
+contracts in the root pyproject.toml (tests/test_import_rules.py).
 """
 
 ROLES = ("writer", "pusher", "janitor")

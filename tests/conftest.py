@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import os
 import signal
 import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Self
+from typing import Any, Self
 
 import httpx
 import pytest
@@ -24,18 +26,36 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+async def eventually(check: Callable[[], Any], timeout: float = 10.0, interval: float = 0.1) -> Any:
+    """``check()`` (awaited when it returns an awaitable) until it stops raising AssertionError; its
+    value, or the last AssertionError once ``timeout`` (times UPF_TESTS_TIMEOUT_FACTOR) has passed."""
+    deadline = time.monotonic() + timeout * TIMEOUT_FACTOR
+    while True:
+        try:
+            result = check()
+            return await result if inspect.isawaitable(result) else result
+        except AssertionError:
+            if time.monotonic() > deadline:
+                raise
+        await asyncio.sleep(interval)
+
+
 class Process:
     """A real server process on a loopback port, its output in a log file; stopped on exit. Ready
     when ``health`` answers 200."""
 
-    def __init__(self, name: str, argv: list[str], env: dict[str, str] | None, log: Path, port: int, health: str) -> None:
+    def __init__(
+        self, name: str, argv: list[str], env: dict[str, str] | None, log: Path, port: int, health: str, cwd: Path | None = None
+    ) -> None:
         self.name = name
         self.port = port
         self.base = f"http://127.0.0.1:{port}"
         self.health = health
         self.log_path = log
         self._log = open(log, "ab")
-        self.proc = subprocess.Popen(argv, env=env, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.proc = subprocess.Popen(
+            argv, env=env, cwd=cwd, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True
+        )
 
     def wait_ready(self, timeout: float = 20.0) -> Self:
         deadline = time.monotonic() + timeout * TIMEOUT_FACTOR
@@ -64,7 +84,7 @@ class Process:
             try:
                 self.proc.wait(10)
             except subprocess.TimeoutExpired:
-                self.proc.kill()
+                os.killpg(self.proc.pid, signal.SIGKILL)  # its own session: a launcher's child goes too
                 self.proc.wait(10)
         self._log.close()
 

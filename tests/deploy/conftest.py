@@ -22,6 +22,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import free_port
+
 REPO = Path(__file__).resolve().parents[2]
 INGRESS_DIR = REPO / "deploy" / "ingress"
 
@@ -29,12 +31,6 @@ INGRESS_DIR = REPO / "deploy" / "ingress"
 @pytest.fixture(scope="session")
 def repo() -> Path:
     return REPO
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(name="free_port", scope="session")

@@ -15,9 +15,6 @@ import asyncio
 import json
 import os
 import re
-import signal
-import subprocess
-import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
@@ -28,39 +25,18 @@ import httpx
 import pytest
 import websockets
 
+from tests.conftest import Process
+
 pytestmark = pytest.mark.slow
 
+REPO = Path(__file__).resolve().parents[2]
 KEEPALIVE_SECS = 1
 SHARDS = "8"
-READY_TIMEOUT = 90.0 * float(os.environ.get("UPF_TESTS_TIMEOUT_FACTOR", "1"))
+READY_SECS = 90.0  # times UPF_TESTS_TIMEOUT_FACTOR, in Process.wait_ready
 STEP_TIMEOUT = 15.0 * float(os.environ.get("UPF_TESTS_TIMEOUT_FACTOR", "1"))
 
 
-@dataclass
-class Service:
-    script: str
-    port: int
-    proc: subprocess.Popen[bytes]
-    log: Path
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def output(self) -> str:
-        return self.log.read_text(errors="replace")[-4000:] if self.log.exists() else ""
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(15)
-
-
-def start(uv: list[str], script: str, workdir: Path, port: int, store: Path, **extra: str) -> Service:
+def start(uv: list[str], script: str, workdir: Path, port: int, store: Path, **extra: str) -> Process:
     """`python3 -m uv run <console script>` with the UPF settings of this test (no FoundationDB)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("UPF_", "FDB_", "OTEL_"))}
     env.update(
@@ -72,44 +48,22 @@ def start(uv: list[str], script: str, workdir: Path, port: int, store: Path, **e
         PYTHONUNBUFFERED="1",
     )
     env.update(extra)
-    log = workdir / f"{script}-{port}.log"
-    with open(log, "wb") as out:
-        # --no-sync: the test session already runs in the synced environment, and three processes
-        # syncing at once would only contend for its lock.
-        proc = subprocess.Popen(
-            [*uv, "run", "--no-sync", script],
-            cwd=Path(__file__).resolve().parents[2],
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    return Service(script, port, proc, log)
+    # --no-sync: the test session already runs in the synced environment, and three processes syncing at
+    # once would only contend for its lock.
+    argv = [*uv, "run", "--no-sync", script]
+    return Process(script, argv, env, workdir / f"{script}-{port}.log", port, "/__lbheartbeat__", cwd=REPO)
 
 
-def wait_ready(services: list[Service]) -> None:
-    """Poll GET /__lbheartbeat__ on each process until it answers 200."""
-    deadline = time.monotonic() + READY_TIMEOUT
-    pending = list(services)
-    while pending:
-        service = pending[0]
-        if service.proc.poll() is not None:
-            raise AssertionError(f"{service.script} exited with {service.proc.returncode}:\n{service.output()}")
-        try:
-            if httpx.get(f"{service.url}/__lbheartbeat__", timeout=2).status_code == 200:
-                pending.pop(0)
-                continue
-        except httpx.HTTPError:
-            pass
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{service.script} not ready after {READY_TIMEOUT}s:\n{service.output()}")
-        time.sleep(0.2)
+def wait_ready(services: list[Process]) -> None:
+    """Until GET /__lbheartbeat__ answers 200 on each process."""
+    for service in services:
+        service.wait_ready(READY_SECS)
 
 
 @dataclass
 class Stack:
-    writer: Service
-    pushers: list[Service]
+    writer: Process
+    pushers: list[Process]
 
     def stop(self) -> None:
         for service in (self.writer, *self.pushers):

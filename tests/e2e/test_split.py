@@ -3,12 +3,12 @@ plus a janitor. They share nothing but the store file."""
 
 from __future__ import annotations
 
-import asyncio
 import time
 
 import pytest
 
 from tests.clients.ntfy import poll, publish, subscribe
+from tests.conftest import eventually
 
 pytestmark = pytest.mark.slow
 
@@ -90,14 +90,11 @@ async def test_janitor_expires_ttl_and_sweeps_killed_node(split):
             )
 
         assert (await store.db.transact(records))[1], "the killed pusher held an affinity"
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            live, held = await store.db.transact(records)
-            left = [f.message for f in await poll(b.base, "ttlT")]
-            if live is None and not held and left == ["long"]:
-                break
-            await asyncio.sleep(0.3)
-        assert (live, held) == (None, [])
-        assert left == ["long"]
+
+        async def swept() -> None:
+            assert await store.db.transact(records) == (None, [])
+            assert [f.message for f in await poll(b.base, "ttlT")] == ["long"]
+
+        await eventually(swept, timeout=20, interval=0.3)
     finally:
         await store.close()

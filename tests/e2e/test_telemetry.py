@@ -4,9 +4,7 @@ scrape endpoint of every role after real traffic."""
 
 from __future__ import annotations
 
-import asyncio
 import threading
-import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -17,6 +15,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.clients.ntfy import publish, subscribe
+from tests.conftest import eventually
 from upf_keyspace import Settings, open_store
 from upf_keyspace import telemetry as tm
 
@@ -39,17 +38,6 @@ def scrape(base: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
 
 def sample(samples: dict[tuple[str, tuple[tuple[str, str], ...]], float], name: str, **labels: str) -> float:
     return samples.get((name, tuple(sorted(labels.items()))), 0.0)
-
-
-async def eventually(check: Any, timeout: float = 10.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            return check()
-        except AssertionError:
-            if time.monotonic() > deadline:
-                raise
-        await asyncio.sleep(0.1)
 
 
 # --- across processes: OTLP to an in-test receiver ----------------------------------------------------

@@ -7,7 +7,7 @@ import logging
 
 import msgspec
 import pytest
-from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader, MetricExporter, MetricExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -96,7 +96,7 @@ def test_tracing_is_on_only_with_an_exporter(env: dict[str, str], tracing: bool)
 def test_in_memory_sinks_see_spans_and_cells() -> None:
     reg = tm.Registry()
     exporter = InMemorySpanExporter()
-    reader = InMemoryMetricReader()
+    reader = tm.InMemoryCellReader()
     t = tm.setup_telemetry("upf-test", "9", env={}, span_exporter=exporter, metric_readers=[reader], registry=reg, make_current=False)
     try:
         counter = reg.counter("upf.test.hits", "hits", attributes=("kind",)).cell("a")
@@ -122,6 +122,71 @@ def test_in_memory_sinks_see_spans_and_cells() -> None:
     hist.record(1)  # detached from the shut-down provider: still counts locally
     assert hist.count == 2
 
+
+
+class CapturingExporter(MetricExporter):
+    """A MetricExporter that keeps what it is given (what an OTLP exporter would send)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.exported: list[object] = []
+
+    def export(self, metrics_data, timeout_millis: float = 10_000, **kwargs) -> MetricExportResult:  # type: ignore[no-untyped-def]
+        self.exported.append(metrics_data)
+        return MetricExportResult.SUCCESS
+
+    def force_flush(self, timeout_millis: float = 10_000) -> bool:
+        return True
+
+    def shutdown(self, timeout_millis: float = 30_000, **kwargs) -> None:  # type: ignore[no-untyped-def]
+        pass
+
+
+def metric_names(data) -> dict[str, object]:  # type: ignore[no-untyped-def]
+    return {m.name: m for rm in data.resource_metrics for sm in rm.scope_metrics for m in sm.metrics}
+
+
+def test_pushed_metrics_carry_the_histogram_cells_through_the_public_reader_interface() -> None:
+    """The OTLP push path: a PeriodicExportingMetricReader subclass hands the exporter the counters and
+    the histograms, with no SDK internals touched (the reader's collect callback is the SDK's own)."""
+    reg = tm.Registry()
+    exporter = CapturingExporter()
+    reader = tm.PeriodicCellReader(exporter, export_interval_millis=float("inf"))
+    t = tm.setup_telemetry("upf-test", "9", env={}, metric_readers=[reader], registry=reg, make_current=False)
+    try:
+        assert reader._collect is not None and reader._collect.__self__ is t.meter_provider._measurement_consumer
+        reg.counter("upf.test.pushed", "pushed").cell().add(2)
+        wait = reg.histogram("upf.test.wait", "wait", unit="s", bounds=(0.1, 1.0), attributes=("kind",))
+        wait.cell("a").record(0.5)
+        wait.cell("a").record(5.0)
+        wait.cell("b")  # never recorded: no data point
+        assert t.meter_provider.force_flush()
+        (data,) = exporter.exported
+        metrics = metric_names(data)
+        assert metrics["upf.test.pushed"].data.data_points[0].value == 2
+        (point,) = metrics["upf.test.wait"].data.data_points
+        assert dict(point.attributes) == {"kind": "a"}
+        assert (point.count, point.sum, list(point.bucket_counts)) == (2, 5.5, [0, 1, 1])
+        assert (point.min, point.max, list(point.explicit_bounds)) == (0.5, 5.0, [0.1, 1.0])
+        assert data.resource_metrics[0].resource.attributes["service.name"] == "upf-test"
+    finally:
+        t.shutdown()
+
+
+def test_a_plain_sdk_reader_gets_the_counters_not_the_histograms() -> None:
+    """Histograms reach only the cell readers. They ride on a collection of the SDK's own metrics: with no
+    counter or gauge in the registry at all the SDK hands a reader nothing (every role has counters)."""
+    reg = tm.Registry()
+    cells, plain = tm.InMemoryCellReader(), InMemoryMetricReader()
+    t = tm.setup_telemetry("upf-test", "9", env={}, metric_readers=[cells, plain], registry=reg, make_current=False)
+    try:
+        reg.histogram("upf.test.size", "size", unit="By", bounds=tm.BYTES_BUCKETS).cell().record(10)
+        assert cells.get_metrics_data() is None
+        reg.counter("upf.test.hits", "hits").cell().add()
+        assert set(metric_names(cells.get_metrics_data())) == {"upf.test.hits", "upf.test.size"}
+        assert set(metric_names(plain.get_metrics_data())) == {"upf.test.hits"}
+    finally:
+        t.shutdown()
 
 def test_key_value_log_format() -> None:
     record = logging.LogRecord("upf.x", logging.INFO, __file__, 1, "static message", None, None)

@@ -12,7 +12,8 @@ import sys
 import msgspec
 
 from .report import SweepPoint, format_run, format_sweep, rates_from
-from .runner import SetupError, run_scenario, run_sweep
+from .runner import SetupError, run_scenario
+from .sweep import run_sweep
 from .scenario import TRANSPORTS, Scenario
 
 __all__ = ["main", "build_parser"]

@@ -9,7 +9,6 @@ import asyncio
 import time
 from typing import Any
 
-from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 import httpx
@@ -23,7 +22,7 @@ PARENT_ID = 0x00F067AA0BA902B7
 PARENT = tm.format_traceparent(TRACE_ID, PARENT_ID, 1)
 
 
-def metric_points(reader: InMemoryMetricReader) -> dict[str, list[Any]]:
+def metric_points(reader: tm.InMemoryCellReader) -> dict[str, list[Any]]:
     data = reader.get_metrics_data()
     out: dict[str, list[Any]] = {}
     for rm in data.resource_metrics:
@@ -95,27 +94,32 @@ async def eventually(check: Any, timeout: float = 10.0) -> Any:
         await asyncio.sleep(0.1)
 
 
-# --- in process, in-memory exporters ------------------------------------------------------------------
-async def test_one_publish_one_delivery_in_memory(tmp_path) -> None:
-    """The all-in-one shape in this process (pusher front door, writer behind it), with an
-    InMemorySpanExporter and an InMemoryMetricReader: one publish with a ``traceparent`` header and its
-    delivery produce exactly the expected spans, link and metrics."""
+async def start_in_process(settings: Settings, telemetry: tm.Telemetry) -> tuple[Any, Any, str]:
+    """The writer's app behind the pusher's front door in this process, as the all-in-one runs them."""
     from upf_pusher.server import serve
     from upf_writer.app import create_app
 
-    registry = tm.Registry()
-    spans = InMemorySpanExporter()
-    reader = InMemoryMetricReader()
-    telemetry = tm.setup_telemetry(
-        "upf", "test", env={}, span_exporter=spans, metric_readers=[reader], registry=registry, make_current=False
-    )
-    settings = Settings(store_path=str(tmp_path / "upf.db"), shard_count=4, node_id="mem1", safety_poll_secs=600)
     store = await open_store(settings)
     pusher = await serve(
         settings, store, fallback=create_app(settings, store, telemetry=telemetry), telemetry=telemetry,
         host="127.0.0.1", port=0,
     )
-    base = f"http://127.0.0.1:{pusher.port}"
+    return store, pusher, f"http://127.0.0.1:{pusher.port}"
+
+
+# --- in process, in-memory exporters ------------------------------------------------------------------
+async def test_one_publish_one_delivery_in_memory(tmp_path) -> None:
+    """The all-in-one shape in this process (pusher front door, writer behind it), with an
+    InMemorySpanExporter and an InMemoryCellReader: one publish with a ``traceparent`` header and its
+    delivery produce exactly the expected spans, link and metrics."""
+    registry = tm.Registry()
+    spans = InMemorySpanExporter()
+    reader = tm.InMemoryCellReader()
+    telemetry = tm.setup_telemetry(
+        "upf", "test", env={}, span_exporter=spans, metric_readers=[reader], registry=registry, make_current=False
+    )
+    settings = Settings(store_path=str(tmp_path / "upf.db"), shard_count=4, node_id="mem1", safety_poll_secs=600)
+    store, pusher, base = await start_in_process(settings, telemetry)
     try:
         async with subscribe(base, "telMem1", "json") as s:
             r = await publish(base, "telMem1", "hello", params={"up": "1"}, headers={"traceparent": PARENT})
@@ -172,19 +176,11 @@ def _named(exporter: InMemorySpanExporter, name: str, n: int) -> list[Any]:
 
 async def test_tracing_off_makes_no_spans_and_stores_no_traceparent(tmp_path) -> None:
     """Without an exporter nothing is traced (the envelope carries no traceparent), but metrics count."""
-    from upf_pusher.server import serve
-    from upf_writer.app import create_app
-
     registry = tm.Registry()
     telemetry = tm.setup_telemetry("upf", "test", env={}, registry=registry, make_current=False)
     assert not telemetry.tracing and telemetry.tracer is None
     settings = Settings(store_path=str(tmp_path / "upf.db"), shard_count=4, node_id="mem2")
-    store = await open_store(settings)
-    pusher = await serve(
-        settings, store, fallback=create_app(settings, store, telemetry=telemetry), telemetry=telemetry,
-        host="127.0.0.1", port=0,
-    )
-    base = f"http://127.0.0.1:{pusher.port}"
+    store, pusher, base = await start_in_process(settings, telemetry)
     try:
         async with subscribe(base, "telOff1", "json") as s:
             r = await publish(base, "telOff1", "x", headers={"traceparent": PARENT})

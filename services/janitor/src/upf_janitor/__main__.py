@@ -7,12 +7,13 @@ import logging
 import signal
 import sys
 
+from upf_edge.ops import OpsRoutes
+from upf_edge.serve import serve_handler
 from upf_keyspace import SettingsError, load_settings, open_store
 from upf_keyspace import telemetry as tm
 
 from . import __version__
 from .janitor import Janitor
-from .ops_http import json_body, serve_ops
 
 log = logging.getLogger("upf.janitor")
 
@@ -27,36 +28,10 @@ async def amain(service_name: str = "upf-janitor") -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
 
-    async def health():  # type: ignore[no-untyped-def]
-        return 200, "application/json", json_body({"healthy": True})
-
-    async def heartbeat():  # type: ignore[no-untyped-def]
-        try:
-            await store.ping()
-        except Exception:  # noqa: BLE001 - any store failure means unhealthy
-            return 503, "application/json", json_body({"status": "error", "store": "unreachable"})
-        return 200, "application/json", json_body({"status": "ok", "store": store.db.name})
-
-    async def version():  # type: ignore[no-untyped-def]
-        return 200, "application/json", json_body({"name": "upf-janitor", "version": __version__})
-
-    async def lb():  # type: ignore[no-untyped-def]
-        return 200, "application/json", b"{}\n"
-
-    async def metrics():  # type: ignore[no-untyped-def]
-        return 200, tm.METRICS_CONTENT_TYPE, tm.render_metrics(telemetry.registry)
-
-    server = await serve_ops(
-        settings.bind_host,
-        settings.bind_port,
-        {
-            "/v1/health": health,
-            "/__heartbeat__": heartbeat,
-            "/__version__": version,
-            "/__lbheartbeat__": lb,
-            "/metrics": metrics,
-        },
-    )
+    registry = telemetry.registry
+    # The same ops routes, store probe (a ping) and heartbeat timeout as the writer's.
+    ops = OpsRoutes("upf-janitor", __version__, store.ping, lambda: tm.render_metrics(registry), tm.METRICS_CONTENT_TYPE)
+    server = await serve_handler(ops, settings.bind_host, settings.bind_port)
     log.info("janitor started", extra={"bind": f"{settings.bind_host}:{settings.bind_port}", "store": store.db.name})
     try:
         await janitor.run(stop)
