@@ -61,6 +61,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     proxy_trusted: tuple[str, ...] = ()
     """Proxies (CIDR) whose forwarded header names the client; from anyone else it is ignored."""
     proxy_forwarded_header: str = "X-Forwarded-For"
+    subscriber_send_buffer_bytes: int = 65536
+    """SO_SNDBUF of each subscriber socket (0: the kernel's autotuning, which grows to MBs per slow reader)."""
+    max_connections_per_ip: int = 300
+    """Open connections one peer address may hold (429 beyond; 0: no cap); UPF_LIMIT_EXEMPT peers are exempt."""
 
 
 DEFAULT_ACCESS = ("read-write", "read-only", "write-only", "deny-all")
@@ -180,5 +184,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         visitor_prefix_bits_ipv6=_int(env, "UPF_VISITOR_PREFIX_BITS_IPV6", 64, 1, 128),
         proxy_trusted=_networks(env, "UPF_PROXY_TRUSTED", ""),
         proxy_forwarded_header=forwarded,
+        subscriber_send_buffer_bytes=_int(env, "UPF_SUBSCRIBER_SEND_BUFFER_BYTES", 65536, 0, 64 * 1024 * 1024),
+        max_connections_per_ip=_int(env, "UPF_MAX_CONNECTIONS_PER_IP", 300, 0, 10_000_000),
     )
     return settings
