@@ -46,6 +46,7 @@ from websockets.http11 import Request
 from websockets.protocol import SEND_EOF, State
 from websockets.server import ServerProtocol
 
+from upf_edge.limits_os import PeerCounter
 from upf_edge.http11 import LAST_CHUNK, RequestHead, chunk, error_response, response_head
 from upf_keyspace import Message
 
@@ -99,7 +100,7 @@ _STREAM_KINDS = {(name, chunked): name + "/chunked" if chunked else name for nam
 class Subscriber(asyncio.Protocol, abc.ABC):
     """The parts every transport shares: the hub's callbacks for backpressure and disconnects."""
 
-    __slots__ = ("hub", "session", "transport")
+    __slots__ = ("hub", "session", "transport", "peers", "peer")
 
     transport_name = ""
     frame_kind = ""
@@ -109,6 +110,9 @@ class Subscriber(asyncio.Protocol, abc.ABC):
         self.hub = hub
         self.session = session
         self.transport = transport
+        self.peers: PeerCounter | None = None
+        self.peer = ""
+        """Set when this connection counts against its address's connection cap (released when it goes)."""
         transport.set_write_buffer_limits(high=WRITE_HIGH, low=WRITE_LOW)
         bound_send_buffer(transport, hub.settings.subscriber_send_buffer_bytes)
 
@@ -123,6 +127,9 @@ class Subscriber(asyncio.Protocol, abc.ABC):
         self.hub.write_resumed(self)
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self.peers is not None:
+            self.peers.release(self.peer)
+            self.peers = None
         self.hub.detach(self)
 
     def eof_received(self) -> bool:
