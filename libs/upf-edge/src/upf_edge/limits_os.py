@@ -83,6 +83,8 @@ class Acceptor:
         self.closed = True
         if self._retry is not None:
             self._retry.cancel()
+        for task in list(self.tasks):  # accepted, transport not made yet: the socket closes with it
+            task.cancel()
         self.loop.remove_reader(self.sock.fileno())
         self.sock.close()
 
@@ -112,6 +114,9 @@ class Acceptor:
             await self.loop.connect_accepted_socket(self.factory, conn)
         except OSError:
             conn.close()  # the peer left before its transport existed
+        except asyncio.CancelledError:
+            conn.close()  # accepting stopped first
+            raise
 
     def _exhausted(self, err: int) -> None:
         self.failures += 1
