@@ -19,10 +19,11 @@ kernel's autotuning would otherwise grow it to several MB for a peer that does n
 connection cut as slow is reset (SO_LINGER 0, then close): its queued bytes are dropped at once instead
 of sitting in FIN-WAIT-1 for minutes.
 
-A WebSocket peer can make the server write without reading (pings): while the write buffer is above
-its high-water mark the connection is not read at all (``pause_reading``), and of the pongs owed at most
-one is ever pending (RFC 6455 5.5.3 allows answering only the latest ping). A ping flood therefore
-costs at most the high-water mark, and the peer is cut as slow like any other.
+A WebSocket peer can make the server work and write without reading (pings). Its frames have a budget
+(``FRAME_BURST``, then ``FRAME_REFILL_PER_SEC``; beyond it, close 1008); of the pongs owed at most one
+is ever pending (RFC 6455 5.5.3 allows answering only the latest ping); and while the write buffer is
+above its high-water mark, or a pong is owed, the connection is not read at all (``pause_reading``) and
+the session counts as paused, so a peer that pings but never reads is cut as slow like any other.
 """
 
 from __future__ import annotations
@@ -46,8 +47,8 @@ from websockets.http11 import Request
 from websockets.protocol import SEND_EOF, State
 from websockets.server import ServerProtocol
 
-from upf_edge.limits_os import PeerCounter
 from upf_edge.http11 import LAST_CHUNK, RequestHead, chunk, error_response, response_head
+from upf_edge.limits_os import PeerCounter
 from upf_keyspace import Message
 
 from . import framing
