@@ -28,3 +28,62 @@ def test_soft_limit_is_raised_to_the_hard_limit(lowered_soft_limit, caplog) -> N
     assert resource.getrlimit(resource.RLIMIT_NOFILE) == (hard, hard)
     [record] = [r for r in caplog.records if r.name == "upf.edge.limits"]
     assert record.getMessage() == "open files limit" and (record.soft, record.hard) == (hard, hard)
+
+
+def test_peer_counter_caps_each_address_and_frees_on_release() -> None:
+    from upf_edge.limits_os import PeerCounter
+
+    c = PeerCounter(2, ("10.0.0.0/8",))
+    assert [c.acquire("192.0.2.1") for _ in range(3)] == [True, True, False]
+    assert c.acquire("192.0.2.2")  # another address has its own count
+    c.release("192.0.2.1")
+    assert c.acquire("192.0.2.1") and not c.acquire("192.0.2.1")
+    assert all(c.acquire("10.1.2.3") for _ in range(10))  # exempt: never counted
+    assert "10.1.2.3" not in c.open
+    assert c.acquire("") and c.acquire("not-an-ip")  # no IP (a Unix socket): local
+    for _ in range(2):
+        c.release("192.0.2.1")
+    c.release("192.0.2.2")
+    assert c.open == {}  # nothing left behind for addresses that went away
+    assert all(PeerCounter(0, ()).acquire("192.0.2.9") for _ in range(1000))  # 0: no cap
+
+
+async def test_acceptor_pauses_when_out_of_descriptors_and_logs_once(caplog) -> None:
+    import asyncio
+    import errno
+    import logging
+    import socket
+
+    from upf_edge import limits_os
+
+    class Refusing:
+        """A listening socket out of descriptors: every accept fails with EMFILE, readable stays true."""
+
+        def __init__(self) -> None:
+            self.real = socket.create_server(("127.0.0.1", 0))
+            self.accepts = 0
+
+        def fileno(self) -> int:
+            return self.real.fileno()
+
+        def setblocking(self, flag: bool) -> None:
+            self.real.setblocking(flag)
+
+        def accept(self):  # type: ignore[no-untyped-def]
+            self.accepts += 1
+            raise OSError(errno.EMFILE, "Too many open files")
+
+        def close(self) -> None:
+            self.real.close()
+
+    sock = Refusing()
+    loop = asyncio.get_running_loop()
+    client = socket.create_connection(sock.real.getsockname())  # keeps the listening socket readable
+    acceptor = limits_os.Acceptor(loop, sock, asyncio.Protocol)  # type: ignore[arg-type]
+    with caplog.at_level(logging.WARNING, logger="upf.edge.limits"):
+        acceptor.start()
+        await asyncio.sleep(limits_os.ACCEPT_BACKOFF_SECS * 2.5)
+    acceptor.close()
+    client.close()
+    assert 2 <= sock.accepts <= 4  # one attempt per backoff period, not a busy loop
+    assert [r.getMessage() for r in caplog.records] == ["accept paused: out of descriptors"]

@@ -72,6 +72,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     janitor may delete it; covers a live subscriber whose bell was lost until the safety poll."""
     stats_sample_secs: int = 60
     """The janitor samples the fleet's message counter this often; /v1/stats' rate spans the last 10 samples."""
+    subscriber_send_buffer_bytes: int = 65536
+    """SO_SNDBUF of each subscriber socket (0: the kernel's autotuning, which grows to MBs per slow reader)."""
+    max_connections_per_ip: int = 300
+    """Open connections one peer address may hold (429 beyond; 0: no cap); UPF_LIMIT_EXEMPT peers are exempt."""
 
 
 DEFAULT_ACCESS = ("read-write", "read-only", "write-only", "deny-all")
@@ -196,6 +200,8 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         release_poll_secs=_float(env, "UPF_RELEASE_POLL_SECS", 1.0, 0.05, 3600),
         nocache_keep_secs=_int(env, "UPF_NOCACHE_KEEP_SECS", 120, 1, 86400),
         stats_sample_secs=_int(env, "UPF_STATS_SAMPLE_SECS", 60, 1, 86400),
+        subscriber_send_buffer_bytes=_int(env, "UPF_SUBSCRIBER_SEND_BUFFER_BYTES", 65536, 0, 64 * 1024 * 1024),
+        max_connections_per_ip=_int(env, "UPF_MAX_CONNECTIONS_PER_IP", 300, 0, 10_000_000),
     )
     if settings.delay_min_secs > settings.delay_max_secs:
         raise SettingsError(

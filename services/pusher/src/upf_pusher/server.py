@@ -12,7 +12,10 @@
   else 404.
 
 Limits: a request head over 16 KB is 431; a head not complete within ``HEAD_TIMEOUT`` seconds, or a
-keep-alive connection idle for ``IDLE_TIMEOUT``, is closed. Error replies are ntfy's JSON.
+keep-alive connection idle for ``IDLE_TIMEOUT``, is closed. A peer address holding
+``max_connections_per_ip`` connections gets 429 (42903) on the next one's first request (exempt peers:
+``limit_exempt`` and ``proxy_trusted``). Accepting backs off while descriptors run out (``Acceptor``).
+Error replies are ntfy's JSON.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ from upf_edge.access import Identity
 from upf_edge.errors import NtfyError
 from upf_edge.gate import AccessGate, auth_param
 from upf_edge.limiter import RequestLimiter
+from upf_edge.limits_os import Acceptor, PeerCounter
 from upf_edge.ops import OpsRoutes
 from upf_keyspace import Settings, Store
 from upf_keyspace import telemetry as tm
@@ -61,6 +65,9 @@ STORE_CHECK_TIMEOUT = 5.0
 SWEEP_SECS = 0.5  # how late a timeout may fire
 _monotonic = time.monotonic
 _MAX_PENDING = 64 * 1024
+REFUSED_HEAD_TIMEOUT = 5.0
+"""How long a connection over its address's cap may take to send the head its 429 answers."""
+_TOO_MANY_CONNECTIONS = QueryError(429, 42903, "limit reached: too many open connections")
 
 
 def _package_version() -> str:
@@ -142,7 +149,7 @@ class HandlerCycle:
 class HttpProtocol(asyncio.Protocol):
     """A connection until it is routed: parses heads, answers ops and errors, runs handler and fallback cycles."""
 
-    __slots__ = ("pusher", "transport", "client", "buf", "busy", "deadline", "cycle", "gone")
+    __slots__ = ("pusher", "transport", "client", "buf", "busy", "deadline", "cycle", "gone", "admitted")
 
     def __init__(self, pusher: Pusher) -> None:
         self.pusher = pusher
@@ -154,6 +161,8 @@ class HttpProtocol(asyncio.Protocol):
         self.deadline = 0.0  # time.monotonic() past which _timeout runs (0: none); see Pusher._sweep
         self.cycle: Cycle | HandlerCycle | None = None
         self.gone = False
+        self.admitted = True
+        """Counted against its address's connection cap (False: over it, its first request gets 429)."""
 
     # --- asyncio callbacks --------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -162,9 +171,12 @@ class HttpProtocol(asyncio.Protocol):
         if isinstance(peer, tuple) and peer:
             self.client = str(peer[0])
         self.pusher._http.add(self)
-        self._arm(HEAD_TIMEOUT)
+        self.admitted = self.pusher.peers.acquire(self.client)
+        self._arm(HEAD_TIMEOUT if self.admitted else REFUSED_HEAD_TIMEOUT)
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self.admitted and not self.gone:
+            self.pusher.peers.release(self.client)
         self.gone = True
         self._disarm()
         self.pusher._http.discard(self)
@@ -226,6 +238,9 @@ class HttpProtocol(asyncio.Protocol):
                 self._refuse(e)
                 return
             self._disarm()
+            if not self.admitted:
+                self._refuse(_TOO_MANY_CONNECTIONS)
+                return
             if self._route(head):
                 return  # handed over (subscriber) or waiting on async work
 
@@ -353,6 +368,8 @@ class HttpProtocol(asyncio.Protocol):
             sub = StreamSubscriber(p.hub, session, self.transport, transport_name, chunked=head.version == "1.1")
         rest, self.buf = self.buf, b""
         self._handover()
+        if self.admitted:
+            sub.peers, sub.peer = p.peers, self.client  # the subscriber releases the count when it goes
         self.transport.set_protocol(sub)
         p.hub.attach(sub, req.since)
         if rest:
@@ -419,19 +436,21 @@ class Pusher:
         """Replaced at start by the process's shared gate for this store (who may subscribe to what)."""
         self.limiter = RequestLimiter.shared(store, settings)
         """The request limit, shared with a writer in this process on the same store."""
-        self._server: asyncio.base_events.Server | None = None
+        self.peers = PeerCounter(settings.max_connections_per_ip, settings.limit_exempt + settings.proxy_trusted)
+        """Connections per peer address (a trusted proxy carries many clients: it is not counted)."""
+        self._acceptor: Acceptor | None = None
         self._http: set[HttpProtocol] = set()
         self._tasks: set[asyncio.Task[Any]] = set()
         self._sweeper: asyncio.TimerHandle | None = None
 
     @property
     def port(self) -> int:
-        assert self._server is not None and self._server.sockets
-        return int(self._server.sockets[0].getsockname()[1])
+        assert self._acceptor is not None
+        return int(self._acceptor.sock.getsockname()[1])
 
     @property
     def sockets(self) -> tuple[socket.socket, ...]:
-        return tuple(self._server.sockets) if self._server is not None else ()
+        return (self._acceptor.sock,) if self._acceptor is not None else ()
 
     def _spawn(self, coro: Any) -> asyncio.Task[Any]:
         task = asyncio.get_running_loop().create_task(coro)
@@ -454,16 +473,17 @@ class Pusher:
         await self.hub.start()
         loop = asyncio.get_running_loop()
         self._sweeper = loop.call_later(SWEEP_SECS, self._sweep)
-        if sock is not None:
-            self._server = await loop.create_server(lambda: HttpProtocol(self), sock=sock, backlog=4096)
-        else:
-            self._server = await loop.create_server(
-                lambda: HttpProtocol(self),
-                host=self.settings.bind_host if host is None else host,
-                port=self.settings.bind_port if port is None else port,
+        if sock is None:
+            bind_host = self.settings.bind_host if host is None else host
+            sock = socket.create_server(
+                (bind_host, self.settings.bind_port if port is None else port),
+                family=socket.AF_INET6 if ":" in bind_host else socket.AF_INET,
                 backlog=4096,
-                reuse_address=True,
             )
+        else:
+            sock.listen(4096)
+        self._acceptor = Acceptor(loop, sock, lambda: HttpProtocol(self))
+        self._acceptor.start()
         log.info(
             "pusher listening",
             extra={
@@ -489,8 +509,8 @@ class Pusher:
         if self._sweeper is not None:
             self._sweeper.cancel()
             self._sweeper = None
-        if self._server is not None:
-            self._server.close()
+        if self._acceptor is not None:
+            self._acceptor.close()
         for proto in list(self._http):
             if not proto.busy:
                 proto.transport.close()
@@ -505,8 +525,6 @@ class Pusher:
         for proto in list(self._http):
             proto.transport.abort()
         await asyncio.sleep(0)  # let connection_lost callbacks run
-        if self._server is not None:
-            await self._server.wait_closed()
         if self.lifespan is not None:
             await self.lifespan.shutdown()
         await self.gate.release()

@@ -13,6 +13,17 @@ subscriber holds at most ``WRITE_HIGH`` plus one ``Send`` (one read batch, ``hub
 messages) in its socket buffer, plus at most one batch per topic of rows whose read was in flight
 when it paused (held in the session). It is closed (aborted: a graceful close would wait on the
 peer) after ``slow_subscriber_timeout_secs`` paused, and resumes with ``since=<last id>``.
+
+Kernel memory: each subscriber socket's send buffer is fixed at ``send_buffer_bytes`` (SO_SNDBUF; the
+kernel's autotuning would otherwise grow it to several MB for a peer that does not read), and a
+connection cut as slow is reset (SO_LINGER 0, then close): its queued bytes are dropped at once instead
+of sitting in FIN-WAIT-1 for minutes.
+
+A WebSocket peer can make the server work and write without reading (pings). Its frames have a budget
+(``FRAME_BURST``, then ``FRAME_REFILL_PER_SEC``; beyond it, close 1008); of the pongs owed at most one
+is ever pending (RFC 6455 5.5.3 allows answering only the latest ping); and while the write buffer is
+above its high-water mark, or a pong is owed, the connection is not read at all (``pause_reading``) and
+the session counts as paused, so a peer that pings but never reads is cut as slow like any other.
 """
 
 from __future__ import annotations
@@ -22,7 +33,11 @@ import asyncio
 import base64
 import binascii
 import codecs
+import contextlib
 import logging
+import socket
+import struct
+import time
 from typing import TYPE_CHECKING
 
 from websockets.datastructures import Headers, MultipleValuesError
@@ -33,6 +48,7 @@ from websockets.protocol import SEND_EOF, State
 from websockets.server import ServerProtocol
 
 from upf_edge.http11 import LAST_CHUNK, RequestHead, chunk, error_response, response_head
+from upf_edge.limits_os import PeerCounter
 from upf_keyspace import Message
 
 from . import framing
@@ -49,13 +65,43 @@ WS_MAX_FRAME = 4096
 """Largest client frame accepted; clients send only pings, pongs and close frames (ntfy reads 64 bytes)."""
 
 _ws_logger = logging.getLogger("upf.pusher.ws")
+_monotonic = time.monotonic
+_OP_PONG = 0x8A
+"""First byte of a server pong frame (FIN, opcode 0xA); server frames are unmasked, one per write."""
+_LINGER_RESET = struct.pack("ii", 1, 0)
+_HELD_WRITE = 1
+_HELD_PONG = 2
+FRAME_BURST = 64
+FRAME_REFILL_PER_SEC = 2.0
+"""A client may send FRAME_BURST frames at once, then this many a second; beyond, it is closed with 1008.
+ntfy's clients send a ping a minute at most: a flood of pings costs the server ~3.6 us of parsing each
+(~0.8 s of CPU per second at loopback speed) and is cut after its first read instead."""
+PONG_CHECK_SECS = 0.1
+"""How often a connection owing a pong checks whether the previous one has left (rare: flooders only)."""
+
+
+def bound_send_buffer(transport: asyncio.BaseTransport, size: int) -> None:
+    """Fix the socket's kernel send buffer at ``size`` bytes (0: leave the kernel's autotuning)."""
+    sock = transport.get_extra_info("socket")
+    if size > 0 and sock is not None:
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, size)
+
+
+def reset(transport: asyncio.BaseTransport) -> None:
+    """Abortive close: the kernel drops whatever is still queued and sends RST (no FIN-WAIT-1)."""
+    sock = transport.get_extra_info("socket")
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER_RESET)
+    transport.abort()
 _STREAM_KINDS = {(name, chunked): name + "/chunked" if chunked else name for name in framing.ENCODERS for chunked in (False, True)}
 
 
 class Subscriber(asyncio.Protocol, abc.ABC):
     """The parts every transport shares: the hub's callbacks for backpressure and disconnects."""
 
-    __slots__ = ("hub", "session", "transport")
+    __slots__ = ("hub", "session", "transport", "peers", "peer")
 
     transport_name = ""
     frame_kind = ""
@@ -65,7 +111,11 @@ class Subscriber(asyncio.Protocol, abc.ABC):
         self.hub = hub
         self.session = session
         self.transport = transport
+        self.peers: PeerCounter | None = None
+        self.peer = ""
+        """Set when this connection counts against its address's connection cap (released when it goes)."""
         transport.set_write_buffer_limits(high=WRITE_HIGH, low=WRITE_LOW)
+        bound_send_buffer(transport, hub.settings.subscriber_send_buffer_bytes)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.session!r})"
@@ -78,6 +128,9 @@ class Subscriber(asyncio.Protocol, abc.ABC):
         self.hub.write_resumed(self)
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self.peers is not None:
+            self.peers.release(self.peer)
+            self.peers = None
         self.hub.detach(self)
 
     def eof_received(self) -> bool:
@@ -158,7 +211,7 @@ class StreamSubscriber(Subscriber):
         if self.transport.is_closing():
             return
         if reason == "slow":
-            self.transport.abort()  # its buffer is full: a graceful close would wait on the peer
+            reset(self.transport)  # its buffer is full: a graceful close would wait on the peer
             return
         if self.chunked and self.accepted:
             self.transport.write(LAST_CHUNK)
@@ -166,9 +219,9 @@ class StreamSubscriber(Subscriber):
 
 
 class WsSubscriber(Subscriber):
-    """/ws: one text frame per event; pings are answered by the sans-I/O core."""
+    """/ws: one text frame per event; pings are answered by the sans-I/O core, at most one pong pending."""
 
-    __slots__ = ("ws", "head", "transport_name", "text")
+    __slots__ = ("ws", "head", "transport_name", "text", "out", "pong_end", "owed", "held", "budget", "budget_at")
 
     frame_kind = "ws"
 
@@ -179,29 +232,118 @@ class WsSubscriber(Subscriber):
         self.head: bytes | None = head
         self.text: codecs.IncrementalDecoder | None = None
         """The UTF-8 check of a text message fragmented over several frames (rare: None otherwise)."""
+        self.out = 0
+        """Bytes handed to the transport so far; ``out - get_write_buffer_size()`` have left user space."""
+        self.pong_end = 0
+        """``out`` just after the last pong written: that pong is still pending while fewer have left."""
+        self.owed: bytes | None = None
+        """The latest ping's pong, held back while the previous one is pending."""
+        self.held = 0
+        """Why reading is paused: ``_HELD_WRITE`` (above the high-water mark), ``_HELD_PONG`` (a pong owed)."""
+        self.budget = FRAME_BURST
+        """Client frames it may still send now (a token bucket: ``FRAME_REFILL_PER_SEC``, up to ``FRAME_BURST``)."""
+        self.budget_at = 0.0
 
     def accept(self) -> None:
         head, self.head = self.head, None
         if head is not None:
-            self.transport.write(head)
+            self._put(head)
+
+    def _put(self, data: bytes) -> None:
+        self.out += len(data)
+        self.transport.write(data)
+
+    def write(self, frames: list[bytes]) -> None:
+        if frames:
+            self._put(frames[0] if len(frames) == 1 else b"".join(frames))
+
+    # Reading stops while the peer does not read: above the high-water mark, or with a pong pending and
+    # another owed. The session sees both as a paused write, so the slow-subscriber cut applies to both.
+    def pause_writing(self) -> None:
+        self._hold(_HELD_WRITE)
+
+    def resume_writing(self) -> None:
+        self._release(_HELD_WRITE)
+
+    def _hold(self, why: int) -> None:
+        if not self.held:
+            self.transport.pause_reading()
+            self.held = why
+            self.hub.write_paused(self)
+        self.held |= why
+
+    def _release(self, why: int) -> None:
+        if not self.held & why:
+            return
+        self.held &= ~why
+        if not self.held:
+            if not self.transport.is_closing():
+                self.transport.resume_reading()
+            self.hub.write_resumed(self)
+
+    def _pong_pending(self) -> bool:
+        return self.pong_end > self.out - self.transport.get_write_buffer_size()
+
+    def _pong(self, data: bytes) -> None:
+        """Write a pong, or owe it (replacing an older one owed) while the previous is still pending."""
+        if self.owed is None and not self._pong_pending():
+            self._put(data)
+            self.pong_end = self.out
+            return
+        if self.owed is None:
+            asyncio.get_running_loop().call_later(PONG_CHECK_SECS, self._check_pong)
+        self.owed = data
+        self._hold(_HELD_PONG)
+
+    def _check_pong(self) -> None:
+        if self.transport.is_closing() or self.owed is None:
+            return
+        if self._pong_pending():
+            asyncio.get_running_loop().call_later(PONG_CHECK_SECS, self._check_pong)
+            return
+        data, self.owed = self.owed, None
+        self._put(data)
+        self.pong_end = self.out
+        self._release(_HELD_PONG)
 
     def _flush(self) -> None:
-        for data in self.ws.data_to_send():
+        """Write what the core has to send; of the pongs, only the latest (RFC 6455 5.5.3)."""
+        out = self.ws.data_to_send()
+        pong = -1
+        for i, data in enumerate(out):
+            if data and data[0] == _OP_PONG:
+                pong = i
+        for i, data in enumerate(out):
             if data is SEND_EOF or data == SEND_EOF:
                 self.transport.close()
                 return
-            self.transport.write(data)
+            if data and data[0] == _OP_PONG:
+                if i == pong:
+                    self._pong(data)
+            else:
+                self._put(data)
 
     def data_received(self, data: bytes) -> None:
         ws = self.ws
         ws.receive_data(data)
-        for frame in ws.events_received():  # pings are answered inside the core; text is only checked
+        frames = ws.events_received()
+        if frames and not self._spend(len(frames)):
+            ws.fail(CloseCode.POLICY_VIOLATION, "too many frames")  # each costs parsing; ntfy clients send ~none
+            frames = []
+        for frame in frames:  # pings are answered inside the core; text is only checked
             if (frame.opcode is Opcode.TEXT or frame.opcode is Opcode.CONT) and not self._utf8(frame):
                 ws.fail(CloseCode.INVALID_DATA, "invalid UTF-8")  # RFC 6455 8.1: close with 1007
                 break
         self._flush()
         if ws.state is State.CLOSED or ws.close_expected():
             self.transport.close()
+
+    def _spend(self, n: int) -> bool:
+        """Take ``n`` frames from the budget; False when the peer sends faster than the bucket allows."""
+        now = _monotonic()
+        self.budget = min(FRAME_BURST, self.budget + (now - self.budget_at) * FRAME_REFILL_PER_SEC) - n
+        self.budget_at = now
+        return self.budget >= 0
 
     def _utf8(self, frame: Frame) -> bool:
         """Whether a text frame keeps its message valid UTF-8 (fragments are checked across frames)."""
@@ -240,13 +382,13 @@ class WsSubscriber(Subscriber):
         if self.transport.is_closing():
             return
         if reason == "slow":
-            self.transport.abort()
+            reset(self.transport)
             return
         if self.head is None and self.ws.state is State.OPEN:
             self.ws.send_close(1001 if reason == "shutdown" else 1000)
             for data in self.ws.data_to_send():
                 if data != SEND_EOF:
-                    self.transport.write(data)
+                    self._put(data)
         self.transport.close()
 
 
@@ -259,6 +401,7 @@ def ws_handshake(head: RequestHead) -> tuple[ServerProtocol, bytes]:
     for k, v in head.headers:
         headers[k.decode("latin-1")] = v.decode("latin-1")
     ws = ServerProtocol(state=State.OPEN, max_size=WS_MAX_FRAME, logger=_ws_logger)
+    ws.debug = False  # its DEBUG lines print frames (topics, message bodies): never logged, at any level
     try:
         key = headers.get("Sec-WebSocket-Key", "")
         if len(base64.b64decode(key.encode(), validate=True)) != 16:

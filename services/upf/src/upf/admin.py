@@ -4,6 +4,7 @@ Why a store and not a file: every writer and pusher of a fleet reads the same re
 their version, so a change made here while the servers run reaches all of them within moments,
 without a restart. The commands mirror ntfy's (``ntfy user add``, ``ntfy access``, ``ntfy token``) so
 a self-hoster's muscle memory works. Secrets are never printed back, except a new token, once.
+``upf backup FILE`` / ``upf restore FILE``: see ``backup.py``.
 """
 
 from __future__ import annotations
@@ -18,13 +19,15 @@ import time
 from collections.abc import Sequence
 
 from upf_edge.access import hash_password, new_token, parse_permission, valid_pattern, valid_token
-from upf_keyspace import SettingsError, Store, load_settings, open_store
+from upf_keyspace import Settings, SettingsError, Store, load_settings, open_store
 from upf_keyspace.auth import EVERYONE, ROLES, Token, User, token_digest
 from upf_keyspace.ops.auth import NoSuchUser, UserExists
 
+from .backup import BackupError
+
 __all__ = ["COMMANDS", "run"]
 
-COMMANDS = ("user", "access", "token")
+COMMANDS = ("user", "access", "token", "backup", "restore")
 _USER = re.compile(r"[-_.@+A-Za-z0-9]{1,64}")
 _DURATION = re.compile(r"(\d+)([smhd])")
 _UNIT = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -66,7 +69,7 @@ def _expiry(text: str | None, now: float) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="upf", description="manage UPF's users, ACL entries and tokens")
+    ap = argparse.ArgumentParser(prog="upf", description="manage UPF's users, ACL entries and tokens; back up and restore its store")
     sub = ap.add_subparsers(dest="command", required=True)
 
     user = sub.add_parser("user", help="users").add_subparsers(dest="action", required=True)
@@ -95,7 +98,43 @@ def _parser() -> argparse.ArgumentParser:
     trm = token.add_parser("remove", help="remove a token")
     trm.add_argument("name")
     trm.add_argument("token")
+    _backup_parsers(sub)
     return ap
+
+
+def _backup_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    sub.add_parser("backup", help="write the store's messages, users and ACL to FILE (safe while serving)").add_argument("file")
+    sub.add_parser("restore", help="load FILE (from upf backup) into an empty store; new ids sort after it").add_argument("file")
+
+
+async def _backup(store: Store, args: argparse.Namespace) -> str:
+    from .backup import backup
+
+    n = await backup(store, args.file)
+    return f"backed up {n} keys to {args.file}"
+
+
+async def _restore(settings: Settings, args: argparse.Namespace) -> str:
+    """Restore, then (store closed) lift its commit version above every restored id."""
+    from upf_keyspace.msgid import encode_id
+
+    from .backup import restore
+
+    store = await open_store(settings)
+    try:
+        n, top, floor = await restore(store, args.file)
+    finally:
+        await store.close()
+    last = f"; the newest restored id is {encode_id(top)}" if top else ""
+    if settings.fdb_cluster_file:
+        return (
+            f"restored {n} keys from {args.file}{last}; FoundationDB: new ids sort after them only once the "
+            f"cluster's version exceeds {floor} (see README, Backups)"
+        )
+    from upf_keyspace.drivers.embedded import raise_version_floor
+
+    raise_version_floor(settings.store_path, floor)
+    return f"restored {n} keys from {args.file}{last}"
 
 
 async def _user(store: Store, args: argparse.Namespace) -> str:
@@ -176,9 +215,12 @@ async def _token(store: Store, args: argparse.Namespace) -> str:
 
 
 async def _run(args: argparse.Namespace) -> str:
-    store = await open_store(load_settings())
+    settings = load_settings()
+    if args.command == "restore":
+        return await _restore(settings, args)
+    store = await open_store(settings)
     try:
-        handler = {"user": _user, "access": _access, "token": _token}[args.command]
+        handler = {"user": _user, "access": _access, "token": _token, "backup": _backup}[args.command]
         return await handler(store, args)
     finally:
         await store.close()
@@ -203,5 +245,8 @@ def run(argv: Sequence[str]) -> int:
         print(f"upf: user {exc.args[0]} exists already", file=sys.stderr)
         return 1
     except LookupError as exc:
+        print(f"upf: {exc}", file=sys.stderr)
+        return 1
+    except (BackupError, OSError) as exc:
         print(f"upf: {exc}", file=sys.stderr)
         return 1

@@ -852,3 +852,20 @@ async def open_embedded(path: str) -> EmbeddedDatabase:
     finally:
         conn.close()
     return EmbeddedDatabase(path, asyncio.get_running_loop())
+
+
+def raise_version_floor(path: str, floor: int) -> int:
+    """Make every later commit's version exceed ``floor``, and return the version now in force.
+
+    Why: ``upf restore`` writes messages with the stamps (ids) they had; the store they land in may have
+    committed far fewer times, and its next stamps would sort before them (``since=<old id>`` would then
+    skip new messages). Run it with no process using the store (the restore's own handle closed)."""
+    conn = _connect(path)
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+        conn.execute("UPDATE meta SET version = MAX(version, ?)", (floor,))
+        version = int(conn.execute("SELECT version FROM meta").fetchone()[0])
+        conn.execute("COMMIT")
+        return version
+    finally:
+        conn.close()

@@ -1,0 +1,135 @@
+"""WsSubscriber against a fake transport and hub: pongs beyond one pending are owed, not buffered; reading
+stops while the peer does not read; a peer over the frame budget is closed with 1008.
+
+No socket can make the kernel's buffers fill in a unit test's time, so the transport here reports its
+own user-space buffer size; the hub records what the connection told it."""
+
+from __future__ import annotations
+
+import asyncio
+
+from upf_keyspace import Settings
+from websockets.protocol import State
+from websockets.server import ServerProtocol
+
+from upf_pusher import transports
+from upf_pusher.session import Session, SessionConfig
+from upf_pusher.transports import WsSubscriber
+
+PING = bytes([0x89, 0x84]) + b"\0\0\0\0" + b"ping"
+PONG = bytes([0x8A, 0x04]) + b"ping"
+
+
+class FakeTransport(asyncio.Transport):
+    def __init__(self) -> None:
+        super().__init__()
+        self.written: list[bytes] = []
+        self.unsent = 0
+        """What the fake kernel has not taken yet: the user-space write buffer."""
+        self.reading = True
+        self.closed = False
+
+    def write(self, data: bytes) -> None:
+        self.written.append(bytes(data))
+        self.unsent += len(data)
+
+    def get_write_buffer_size(self) -> int:
+        return self.unsent
+
+    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
+        pass
+
+    def get_extra_info(self, name: str, default: object = None) -> object:
+        return default
+
+    def pause_reading(self) -> None:
+        self.reading = False
+
+    def resume_reading(self) -> None:
+        self.reading = True
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+    def close(self) -> None:
+        self.closed = True
+
+    def abort(self) -> None:
+        self.closed = True
+
+
+class FakeHub:
+    def __init__(self) -> None:
+        self.settings = Settings()
+        self.events: list[str] = []
+
+    def write_paused(self, sub: object) -> None:
+        self.events.append("paused")
+
+    def write_resumed(self, sub: object) -> None:
+        self.events.append("resumed")
+
+
+def make() -> tuple[WsSubscriber, FakeTransport, FakeHub]:
+    t, hub = FakeTransport(), FakeHub()
+    session = Session(("a",), "a", SessionConfig())
+    sub = WsSubscriber(hub, session, t, ServerProtocol(state=State.OPEN, max_size=transports.WS_MAX_FRAME), b"HEAD")  # type: ignore[arg-type]
+    sub.accept()
+    t.unsent = 0  # the head left
+    return sub, t, hub
+
+
+async def test_pings_in_one_read_get_one_pong() -> None:
+    sub, t, hub = make()
+    sub.data_received(PING * 5)
+    assert t.written[1:] == [PONG] and t.reading and hub.events == []
+
+
+async def test_a_pong_pending_holds_the_next_and_stops_reading_until_it_left() -> None:
+    sub, t, hub = make()
+    sub.data_received(PING)
+    assert t.written[1:] == [PONG]  # the kernel took nothing: this pong is pending
+    sub.data_received(PING)
+    assert t.written[1:] == [PONG] and not t.reading and hub.events == ["paused"]
+    await asyncio.sleep(transports.PONG_CHECK_SECS * 2)
+    assert t.written[1:] == [PONG] and not t.reading  # still pending: still owed, still not reading
+    t.unsent = 0  # the peer read
+    await asyncio.sleep(transports.PONG_CHECK_SECS * 2)
+    assert t.written[1:] == [PONG, PONG] and t.reading and hub.events == ["paused", "resumed"]
+
+
+async def test_above_the_high_water_mark_reading_stops_until_below_the_low() -> None:
+    sub, t, hub = make()
+    sub.pause_writing()
+    assert not t.reading and hub.events == ["paused"]
+    sub.resume_writing()
+    assert t.reading and hub.events == ["paused", "resumed"]
+
+
+async def test_both_holds_release_reading_only_when_both_end() -> None:
+    sub, t, hub = make()
+    sub.data_received(PING)
+    sub.data_received(PING)  # owed
+    sub.pause_writing()
+    sub.resume_writing()
+    assert not t.reading and hub.events == ["paused"]  # the pong is still owed
+    t.unsent = 0
+    await asyncio.sleep(transports.PONG_CHECK_SECS * 2)
+    assert t.reading and hub.events == ["paused", "resumed"]
+
+
+async def test_more_frames_than_the_budget_close_with_1008() -> None:
+    sub, t, hub = make()
+    sub.data_received(PING * (transports.FRAME_BURST + 1))
+    close = [w for w in t.written if w[:1] == b"\x88"]
+    assert close and close[0][2:4] == (1008).to_bytes(2, "big") and t.closed
+
+
+async def test_the_budget_refills() -> None:
+    sub, t, hub = make()
+    sub.data_received(PING * transports.FRAME_BURST)
+    assert not t.closed
+    sub.budget_at -= 10  # ten seconds later
+    t.unsent = 0
+    sub.data_received(PING * 10)
+    assert not t.closed
