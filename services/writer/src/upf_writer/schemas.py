@@ -39,6 +39,7 @@ class JsonPublish(msgspec.Struct):
     click: str | None = None
     icon: str | None = None
     markdown: bool | None = None
+    sequence_id: str | None = None
 
 
 class MatrixDevice(msgspec.Struct):
