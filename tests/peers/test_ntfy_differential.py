@@ -258,6 +258,13 @@ def request_cases() -> dict[str, Callable[[], Callable[[str], Any]]]:
         "publish-firebase-no": lambda: _pub_then_poll("POST", f"/{T()}", content=b"b", headers={"X-Firebase": "no"}),
         "publish-delay": lambda: _pub_then_poll("POST", f"/{T()}", content=b"later", headers={"X-Delay": "30m"}),
         "publish-poll-id": lambda: _pub_then_poll("POST", f"/{T()}", content=b"p", headers={"X-Poll-ID": "abc123"}),
+        # ntfy v2.16's sequence ids (the peer, v2.13, predates them: these name the version gap)
+        "publish-sequence-id-path": lambda: _pub_then_poll("PUT", f"/{T()}/sid-1", content=b"s"),
+        "publish-sequence-id-header": lambda: _pub_then_poll("POST", f"/{T()}", content=b"s", headers={"X-Sequence-ID": "sid-1"}),
+        "publish-sequence-id-invalid": lambda: _pub_then_poll("POST", f"/{T()}", content=b"s", headers={"X-Sequence-ID": "a.b"}),
+        "clear-sequence-id": lambda: _pub_then_poll("PUT", f"/{T()}/sid-1/clear"),
+        "read-sequence-id-get": lambda: _pub_then_poll("GET", f"/{T()}/sid-1/read"),
+        "delete-sequence-id": lambda: _pub_then_poll("DELETE", f"/{T()}/sid-1"),
         "publish-actions": lambda: _pub_then_poll("POST", f"/{T()}", content=b"a", headers={
             "X-Actions": "view, Open, https://example.com/o; http, Call, https://example.com/h, clear=true"}),
         "publish-attach-url": lambda: _pub_then_poll("POST", f"/{T()}", content=b"a",
