@@ -21,7 +21,9 @@ def frame(env: Envelope):
 UPDATE = Envelope(time=1700000000, expires=1700003600, message="90%", sequence_id="dl-1")
 DELETE = Envelope(time=1700000001, expires=1700003601, message="", event="message_delete", sequence_id="dl-1")
 CLEAR = Envelope(time=1700000002, expires=1700003602, message="", event="message_clear", sequence_id="dl-1")
-POLL = Envelope(time=1700000003, expires=1700003603, message="New message", event="poll_request", nocache=True, poll_id="p1")
+POLL = Envelope(
+    time=1700000003, expires=1700003603, message="New message", event="poll_request", nocache=True, poll_id="p1"
+)
 
 
 @pytest.mark.parametrize("transport", ["json", "ws"])

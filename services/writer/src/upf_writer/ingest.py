@@ -523,9 +523,7 @@ def ingest_publish(
 ) -> Ingested:
     """``POST``/``PUT /{topic}``, or ``/{topic}/{sequence_id}`` (the path's id wins over a parameter's)."""
     validate_topic(topic)
-    params = parse_params(headers, query, limits)
-    if sequence_id:
-        params = msgspec.structs.replace(params, sequence_id=validate_sequence_id(sequence_id))
+    params = parse_params(headers, query, limits, {"x-sequence-id": sequence_id} if sequence_id else None)
     return Ingested(topic, build_envelope(params, body, now=now, limits=limits), params.idem)
 
 
@@ -536,7 +534,8 @@ def ingest_action(topic: str, sequence_id: str, event: str, *, now: int, limits:
     does (the id is the publisher's, and the message may have expired or never been cached)."""
     validate_topic(topic)
     validate_sequence_id(sequence_id)
-    envelope = Envelope(time=now, expires=now + limits.default_ttl_secs, message="", event=event, sequence_id=sequence_id)
+    expires = now + limits.default_ttl_secs
+    envelope = Envelope(time=now, expires=expires, message="", event=event, sequence_id=sequence_id)
     return Ingested(topic, envelope)
 
 

@@ -47,7 +47,9 @@ def test_sequence_id_from_every_name(headers: dict[str, str], query: dict[str, s
 
 
 def test_path_sequence_id_wins_over_a_parameter() -> None:
+    """As ntfy reads it: the path first, and then the parameters are not even looked at."""
     assert publish(b"x", {"x-sequence-id": "hdr"}, sequence_id="path").envelope.sequence_id == "path"
+    assert publish(b"x", {"sid": "a.b"}, {"sid": "c.d"}, sequence_id="path").envelope.sequence_id == "path"
 
 
 def test_no_sequence_id_no_field() -> None:
