@@ -26,6 +26,8 @@ class Frame(msgspec.Struct, frozen=True):
     priority: int = 0
     tags: list[str] = []
     click: str = ""
+    sequence_id: str = ""
+    poll_id: str = ""
 
 
 _decode = msgspec.json.Decoder(Frame)

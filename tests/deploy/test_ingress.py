@@ -172,6 +172,12 @@ TO_PUSHER = [
 
 TO_WRITER = [
     ("POST", f"/{TOPIC}"),
+    ("PUT", f"/{TOPIC}/json"),  # sequence ids (ntfy v2.16) may be named like a subscribe route
+    ("POST", f"/{TOPIC}/sse"),
+    ("DELETE", f"/{TOPIC}/ws"),
+    ("DELETE", f"/{TOPIC}/seq-1"),
+    ("PUT", f"/{TOPIC}/seq-1/clear"),
+    ("GET", f"/{TOPIC}/seq-1/read"),
     ("PUT", f"/{TOPIC}?up=1"),
     ("GET", f"/{TOPIC}?up=1"),
     ("GET", f"/{TOPIC}/auth"),

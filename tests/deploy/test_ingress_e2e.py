@@ -190,6 +190,31 @@ async def test_http_streams_through_the_ingress(ingress, transport: str) -> None
     assert_delivered(event, published, t, body)
 
 
+async def test_sequence_ids_named_like_streams_through_the_ingress(ingress) -> None:
+    """ntfy v2.16's sequence ids: ``PUT /{topic}/json`` publishes with the sequence id "json" and
+    ``DELETE /{topic}/json`` deletes it (a writer's), while ``GET /{topic}/sse`` subscribes (a pusher's)
+    and sees both, in order."""
+    t = topic()
+    async with httpx.AsyncClient(timeout=httpx.Timeout(STEP_TIMEOUT, read=None)) as client:
+        async with asyncio.timeout(STEP_TIMEOUT):
+            async with client.stream("GET", f"{ingress.url}/{t}/sse") as response:
+                events = sse_events(response)
+                assert (await anext(events))["event"] == "open"
+                put = await client.put(f"{ingress.url}/{t}/json", content=b"v1")
+                gone = await client.delete(f"{ingress.url}/{t}/json")
+                assert (put.status_code, gone.status_code) == (200, 200), (put.text, gone.text)
+                got = []
+                async for event in events:
+                    if event["event"] != "keepalive":
+                        got.append(event)
+                    if len(got) == 2:
+                        break
+    assert [(e["id"], e["event"], e["sequence_id"]) for e in got] == [
+        (put.json()["id"], "message", "json"),
+        (gone.json()["id"], "message_delete", "json"),
+    ]
+
+
 async def test_raw_stream_through_the_ingress(ingress) -> None:
     t, body = topic(), "over raw"
     async with httpx.AsyncClient(timeout=httpx.Timeout(STEP_TIMEOUT, read=None)) as client:

@@ -1,6 +1,11 @@
 """The ntfy message object as it goes on the wire, shared by the writer (publish reply) and the pusher
 (stream frames). Field order is ntfy's; empty fields are omitted as ntfy omits them, except the
 fields ntfy always sends (id, time, event, topic).
+
+``event`` is ``message`` unless the envelope names another (``message_clear``, ``message_delete``,
+``poll_request``); ``sequence_id`` is sent only when the publisher gave one (a client takes the ``id``
+otherwise); a message not to be cached (``nocache``: ``X-Cache: no``, a poll request) has no
+``expires``, as in ntfy.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ __all__ = ["Message", "message_from_envelope", "encode_json", "decode_json"]
 
 class Message(msgspec.Struct, frozen=True, omit_defaults=True, kw_only=True):
     id: str
+    sequence_id: str = ""
     time: int
     expires: int = 0
     event: str
@@ -25,6 +31,7 @@ class Message(msgspec.Struct, frozen=True, omit_defaults=True, kw_only=True):
     tags: tuple[str, ...] = ()
     click: str = ""
     icon: str = ""
+    poll_id: str = ""
     content_type: str = ""
     encoding: str = ""
 
@@ -35,9 +42,10 @@ def message_from_envelope(stamp: bytes, topic: str, env: Envelope) -> Message:
     ``X-Cache: no`` one has no ``expires`` (ntfy's wire form: it is never kept)."""
     return Message(
         id=env.origin_id or encode_id(stamp),
+        sequence_id=env.sequence_id,
         time=env.time,
         expires=0 if env.nocache else env.expires,
-        event="message",
+        event=env.event or "message",
         topic=topic,
         title=env.title,
         message=env.message,
@@ -45,6 +53,7 @@ def message_from_envelope(stamp: bytes, topic: str, env: Envelope) -> Message:
         tags=env.tags,
         click=env.click,
         icon=env.icon,
+        poll_id=env.poll_id,
         content_type=env.content_type,
         encoding=env.encoding,
     )

@@ -2,6 +2,10 @@
 
 The returned bytes are the event's payload: a WebSocket text frame's data, or the bytes an HTTP
 stream writes for it (the stream adapter wraps them in a chunk). One process-wide msgspec Encoder.
+
+Stored events other than messages (``message_clear``, ``message_delete``, ``poll_request``) arrive as
+``Message`` values with their ``event``, ``sequence_id`` and ``poll_id`` set (``message_from_envelope``):
+json and ws carry them as fields, sse names the event in an ``event:`` line, raw writes an empty line.
 """
 
 from __future__ import annotations

@@ -9,6 +9,12 @@ all-in-one program (the writer's function is wired in as its publish handler, no
 ``upf_edge.asgi.serve_asgi`` under granian for the standalone writer (``WriterApp`` in app.py). Why:
 Litestar's per-request machinery costs ~3.5x a bare callable (measurements.md), and in the all-in-one
 an ASGI bridge on top re-built a scope for every publish. Litestar keeps the cold routes.
+
+ntfy v2.16's sequence-id routes are hot routes too: ``PUT|POST /{topic}/{sid}`` (a publish with that
+sequence id), ``DELETE /{topic}/{sid}`` (``message_delete``) and ``PUT|GET /{topic}/{sid}/clear``
+(alias ``/read``; ``message_clear``). ntfy's subscribe routes are GET only, so a sequence id may be
+named ``ws``, ``json``, ``sse``, ``raw`` or ``auth``: ``PUT /t/ws`` publishes, ``GET /t/ws`` subscribes
+(the front doors route a subscribe GET before asking :meth:`WriterFront.wants`).
 """
 
 from __future__ import annotations
@@ -29,6 +35,9 @@ __all__ = ["WriterFront", "problem_reply"]
 
 _REPLAYED = ((b"idempotent-replayed", b"true"),)
 _ALLOW = ((b"allow", b"GET, HEAD, POST, PUT"),)
+_SEQUENCE_METHODS = frozenset({"PUT", "POST", "DELETE"})
+_CLEAR_METHODS = frozenset({"PUT", "GET"})
+_CLEAR_TAILS = ("/clear", "/read")
 
 
 def problem_reply(problem: Problem, headers: tuple[tuple[bytes, bytes], ...] = ()) -> Reply:
@@ -52,11 +61,31 @@ class WriterFront:
     def wants(self, method: str, path: str) -> bool:
         if path == "/":
             return method == "POST" or method == "PUT"
-        return len(path) > 1 and path.rfind("/") == 0 and path not in self.reserved
+        last = path.rfind("/")
+        if last == 0:
+            return len(path) > 1 and path not in self.reserved
+        return self._wants_sequence(method, path, last)
+
+    def _wants_sequence(self, method: str, path: str, last: int) -> bool:
+        """``/{topic}/{sid}`` (PUT, POST, DELETE) and ``/{topic}/{sid}/clear|read`` (PUT, GET), where the
+        first segment could be a topic (``/v1/...``, ``/docs/...`` and the like stay the app's)."""
+        first = path.find("/", 1)
+        if first == last:
+            ok = method in _SEQUENCE_METHODS and last < len(path) - 1
+        else:
+            ok = (
+                method in _CLEAR_METHODS
+                and path.endswith(_CLEAR_TAILS)
+                and path.find("/", first + 1) == last
+                and last > first + 1
+            )
+        return ok and first > 1 and path[1:first] not in ingest.DISALLOWED_TOPICS and path[:first] not in self.reserved
 
     def body_limit(self, method: str, topic: str) -> int:
         if method == "POST" or method == "PUT":
-            return self._max if topic else self._json_max
+            if not topic:
+                return self._json_max
+            return NO_BODY if topic.count("/") == 2 else self._max  # a clear's body is ignored
         return NO_BODY
 
     async def __call__(
@@ -68,6 +97,8 @@ class WriterFront:
         body: bytes | None,
         client: str,
     ) -> Reply:
+        if "/" in topic:
+            return await self._by_sequence(method, topic, headers, query, body, client)
         if method == "POST" or method == "PUT":
             return await self.publish(topic, headers, query, body, client)
         try:
@@ -86,11 +117,67 @@ class WriterFront:
         except Exception as exc:  # noqa: BLE001 - every failure still answers with ntfy's error JSON
             return problem_reply(failure_problem(exc, "topic"))
 
+    async def _by_sequence(
+        self,
+        method: str,
+        path: str,
+        headers: Sequence[tuple[bytes, bytes]],
+        query: bytes,
+        body: bytes | None,
+        client: str,
+    ) -> Reply:
+        """The sequence-id routes ``wants`` took: ``path`` is ``topic/sid`` or ``topic/sid/clear|read``."""
+        parts = path.split("/")
+        if len(parts) == 3:
+            return await self.action(parts[0], parts[1], ingest.EVENT_CLEAR, headers, query, client)
+        if method == "DELETE":
+            return await self.action(parts[0], parts[1], ingest.EVENT_DELETE, headers, query, client)
+        return await self.publish(parts[0], headers, query, body, client, parts[1])
+
+    async def action(
+        self,
+        topic: str,
+        sequence_id: str,
+        event: str,
+        raw_headers: Sequence[tuple[bytes, bytes]],
+        query: bytes,
+        client: str,
+    ) -> Reply:
+        """A ``message_clear`` or ``message_delete`` event: a write to the topic like a publish (the same
+        401, 429, 403 order), stored so that every subscriber gets it in order with the messages."""
+        ctx = self.ctx
+        start_ns = time.time_ns() if self._tracing else 0
+        route = "clear" if event == ingest.EVENT_CLEAR else "delete"
+        try:
+            headers = decode_headers(raw_headers)
+            params = decode_query(query)
+            gate = ctx.require_gate()
+            who = gate.identify(headers.get("authorization"), auth_param(params))
+            await ctx.admit(who.user, client, headers.get(self._forwarded))
+            ingested = ingest.ingest_action(topic, sequence_id, event, now=ctx.clock(), limits=ctx.limits)
+            gate.authorize(who, (topic,), write=True)
+            payload, _ = await publish_one(ctx, ingested, headers, 0, start_ns, route)
+        except PublishError as exc:
+            ctx.metrics.rejected(exc.problem.code)
+            return problem_reply(exc.problem, exc.headers)
+        except Exception as exc:  # noqa: BLE001 - every failure still answers with ntfy's error JSON
+            problem = failure_problem(exc, route)
+            ctx.metrics.rejected(problem.code)
+            return problem_reply(problem)
+        return Reply(200, payload)
+
     async def publish(
-        self, topic: str, raw_headers: Sequence[tuple[bytes, bytes]], query: bytes, body: bytes | None, client: str
+        self,
+        topic: str,
+        raw_headers: Sequence[tuple[bytes, bytes]],
+        query: bytes,
+        body: bytes | None,
+        client: str,
+        sequence_id: str = "",
     ) -> Reply:
         """One publish: ``topic`` "" is ntfy's JSON publish on ``/`` (the topic is in the body).
-        ``body`` is ``None`` when the front door found it over ``body_limit``. Bad input stores nothing;
+        ``body`` is ``None`` when the front door found it over ``body_limit``; ``sequence_id`` is the
+        path's (``/{topic}/{sid}``). Bad input stores nothing;
         so does a refusal (401, then the request limit's 429, then 403, as ntfy orders them)."""
         ctx = self.ctx
         start_ns = time.time_ns() if self._tracing else 0
@@ -110,7 +197,9 @@ class WriterFront:
             if body is None or len(body) > limit:
                 raise PublishError(too_large)
             if topic:
-                ingested = ingest.ingest_publish(topic, headers, params, body, now=ctx.clock(), limits=ctx.limits)
+                ingested = ingest.ingest_publish(
+                    topic, headers, params, body, now=ctx.clock(), limits=ctx.limits, sequence_id=sequence_id
+                )
             else:
                 ingested = ingest.ingest_json(headers, params, body, now=ctx.clock(), limits=ctx.limits)
             gate.authorize(who, (ingested.topic,), write=True)  # a JSON publish names its topic in the body

@@ -22,8 +22,12 @@ Where UPF differs from ntfy on purpose (see ntfy-protocol.md, "Where this projec
 - the RFC 8030 ``TTL`` header sets the message's expiry (ntfy ignores it); a malformed one is 400;
 - ``Idempotency-Key``/``X-Idempotency-Key`` make a retried publish return the original message.
 Parameters ntfy has and UPF does not implement (actions, attach, filename, email, call, firebase,
-template, poll id) are accepted and ignored. ``X-Cache: no`` and scheduled delivery (``X-Delay``/``X-At``/
+template) are accepted and ignored. ``X-Cache: no`` and scheduled delivery (``X-Delay``/``X-At``/
 ``X-In``) are ntfy's: see ``_parse_cache``/``_parse_delay`` and ``futuretime``.
+
+Sequence ids (ntfy v2.16) and poll ids are events of their own (:func:`ingest_action`, and the poll
+branch of :func:`build_envelope`): they go through the store like any publish, so every pusher delivers
+them in order with the messages.
 """
 
 from __future__ import annotations
@@ -58,6 +62,12 @@ __all__ = [
     "ingest_publish",
     "ingest_json",
     "ingest_matrix",
+    "ingest_action",
+    "validate_sequence_id",
+    "EVENT_CLEAR",
+    "EVENT_DELETE",
+    "EVENT_POLL_REQUEST",
+    "SEQUENCE_ID_INVALID",
     "check_content_length",
     "json_body_limit",
     "read_param",
@@ -91,6 +101,7 @@ TOPIC_DISALLOWED = Problem(40010, 400, "invalid request: topic name is not allow
 MATRIX_INVALID = Problem(40019, 400, "invalid request: Matrix JSON invalid")
 ICON_INVALID = Problem(40021, 400, "invalid request: icon URL is invalid")
 JSON_INVALID = Problem(40024, 400, "invalid request: request body must be message JSON")
+SEQUENCE_ID_INVALID = Problem(40049, 400, "invalid request: sequence ID invalid")
 IDEMPOTENCY_KEY_INVALID = Problem(40091, 400, "invalid request: idempotency key invalid")  # UPF
 TTL_INVALID = Problem(40092, 400, "invalid request: TTL header invalid")  # UPF
 DELAY_NO_CACHE = Problem(40002, 400, "cannot disable cache for delayed message")
@@ -111,6 +122,7 @@ CATALOG: tuple[Problem, ...] = (
     MATRIX_INVALID,
     ICON_INVALID,
     JSON_INVALID,
+    SEQUENCE_ID_INVALID,
     IDEMPOTENCY_KEY_INVALID,
     TTL_INVALID,
     DELAY_NO_CACHE,
@@ -197,6 +209,8 @@ _MARKDOWN = ("x-markdown", "markdown", "md")
 _UNIFIEDPUSH = ("x-unifiedpush", "unifiedpush", "up")
 _CONTENT_TYPE = ("content-type",)
 _IDEMPOTENCY = ("idempotency-key", "x-idempotency-key")
+_SEQUENCE_ID = ("x-sequence-id", "sequence-id", "sequence_id", "sid")
+_POLL_ID = ("x-poll-id", "poll-id", "poll_id")
 
 # RFC 9218's Priority header (``u=3, i``), which proxies such as Cloudflare add; ntfy ignores it.
 _RFC9218_MEMBER = r"(?:u=[0-7]|i(?:=\?[01])?)"
@@ -344,6 +358,10 @@ class Params(msgspec.Struct, frozen=True, kw_only=True):
     """False for ``X-Cache: no``: delivered live only, never replayed."""
     due: int = 0
     """Unix secs a scheduled publish is due (``X-Delay``/``X-At``/``X-In``); 0: deliver now."""
+    sequence_id: str = ""
+    """ntfy's sequence id (``X-Sequence-ID``/``sid``, or the path's second segment), validated."""
+    poll_id: str = ""
+    """``X-Poll-ID``: the publish becomes a ``poll_request`` event, never replayed."""
 
 
 def _split_tags(text: str) -> tuple[str, ...]:
@@ -369,6 +387,8 @@ _PARAM_NAMES = {
     "markdown": _MARKDOWN,
     "unifiedpush": _UNIFIEDPUSH,
     "content_type": _CONTENT_TYPE,
+    "sequence_id": _SEQUENCE_ID,
+    "poll_id": _POLL_ID,
 }
 _MEANING_OF = {name: meaning for meaning, names in _PARAM_NAMES.items() for name in names}
 _ALL_NAMES = frozenset(_MEANING_OF)
@@ -460,6 +480,8 @@ def parse_params(
         content_type="text/markdown" if markdown else "",
         ttl=ttl,
         idem=idem,
+        sequence_id=validate_sequence_id(p["sequence_id"]) if "sequence_id" in p else "",
+        poll_id=_capped(p.get("poll_id", ""), limits.max_field_bytes),
     )
     return _with_scheduling(params, headers, query, now, limits)
 
@@ -478,6 +500,8 @@ def build_envelope(params: Params, body: bytes, *, now: int, limits: Limits) -> 
     overrides the message parameter, UTF-8 text trimmed, anything else base64. Empty -> "triggered"."""
     if len(body) > limits.max_message_bytes:
         raise PublishError(MESSAGE_TOO_LARGE)
+    if params.poll_id:
+        return _poll_request(params.poll_id, now=now, ttl=params.ttl)
     if params.unifiedpush:
         message, encoding = _as_text_or_base64(body)
     elif body:
@@ -502,6 +526,36 @@ def build_envelope(params: Params, body: bytes, *, now: int, limits: Limits) -> 
         content_type=params.content_type,
         idem=params.idem,
         nocache=not params.cache,
+        sequence_id=params.sequence_id,
+    )
+
+
+# --- sequence ids and poll requests (ntfy v2.16's update/clear/delete; X-Poll-ID) -------------------
+EVENT_CLEAR = "message_clear"
+EVENT_DELETE = "message_delete"
+EVENT_POLL_REQUEST = "poll_request"
+POLL_REQUEST_MESSAGE = "New message"
+"""ntfy's body of every poll request (``newMessageBody``): the real message stays upstream."""
+
+
+def validate_sequence_id(sid: str) -> str:
+    """A sequence id has a topic's shape (1-64 of ``[-_A-Za-z0-9]``), else 400 40049."""
+    if _TOPIC_RE.fullmatch(sid) is None:
+        raise PublishError(SEQUENCE_ID_INVALID)
+    return sid
+
+
+def _poll_request(poll_id: str, *, now: int, ttl: int) -> Envelope:
+    """ntfy's ``newPollRequestMessage``: a fresh event (title, tags... and the body dropped), not cached
+    (``nocache``: delivered to subscribers connected now, never replayed; its reply has no ``expires``).
+    ``expires`` is still set, for the janitor."""
+    return Envelope(
+        time=now,
+        expires=now + ttl,
+        message=POLL_REQUEST_MESSAGE,
+        event=EVENT_POLL_REQUEST,
+        nocache=True,
+        poll_id=poll_id,
     )
 
 
@@ -536,12 +590,31 @@ def check_content_length(headers: Mapping[str, str], limit: int, problem: Proble
 
 
 def ingest_publish(
-    topic: str, headers: Mapping[str, str], query: Mapping[str, str], body: bytes, *, now: int, limits: Limits
+    topic: str,
+    headers: Mapping[str, str],
+    query: Mapping[str, str],
+    body: bytes,
+    *,
+    now: int,
+    limits: Limits,
+    sequence_id: str = "",
 ) -> Ingested:
-    """``POST``/``PUT /{topic}``."""
+    """``POST``/``PUT /{topic}``, or ``/{topic}/{sequence_id}`` (the path's id wins over a parameter's)."""
     validate_topic(topic)
-    params = parse_params(headers, query, limits, now=now)
+    params = parse_params(headers, query, limits, {"x-sequence-id": sequence_id} if sequence_id else None, now=now)
     return Ingested(topic, build_envelope(params, body, now=now, limits=limits), params.idem, params.due)
+
+
+def ingest_action(topic: str, sequence_id: str, event: str, *, now: int, limits: Limits) -> Ingested:
+    """``PUT|GET /{topic}/{sid}/clear`` (``/read``) and ``DELETE /{topic}/{sid}``: ntfy's
+    ``message_clear``/``message_delete`` event for ``sequence_id``. Stored and replayed like a message
+    (ntfy caches them too); no lookup of the id: an unknown one is answered like a known one, as ntfy
+    does (the id is the publisher's, and the message may have expired or never been cached)."""
+    validate_topic(topic)
+    validate_sequence_id(sequence_id)
+    expires = now + limits.default_ttl_secs
+    envelope = Envelope(time=now, expires=expires, message="", event=event, sequence_id=sequence_id)
+    return Ingested(topic, envelope)
 
 
 # --- JSON publish (POST/PUT /) ---------------------------------------------------------------------
@@ -581,6 +654,8 @@ def ingest_json(
         overrides["x-delay"] = m.delay
     if m.cache:
         overrides["x-cache"] = m.cache
+    if m.sequence_id:
+        overrides["x-sequence-id"] = m.sequence_id
     params = parse_params(headers, query, limits, overrides, now=now)
     message = (m.message or "").encode("utf-8", "surrogatepass")
     return Ingested(topic, build_envelope(params, message, now=now, limits=limits), params.idem, params.due)

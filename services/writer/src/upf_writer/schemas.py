@@ -44,6 +44,7 @@ class JsonPublish(msgspec.Struct):
     """ntfy's ``cache`` (a string: it defaults to true); "no" is ``X-Cache: no``."""
     delay: str | None = None
     """ntfy's ``delay``: any form ``X-Delay`` takes."""
+    sequence_id: str | None = None
 
 
 class MatrixDevice(msgspec.Struct):

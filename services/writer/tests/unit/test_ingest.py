@@ -247,9 +247,9 @@ def test_app_put_query_form() -> None:
 
 def test_unsupported_parameters_are_ignored() -> None:
     """actions, attach, filename, email, call, firebase: accepted and ignored (delay and cache are
-    implemented: test_scheduling.py)."""
+    implemented: test_scheduling.py; sequence and poll ids: test_sequence.py)."""
     headers = {"x-actions": "junk", "x-attach": "ftp://x", "x-filename": "a.jpg",
-               "x-email": "a@b", "x-call": "yes", "x-firebase": "no", "x-poll-id": "p"}  # fmt: skip
+               "x-email": "a@b", "x-call": "yes", "x-firebase": "no"}  # fmt: skip
     assert publish(b"hello", headers).envelope.message == "hello"
 
 
