@@ -18,7 +18,9 @@ of key can never collide::
     ├── "AT"  / user:str / digest:str                   -> auth.Token (msgpack)   access tokens, by SHA-256 digest
     ├── "AA"  / user:str / pattern:str                  -> auth.Access (msgpack)  ACL entries ("*" = everyone)
     ├── "AV"                                            -> counter (LE i64)       auth version, bumped by every change
-    └── "RL"  / visitor:str                             -> limits.Bucket (msgpack) a visitor's request token bucket
+    ├── "RL"  / visitor:str                             -> limits.Bucket (msgpack) a visitor's request token bucket
+    ├── "WT"  / topic:str / push_topic:str / stamp:Versionstamp -> ""             Web Push Topic: its last Q entry
+    └── "VK"  / topic:str                               -> VAPID key (utf-8)      topic bound to a VAPID key
 
 Stamps are 12 bytes: 10 commit bytes assigned at commit plus a 2-byte user version, so one
 transaction's Q, X, IN and ID entries of one message share one stamp: one message, one id.
@@ -81,6 +83,12 @@ __all__ = [
     "bucket_key",
     "bucket_range",
     "unpack_bucket_key",
+    "push_topic_key_incomplete",
+    "push_topic_range",
+    "unpack_push_topic_key",
+    "vapid_binding_key",
+    "vapid_binding_range",
+    "unpack_vapid_binding_key",
     "shard_of",
     "pack_i64",
     "unpack_i64",
@@ -129,6 +137,8 @@ class Prefix(str, enum.Enum):
     AUTH_ACCESS = "AA"
     AUTH_VERSION = "AV"
     RATE_BUCKET = "RL"
+    PUSH_TOPIC = "WT"
+    VAPID_BINDING = "VK"
 
 
 ROOT = fdbtuple.pack(("upf",))
@@ -413,3 +423,32 @@ def bucket_range() -> tuple[bytes, bytes]:
 def unpack_bucket_key(key: bytes) -> str:
     (visitor,) = _unpack(key, Prefix.RATE_BUCKET, 1)
     return visitor
+
+
+# --- WT / VK ----------------------------------------------------------------------------------------
+def push_topic_key_incomplete(topic: str, push_topic: str, user_version: int) -> bytes:
+    return _pack_vs(_prefix(Prefix.PUSH_TOPIC.value, topic) + _enc(push_topic), user_version)
+
+
+def push_topic_range(topic: str, push_topic: str) -> tuple[bytes, bytes]:
+    """The markers of one (topic, Web Push Topic): normally one, the stamp of its last message."""
+    p = _prefix(Prefix.PUSH_TOPIC.value, topic) + _enc(push_topic)
+    return p + b"\x00", p + b"\xff"
+
+
+def unpack_push_topic_key(key: bytes) -> tuple[str, str, bytes]:
+    topic, push_topic, vs = _unpack(key, Prefix.PUSH_TOPIC, 3)
+    return topic, push_topic, stamp_of(vs)
+
+
+def vapid_binding_key(topic: str) -> bytes:
+    return _pack(Prefix.VAPID_BINDING.value, topic)
+
+
+def vapid_binding_range() -> tuple[bytes, bytes]:
+    return _range(Prefix.VAPID_BINDING.value)
+
+
+def unpack_vapid_binding_key(key: bytes) -> str:
+    (topic,) = _unpack(key, Prefix.VAPID_BINDING, 1)
+    return topic

@@ -61,6 +61,11 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     proxy_trusted: tuple[str, ...] = ()
     """Proxies (CIDR) whose forwarded header names the client; from anyone else it is ignored."""
     proxy_forwarded_header: str = "X-Forwarded-For"
+    vapid_verify: bool = False
+    """Refuse (401) every Web Push publish whose VAPID token does not verify; off, a bad token is only
+    counted (a wrong UPF_PUBLIC_URL must not cut off every app server)."""
+    vapid_restrict: bool = False
+    """Bind a UnifiedPush topic to the first valid VAPID key that publishes to it; other keys get 401."""
 
 
 DEFAULT_ACCESS = ("read-write", "read-only", "write-only", "deny-all")
@@ -180,5 +185,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         visitor_prefix_bits_ipv6=_int(env, "UPF_VISITOR_PREFIX_BITS_IPV6", 64, 1, 128),
         proxy_trusted=_networks(env, "UPF_PROXY_TRUSTED", ""),
         proxy_forwarded_header=forwarded,
+        vapid_verify=_choice(env, "UPF_VAPID_VERIFY", "0", ("0", "1")) == "1",
+        vapid_restrict=_choice(env, "UPF_VAPID_RESTRICT", "0", ("0", "1")) == "1",
     )
     return settings

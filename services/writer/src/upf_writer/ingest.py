@@ -20,7 +20,10 @@ Where UPF differs from ntfy on purpose (see ntfy-protocol.md, "Where this projec
   cap) and a message given as a parameter at ``max_message_bytes`` (413 41301), so an envelope stays far
   below the store's value limit and a publisher cannot make every subscriber download kilobytes of title;
 - the RFC 8030 ``TTL`` header sets the message's expiry (ntfy ignores it); a malformed one is 400;
-- ``Idempotency-Key``/``X-Idempotency-Key`` make a retried publish return the original message.
+- ``Idempotency-Key``/``X-Idempotency-Key`` make a retried publish return the original message;
+- a Web Push request (VAPID ``Authorization``, or ``TTL`` with ``Content-Encoding: aes128gcm``) is
+  UnifiedPush mode, and its RFC 8030 ``Urgency`` (mapped to a priority) and ``Topic`` (a newer message
+  with the same one replaces the stored one) are kept; ntfy ignores both.
 Parameters ntfy has and UPF does not implement (delay, actions, attach, filename, email, call, cache,
 firebase, template, poll id) are accepted and ignored.
 """
@@ -33,6 +36,7 @@ import re
 from collections.abc import Mapping
 import msgspec
 from upf_edge import NtfyError, Problem
+from upf_edge import vapid
 from upf_edge.errors import STORE_UNAVAILABLE
 from upf_keyspace import Envelope, Settings
 
@@ -68,6 +72,10 @@ __all__ = [
     "JSON_INVALID",
     "IDEMPOTENCY_KEY_INVALID",
     "TTL_INVALID",
+    "PUSH_TOPIC_INVALID",
+    "URGENCY_INVALID",
+    "VAPID_INVALID",
+    "VAPID_KEY_REFUSED",
     "NOT_FOUND",
     "METHOD_NOT_ALLOWED",
     "MESSAGE_TOO_LARGE",
@@ -87,6 +95,10 @@ ICON_INVALID = Problem(40021, 400, "invalid request: icon URL is invalid")
 JSON_INVALID = Problem(40024, 400, "invalid request: request body must be message JSON")
 IDEMPOTENCY_KEY_INVALID = Problem(40091, 400, "invalid request: idempotency key invalid")  # UPF
 TTL_INVALID = Problem(40092, 400, "invalid request: TTL header invalid")  # UPF
+PUSH_TOPIC_INVALID = Problem(40097, 400, "invalid request: Topic header invalid, at most 32 base64url characters")  # UPF
+VAPID_INVALID = Problem(40191, 401, "unauthorized: VAPID token invalid")  # UPF
+VAPID_KEY_REFUSED = Problem(40192, 401, "unauthorized: topic is restricted to another VAPID key")  # UPF
+URGENCY_INVALID = Problem(40098, 400, "invalid request: Urgency header invalid, one of very-low, low, normal, high")  # UPF
 NOT_FOUND = Problem(40401, 404, "page not found")
 METHOD_NOT_ALLOWED = Problem(40501, 405, "method not allowed")  # UPF (ntfy answers 404)
 MESSAGE_TOO_LARGE = Problem(41301, 413, "message too large")  # ntfy's "entity too large" code
@@ -103,6 +115,10 @@ CATALOG: tuple[Problem, ...] = (
     JSON_INVALID,
     IDEMPOTENCY_KEY_INVALID,
     TTL_INVALID,
+    PUSH_TOPIC_INVALID,
+    URGENCY_INVALID,
+    VAPID_INVALID,
+    VAPID_KEY_REFUSED,
     NOT_FOUND,
     METHOD_NOT_ALLOWED,
     MESSAGE_TOO_LARGE,
@@ -320,6 +336,24 @@ class Params(msgspec.Struct, frozen=True, kw_only=True):
     content_type: str = ""
     ttl: int = 0
     idem: str = ""
+    webpush: bool = False
+    """A Web Push request (RFC 8030): replied 201 with ``Location`` and ``TTL``."""
+    urgency: str = ""
+    push_topic: str = ""
+
+
+def _parse_webpush(headers: Mapping[str, str]) -> tuple[bool, str, str]:
+    """(is Web Push, Urgency, Topic) of a request; Urgency and Topic are read only from Web Push
+    requests (an ntfy client's stray header changes nothing) and refused when malformed."""
+    if not vapid.is_webpush(headers.get("authorization"), headers.get("ttl"), headers.get("content-encoding")):
+        return False, "", ""
+    urgency = go_trim(headers.get("urgency", "")).lower()  # RFC 5234: ABNF strings ignore case
+    if urgency and not vapid.valid_urgency(urgency):
+        raise PublishError(URGENCY_INVALID)
+    push_topic = go_trim(headers.get("topic", ""))
+    if push_topic and not vapid.valid_push_topic(push_topic):
+        raise PublishError(PUSH_TOPIC_INVALID)
+    return True, urgency, push_topic
 
 
 def _split_tags(text: str) -> tuple[str, ...]:
@@ -378,25 +412,40 @@ def parse_params(
     encrypted = "content-encoding" in headers and go_trim(headers["content-encoding"]).lower() == "aes128gcm"
     ttl = _parse_ttl(headers, limits.default_ttl_secs)
     idem = _parse_idempotency_key(headers)
+    webpush, urgency, push_topic = _parse_webpush(headers)
     if not p:
-        return Params(unifiedpush=encrypted, ttl=ttl, idem=idem)
+        return Params(
+            unifiedpush=encrypted or webpush,
+            ttl=ttl,
+            idem=idem,
+            webpush=webpush,
+            urgency=urgency,
+            push_topic=push_topic,
+            priority=vapid.URGENCY_PRIORITY[urgency] if urgency else 0,
+        )
     icon = p.get("icon", "")
     if icon and _URL_RE.match(icon) is None:
         raise PublishError(ICON_INVALID)
     markdown = p.get("markdown", "").lower() in ("1", "yes", "true")
     if go_trim(p.get("content_type", "").split(";", 1)[0]).lower() == "text/markdown":
         markdown = True
+    priority = _parse_priority(p.get("priority", ""))
+    if not priority and urgency:
+        priority = vapid.URGENCY_PRIORITY[urgency]
     return Params(
-        unifiedpush=encrypted or p.get("unifiedpush", "").lower() in ("1", "yes", "true"),
+        unifiedpush=encrypted or webpush or p.get("unifiedpush", "").lower() in ("1", "yes", "true"),
         message=_capped(p.get("message", "").replace("\\n", "\n"), limits.max_message_bytes),
         title=_capped(p.get("title", ""), limits.max_field_bytes),
-        priority=_parse_priority(p.get("priority", "")),
+        priority=priority,
         tags=_split_tags(_capped(p.get("tags", ""), limits.max_field_bytes)),
         click=_capped(p.get("click", ""), limits.max_field_bytes),
         icon=_capped(icon, limits.max_field_bytes),
         content_type="text/markdown" if markdown else "",
         ttl=ttl,
         idem=idem,
+        webpush=webpush,
+        urgency=urgency,
+        push_topic=push_topic,
     )
 
 
@@ -436,6 +485,8 @@ def build_envelope(params: Params, body: bytes, *, now: int, limits: Limits) -> 
         icon=params.icon,
         content_type=params.content_type,
         idem=params.idem,
+        urgency=params.urgency,
+        push_topic=params.push_topic,
     )
 
 
@@ -445,6 +496,8 @@ class Ingested(msgspec.Struct, frozen=True):
     topic: str
     envelope: Envelope
     idem: str = ""
+    webpush: bool = False
+    """A Web Push request (``Params.webpush``): VAPID is checked and the reply is RFC 8030's."""
 
 
 def check_content_length(headers: Mapping[str, str], limit: int, problem: Problem) -> None:
@@ -463,7 +516,7 @@ def ingest_publish(
     """``POST``/``PUT /{topic}``."""
     validate_topic(topic)
     params = parse_params(headers, query, limits)
-    return Ingested(topic, build_envelope(params, body, now=now, limits=limits), params.idem)
+    return Ingested(topic, build_envelope(params, body, now=now, limits=limits), params.idem, params.webpush)
 
 
 # --- JSON publish (POST/PUT /) ---------------------------------------------------------------------
@@ -501,7 +554,7 @@ def ingest_json(
         overrides["x-markdown"] = "yes"
     params = parse_params(headers, query, limits, overrides)
     message = (m.message or "").encode("utf-8", "surrogatepass")
-    return Ingested(topic, build_envelope(params, message, now=now, limits=limits), params.idem)
+    return Ingested(topic, build_envelope(params, message, now=now, limits=limits), params.idem, params.webpush)
 
 
 # --- Matrix push gateway (POST /_matrix/push/v1/notify) ---------------------------------------------
