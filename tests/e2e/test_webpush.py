@@ -25,14 +25,12 @@ from pathlib import Path
 import http_ece
 import httpx
 import pytest
-import requests
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.asymmetric.utils import decode_dss_signature
 from cryptography.x509.oid import NameOID
-from py_vapid import Vapid01, Vapid02
-from pywebpush import WebPushException, webpush
+from pywebpush import Vapid, Vapid01, WebPushException, webpush  # py_vapid's signers, as pywebpush uses them
 
 from tests.clients.ntfy import error_body, poll, subscribe
 from tests.conftest import free_port
@@ -77,8 +75,8 @@ class AppServer:
         self.private_raw = b64url(self.private.private_numbers().private_value.to_bytes(32, "big"))
 
     def vapid(self, legacy: bool = False) -> Vapid01:
-        """py_vapid's signer: Vapid02 sends ``vapid t=,k=`` (RFC 8292), Vapid01 ``WebPush`` + ``Crypto-Key``."""
-        return (Vapid01 if legacy else Vapid02)(private_key=self.private)
+        """py_vapid's signer: ``Vapid`` (02) sends ``vapid t=,k=`` (RFC 8292), Vapid01 ``WebPush`` + ``Crypto-Key``."""
+        return (Vapid01 if legacy else Vapid)(private_key=self.private)
 
     def token(self, claims: dict, alg: str = "ES256") -> str:
         """A JWT signed by hand, for the tokens no library would produce (expired, wrong aud...)."""
@@ -91,7 +89,8 @@ class AppServer:
         return {"Authorization": f"vapid t={self.token(claims)}, k={self.public}"}
 
 
-def send_pywebpush(ua: UserAgent, endpoint: str, app: AppServer, plaintext: bytes, *, legacy: bool = False, **headers: str) -> requests.Response:
+def send_pywebpush(ua: UserAgent, endpoint: str, app: AppServer, plaintext: bytes, *, legacy: bool = False, **headers: str):  # type: ignore[no-untyped-def]
+    """pywebpush's one-call API; returns its requests.Response (raises WebPushException past 202)."""
     return webpush(
         ua.subscription(endpoint),
         data=plaintext,
