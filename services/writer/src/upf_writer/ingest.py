@@ -345,6 +345,8 @@ class Params(msgspec.Struct, frozen=True, kw_only=True):
 def _parse_webpush(headers: Mapping[str, str]) -> tuple[bool, str, str]:
     """(is Web Push, Urgency, Topic) of a request; Urgency and Topic are read only from Web Push
     requests (an ntfy client's stray header changes nothing) and refused when malformed."""
+    if "ttl" not in headers and "authorization" not in headers:  # the plain publish: two lookups
+        return False, "", ""
     if not vapid.is_webpush(headers.get("authorization"), headers.get("ttl"), headers.get("content-encoding")):
         return False, "", ""
     urgency = go_trim(headers.get("urgency", "")).lower()  # RFC 5234: ABNF strings ignore case
