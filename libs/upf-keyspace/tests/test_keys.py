@@ -114,3 +114,27 @@ def test_fast_encoders_equal_the_tuple_layer(topic, stamp, expiry, idem, uv, sha
     assert keys.idem_key_incomplete(topic, idem, uv) == fdbtuple.pack_with_versionstamp(root + ("ID", topic, idem, inc))
     b, e = keys.expiry_range(expiry)
     assert b == fdbtuple.pack(root + ("X",)) and e == fdbtuple.pack(root + ("X", expiry))
+
+
+@given(any_text, any_text, stamps, st.integers(0, 0xFFFF))
+def test_web_push_keys_equal_the_tuple_layer_and_round_trip(topic, push_topic, stamp, uv):
+    root = ("upf",)
+    inc = fdbtuple.Versionstamp.incomplete(uv)
+    raw = keys.push_topic_key_incomplete(topic, push_topic, uv)
+    assert raw == fdbtuple.pack_with_versionstamp(root + ("WT", topic, push_topic, inc))
+    complete = fdbtuple.pack(root + ("WT", topic, push_topic, keys._vs(stamp)))
+    assert keys.unpack_push_topic_key(complete) == (topic, push_topic, stamp)
+    b, e = keys.push_topic_range(topic, push_topic)
+    assert b < complete < e
+    assert keys.vapid_binding_key(topic) == fdbtuple.pack(root + ("VK", topic))
+    assert keys.unpack_vapid_binding_key(keys.vapid_binding_key(topic)) == topic
+    vb, ve = keys.vapid_binding_range()
+    assert vb < keys.vapid_binding_key(topic) < ve
+
+
+def test_every_prefix_is_distinct_and_documented():
+    """Each kind of key is named once in Prefix and drawn in the module docstring."""
+    values = [p.value for p in keys.Prefix]
+    assert len(values) == len(set(values))
+    for value in values:
+        assert f'"{value}"' in (keys.__doc__ or ""), value

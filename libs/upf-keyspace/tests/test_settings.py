@@ -59,6 +59,8 @@ def test_values_are_read():
         ("UPF_VISITOR_PREFIX_BITS_IPV6", "0"),
         ("UPF_PROXY_TRUSTED", "proxy!"),
         ("UPF_PROXY_FORWARDED_HEADER", "X Forwarded"),
+        ("UPF_VAPID_VERIFY", "yes"),
+        ("UPF_VAPID_RESTRICT", "2"),
     ],
 )
 def test_bad_values_name_the_variable(name, value):
@@ -92,3 +94,9 @@ def test_request_limit_settings():
     assert s.limit_exempt == () and (s.limit_request_burst, s.limit_request_refill_secs) == (5, 0.5)
     assert s.proxy_trusted[:2] == ("10.1.2.3/32", "fd00::/8") and "127.0.0.1/32" in s.proxy_trusted
     assert s.proxy_forwarded_header == "X-Real-IP"
+
+
+def test_vapid_settings_default_permissive_and_read():
+    assert not load_settings({}).vapid_verify and not load_settings({}).vapid_restrict
+    on = load_settings({"UPF_VAPID_VERIFY": "1", "UPF_VAPID_RESTRICT": "1"})
+    assert on.vapid_verify and on.vapid_restrict

@@ -137,3 +137,29 @@ def test_commands_work_while_a_server_holds_the_store(tmp_path: Path) -> None:
     finally:
         server.terminate()
         server.wait(15)
+
+
+def test_vapid_bindings_listed_and_reset(tmp_path: Path) -> None:
+    """``upf vapid list|reset``: bindings the servers made are shown (topic: key) and removable."""
+    store = tmp_path / "upf.db"
+    assert upf(store, "vapid", "list").stdout.strip() == "no restricted topics"
+
+    async def bind() -> None:
+        s = await open_store(Settings(store_path=str(store)))
+        try:
+            assert await s.vapid_admit("upA", "BKeyA", bind=True)
+            assert await s.vapid_admit("upB", "BKeyB", bind=True)
+        finally:
+            await s.close()
+
+    asyncio.run(bind())
+    assert upf(store, "vapid", "list").stdout.strip().splitlines() == ["upA: BKeyA", "upB: BKeyB"]
+    assert upf(store, "vapid", "list", "upB").stdout.strip() == "upB: BKeyB"
+    r = upf(store, "vapid", "reset", "upA")
+    assert r.returncode == 0 and "upA unbound" in r.stdout
+    again = upf(store, "vapid", "reset", "upA")
+    assert again.returncode == 1 and "not restricted" in again.stderr
+    assert upf(store, "vapid", "list", "upA").returncode == 1
+    bad = upf(store, "vapid", "reset", "no/topic")
+    assert bad.returncode == 2 and "a topic is 1-64" in bad.stderr and "Traceback" not in bad.stderr
+    assert upf(store, "vapid", "list").stdout.strip() == "upB: BKeyB"

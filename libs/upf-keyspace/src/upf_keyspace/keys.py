@@ -23,7 +23,9 @@ of key can never collide::
     ├── "SR"  / topic:str / origin:bytes / stamp:Versionstamp -> ""             a released scheduled message: its
     │                                                                            publish id -> its Q stamp
     ├── "ST"  / name:str / slot:int                     -> counter (LE i64)       fleet-wide stats (atomic adds)
-    └── "SH"  / unix:int                                -> counter (LE i64)       samples of the messages counter
+    ├── "SH"  / unix:int                                -> counter (LE i64)       samples of the messages counter
+    ├── "WT"  / topic:str / push_topic:str / stamp:Versionstamp -> ""             Web Push Topic: its last Q entry
+    └── "VK"  / topic:str                               -> VAPID key (utf-8)      topic bound to a VAPID key
 
 Stamps are 12 bytes: 10 commit bytes assigned at commit plus a 2-byte user version, so one
 transaction's Q, X, IN and ID entries of one message share one stamp: one message, one id.
@@ -99,6 +101,14 @@ __all__ = [
     "stat_sample_key",
     "stat_sample_range",
     "unpack_stat_sample_key",
+    "push_topic_key_incomplete",
+    "push_topic_range",
+    "unpack_push_topic_key",
+    "vapid_binding_key",
+    "vapid_binding_range",
+    "unpack_vapid_binding_key",
+    "prefix_range",
+    "prefix_of",
     "shard_of",
     "pack_i64",
     "unpack_i64",
@@ -151,6 +161,8 @@ class Prefix(str, enum.Enum):
     RELEASED = "SR"
     STATS = "ST"
     STATS_SAMPLE = "SH"
+    PUSH_TOPIC = "WT"
+    VAPID_BINDING = "VK"
 
 
 ROOT = fdbtuple.pack(("upf",))
@@ -494,3 +506,47 @@ def stat_sample_range() -> tuple[bytes, bytes]:
 def unpack_stat_sample_key(key: bytes) -> int:
     (unix,) = _unpack(key, Prefix.STATS_SAMPLE, 1)
     return unix
+
+
+# --- WT / VK ----------------------------------------------------------------------------------------
+def push_topic_key_incomplete(topic: str, push_topic: str, user_version: int) -> bytes:
+    return _pack_vs(_prefix(Prefix.PUSH_TOPIC.value, topic) + _enc(push_topic), user_version)
+
+
+def push_topic_range(topic: str, push_topic: str) -> tuple[bytes, bytes]:
+    """The markers of one (topic, Web Push Topic): normally one, the stamp of its last message."""
+    p = _prefix(Prefix.PUSH_TOPIC.value, topic) + _enc(push_topic)
+    return p + b"\x00", p + b"\xff"
+
+
+def unpack_push_topic_key(key: bytes) -> tuple[str, str, bytes]:
+    topic, push_topic, vs = _unpack(key, Prefix.PUSH_TOPIC, 3)
+    return topic, push_topic, stamp_of(vs)
+
+
+def vapid_binding_key(topic: str) -> bytes:
+    return _pack(Prefix.VAPID_BINDING.value, topic)
+
+
+def vapid_binding_range() -> tuple[bytes, bytes]:
+    return _range(Prefix.VAPID_BINDING.value)
+
+
+def unpack_vapid_binding_key(key: bytes) -> str:
+    (topic,) = _unpack(key, Prefix.VAPID_BINDING, 1)
+    return topic
+
+
+# --- any kind ---------------------------------------------------------------------------------------
+def prefix_range(prefix: Prefix) -> tuple[bytes, bytes]:
+    """Every key of one kind, the bare ``("upf", prefix)`` key (AV) included: a backup copies the
+    keyspace kind by kind."""
+    p = _prefix(prefix.value)
+    return p, p + b"\xff"
+
+
+def prefix_of(key: bytes) -> Prefix:
+    """The kind of any UPF key; ValueError outside the root or for a kind this release does not know."""
+    if not key.startswith(ROOT):
+        raise ValueError("key is outside the upf root")
+    return Prefix(fdbtuple.unpack(key, prefix_len=len(ROOT))[0])

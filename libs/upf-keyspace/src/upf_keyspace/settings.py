@@ -76,6 +76,11 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     """SO_SNDBUF of each subscriber socket (0: the kernel's autotuning, which grows to MBs per slow reader)."""
     max_connections_per_ip: int = 300
     """Open connections one peer address may hold (429 beyond; 0: no cap); UPF_LIMIT_EXEMPT peers are exempt."""
+    vapid_verify: bool = False
+    """Refuse (401) every Web Push publish whose VAPID token does not verify; off, a bad token is only
+    counted (a wrong UPF_PUBLIC_URL must not cut off every app server)."""
+    vapid_restrict: bool = False
+    """Bind a UnifiedPush topic to the first valid VAPID key that publishes to it; other keys get 401."""
 
 
 DEFAULT_ACCESS = ("read-write", "read-only", "write-only", "deny-all")
@@ -202,6 +207,8 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         stats_sample_secs=_int(env, "UPF_STATS_SAMPLE_SECS", 60, 1, 86400),
         subscriber_send_buffer_bytes=_int(env, "UPF_SUBSCRIBER_SEND_BUFFER_BYTES", 65536, 0, 64 * 1024 * 1024),
         max_connections_per_ip=_int(env, "UPF_MAX_CONNECTIONS_PER_IP", 300, 0, 10_000_000),
+        vapid_verify=_choice(env, "UPF_VAPID_VERIFY", "0", ("0", "1")) == "1",
+        vapid_restrict=_choice(env, "UPF_VAPID_RESTRICT", "0", ("0", "1")) == "1",
     )
     if settings.delay_min_secs > settings.delay_max_secs:
         raise SettingsError(

@@ -79,6 +79,21 @@ class Store:
         stamp = await pending.commit_stamp + pending.user_version.to_bytes(2, "big")
         return Published(stamp, pending.envelope, False, pending.poked)
 
+    async def vapid_admit(self, topic: str, key: str | None, *, bind: bool) -> bool:
+        """Whether a publish with the verified VAPID ``key`` may go to ``topic`` (see ops.vapid.admit)."""
+        return await self.db.transact(ops.vapid.admit, topic, key, bind)
+
+    async def vapid_bindings(self) -> list[tuple[str, str]]:
+        """Every VAPID-restricted topic and its key."""
+        return await self.db.transact(ops.vapid.bindings)
+
+    async def vapid_binding(self, topic: str) -> str | None:
+        return await self.db.transact(ops.vapid.binding, topic)
+
+    async def vapid_reset(self, topic: str) -> bool:
+        """Unbind ``topic`` (the next valid VAPID publish binds it again); False if it was not bound."""
+        return await self.db.transact(ops.vapid.reset, topic)
+
     async def read_after(self, topic: str, after: bytes | None, limit: int = 256) -> list[Stored]:
         return await self.db.transact(ops.read.read_after, topic, after, limit)
 

@@ -1,4 +1,5 @@
-"""``upf user|access|token``: manage users, ACL entries and tokens in the store the servers use.
+"""``upf user|access|token|vapid``: manage users, ACL entries, tokens and VAPID-restricted topics in
+the store the servers use.
 
 Why a store and not a file: every writer and pusher of a fleet reads the same records and watches
 their version, so a change made here while the servers run reaches all of them within moments,
@@ -27,7 +28,8 @@ from .backup import BackupError
 
 __all__ = ["COMMANDS", "run"]
 
-COMMANDS = ("user", "access", "token", "backup", "restore")
+COMMANDS = ("user", "access", "token", "vapid", "backup", "restore")
+_TOPIC = re.compile(r"[-_A-Za-z0-9]{1,64}")
 _USER = re.compile(r"[-_.@+A-Za-z0-9]{1,64}")
 _DURATION = re.compile(r"(\d+)([smhd])")
 _UNIT = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -98,6 +100,11 @@ def _parser() -> argparse.ArgumentParser:
     trm = token.add_parser("remove", help="remove a token")
     trm.add_argument("name")
     trm.add_argument("token")
+
+    vapid = sub.add_parser("vapid", help="VAPID-restricted topics (UPF_VAPID_RESTRICT=1)")
+    vapid = vapid.add_subparsers(dest="action", required=True)
+    vapid.add_parser("list", help="list restricted topics and their keys, or one topic's").add_argument("topic", nargs="?")
+    vapid.add_parser("reset", help="unbind a topic: the next valid VAPID key to publish binds it").add_argument("topic")
     _backup_parsers(sub)
     return ap
 
@@ -214,13 +221,35 @@ async def _token(store: Store, args: argparse.Namespace) -> str:
     return "\n".join(lines) or "no tokens"
 
 
+def _topic(text: str) -> str:
+    if not _TOPIC.fullmatch(text):
+        raise UsageError(f"a topic is 1-64 of [-_A-Za-z0-9], got {text!r}")
+    return text
+
+
+async def _vapid(store: Store, args: argparse.Namespace) -> str:
+    """Bindings are printed with the key (a public key, no secret): ``topic: key``."""
+    if args.action == "reset":
+        topic = _topic(args.topic)
+        if not await store.vapid_reset(topic):
+            raise LookupError(f"topic {topic} is not restricted")
+        return f"topic {topic} unbound: the next valid VAPID key to publish to it binds it"
+    if args.topic is not None:
+        topic = _topic(args.topic)
+        key = await store.vapid_binding(topic)
+        if key is None:
+            raise LookupError(f"topic {topic} is not restricted")
+        return f"{topic}: {key}"
+    return "\n".join(f"{topic}: {key}" for topic, key in await store.vapid_bindings()) or "no restricted topics"
+
+
 async def _run(args: argparse.Namespace) -> str:
     settings = load_settings()
     if args.command == "restore":
         return await _restore(settings, args)
     store = await open_store(settings)
     try:
-        handler = {"user": _user, "access": _access, "token": _token, "backup": _backup}[args.command]
+        handler = {"user": _user, "access": _access, "token": _token, "vapid": _vapid, "backup": _backup}[args.command]
         return await handler(store, args)
     finally:
         await store.close()

@@ -32,7 +32,6 @@ import time
 from collections.abc import Iterator
 from typing import BinaryIO
 
-import fdb.tuple as fdbtuple
 import msgspec
 
 from upf_keyspace import Store, keys
@@ -57,7 +56,14 @@ KEPT = (
     keys.Prefix.QUEUE,
     keys.Prefix.EXPIRY,
     keys.Prefix.IDEMPOTENCY,
+    keys.Prefix.SCHEDULED,
+    keys.Prefix.RELEASED,
+    keys.Prefix.STATS,
+    keys.Prefix.PUSH_TOPIC,
+    keys.Prefix.VAPID_BINDING,
 )
+"""Durable state: messages (queued and scheduled, with their indexes), auth, VAPID bindings and the
+stats counter. Soft state (affinity, inboxes, bells, liveness, rate buckets) is rebuilt by the roles."""
 _LEN = struct.Struct(">I")
 
 
@@ -90,10 +96,7 @@ _encode = msgspec.msgpack.Encoder().encode
 _decode = msgspec.msgpack.Decoder(Frame).decode
 
 
-def prefix_range(prefix: keys.Prefix) -> tuple[bytes, bytes]:
-    """The key ``("upf", prefix)`` and every key under it."""
-    p = fdbtuple.pack(("upf", prefix.value))
-    return p, p + b"\xff"
+prefix_range = keys.prefix_range
 
 
 async def _page(store: Store, begin: bytes, end: bytes) -> list[tuple[bytes, bytes]]:
@@ -210,8 +213,7 @@ async def _empty(store: Store) -> bool:
     return await store.db.transact(body)
 
 
-def _prefix_of(key: bytes) -> keys.Prefix:
-    return keys.Prefix(fdbtuple.unpack(key, prefix_len=len(keys.ROOT))[0])
+_prefix_of = keys.prefix_of
 
 
 def version_floor(end: End, top: bytes, now: float) -> int:
@@ -274,6 +276,8 @@ async def restore(store: Store, path: str) -> tuple[int, bytes, int]:
             topic, _, stamp = keys.unpack_idem_key(pair.key)
             if (topic, stamp) not in messages:
                 continue
+        elif prefix is keys.Prefix.SCHEDULED:
+            top = max(top, keys.unpack_scheduled_key(pair.key)[1])  # its id was handed out at publish
         elif prefix not in KEPT:
             continue
         await put(pair.key, pair.value)

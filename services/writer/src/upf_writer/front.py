@@ -30,6 +30,7 @@ from . import ingest, schemas
 from .context import WriterContext
 from .ingest import PublishError
 from .routes.publish import failure_problem, publish_one
+from .webpush import WebPushPolicy, webpush_reply
 
 __all__ = ["WriterFront", "problem_reply"]
 
@@ -48,7 +49,7 @@ class WriterFront:
     """The writer's ``upf_edge`` handler (see the module docstring). ``reserved`` are the one-segment
     paths the writer's Litestar app serves itself (``/metrics``, ``/__version__``...): not topics."""
 
-    __slots__ = ("ctx", "reserved", "_max", "_json_max", "_tracing", "_forwarded")
+    __slots__ = ("ctx", "reserved", "_max", "_json_max", "_tracing", "_forwarded", "_webpush")
 
     def __init__(self, ctx: WriterContext, reserved: frozenset[str] = frozenset()) -> None:
         self.ctx = ctx
@@ -57,6 +58,7 @@ class WriterFront:
         self._json_max = ingest.json_body_limit(ctx.limits)
         self._tracing = ctx.telemetry.tracing
         self._forwarded = ctx.settings.proxy_forwarded_header.lower()
+        self._webpush = WebPushPolicy(ctx.settings, ctx.telemetry.registry)
 
     def wants(self, method: str, path: str) -> bool:
         if path == "/":
@@ -203,6 +205,8 @@ class WriterFront:
             else:
                 ingested = ingest.ingest_json(headers, params, body, now=ctx.clock(), limits=ctx.limits)
             gate.authorize(who, (ingested.topic,), write=True)  # a JSON publish names its topic in the body
+            if ingested.webpush or self._webpush.restrict:  # VAPID: 401 after the ACL's 403
+                await self._webpush.admit(ctx.require_store(), ingested, headers, ctx.clock())
             payload, replayed = await publish_one(ctx, ingested, headers, len(body), start_ns, route)
         except PublishError as exc:
             ctx.metrics.rejected(exc.problem.code)
@@ -211,4 +215,6 @@ class WriterFront:
             problem = failure_problem(exc, route)
             ctx.metrics.rejected(problem.code)
             return problem_reply(problem)
+        if ingested.webpush:
+            return webpush_reply(ctx.limits.public_url, ingested, payload, _REPLAYED if replayed else ())
         return Reply(200, payload, _REPLAYED if replayed else ())

@@ -20,7 +20,10 @@ Where UPF differs from ntfy on purpose (see ntfy-protocol.md, "Where this projec
   cap) and a message given as a parameter at ``max_message_bytes`` (413 41301), so an envelope stays far
   below the store's value limit and a publisher cannot make every subscriber download kilobytes of title;
 - the RFC 8030 ``TTL`` header sets the message's expiry (ntfy ignores it); a malformed one is 400;
-- ``Idempotency-Key``/``X-Idempotency-Key`` make a retried publish return the original message.
+- ``Idempotency-Key``/``X-Idempotency-Key`` make a retried publish return the original message;
+- a Web Push request (VAPID ``Authorization``, or ``TTL`` with ``Content-Encoding: aes128gcm``) is
+  UnifiedPush mode, and its RFC 8030 ``Urgency`` (mapped to a priority) and ``Topic`` (a newer message
+  with the same one replaces the stored one) are kept; ntfy ignores both.
 Parameters ntfy has and UPF does not implement (actions, attach, filename, email, call, firebase,
 template) are accepted and ignored. ``X-Cache: no`` and scheduled delivery (``X-Delay``/``X-At``/
 ``X-In``) are ntfy's: see ``_parse_cache``/``_parse_delay`` and ``futuretime``.
@@ -38,6 +41,7 @@ import re
 from collections.abc import Mapping
 import msgspec
 from upf_edge import NtfyError, Problem
+from upf_edge import vapid
 from upf_edge.errors import STORE_UNAVAILABLE
 from upf_keyspace import Envelope, Settings
 
@@ -84,6 +88,10 @@ __all__ = [
     "DELAY_CANNOT_PARSE",
     "DELAY_TOO_SMALL",
     "DELAY_TOO_LARGE",
+    "PUSH_TOPIC_INVALID",
+    "URGENCY_INVALID",
+    "VAPID_INVALID",
+    "VAPID_KEY_REFUSED",
     "NOT_FOUND",
     "METHOD_NOT_ALLOWED",
     "MESSAGE_TOO_LARGE",
@@ -108,6 +116,10 @@ DELAY_NO_CACHE = Problem(40002, 400, "cannot disable cache for delayed message")
 DELAY_CANNOT_PARSE = Problem(40004, 400, "invalid delay parameter: unable to parse delay")
 DELAY_TOO_SMALL = Problem(40005, 400, "invalid delay parameter: too small, please refer to the docs")
 DELAY_TOO_LARGE = Problem(40006, 400, "invalid delay parameter: too large, please refer to the docs")
+PUSH_TOPIC_INVALID = Problem(40097, 400, "invalid request: Topic header invalid, at most 32 base64url characters")  # UPF
+URGENCY_INVALID = Problem(40098, 400, "invalid request: Urgency header invalid, one of very-low, low, normal, high")  # UPF
+VAPID_INVALID = Problem(40191, 401, "unauthorized: VAPID token invalid")  # UPF
+VAPID_KEY_REFUSED = Problem(40192, 401, "unauthorized: topic is restricted to another VAPID key")  # UPF
 NOT_FOUND = Problem(40401, 404, "page not found")
 METHOD_NOT_ALLOWED = Problem(40501, 405, "method not allowed")  # UPF (ntfy answers 404)
 MESSAGE_TOO_LARGE = Problem(41301, 413, "message too large")  # ntfy's "entity too large" code
@@ -129,6 +141,10 @@ CATALOG: tuple[Problem, ...] = (
     DELAY_CANNOT_PARSE,
     DELAY_TOO_SMALL,
     DELAY_TOO_LARGE,
+    PUSH_TOPIC_INVALID,
+    URGENCY_INVALID,
+    VAPID_INVALID,
+    VAPID_KEY_REFUSED,
     NOT_FOUND,
     METHOD_NOT_ALLOWED,
     MESSAGE_TOO_LARGE,
@@ -362,6 +378,26 @@ class Params(msgspec.Struct, frozen=True, kw_only=True):
     """ntfy's sequence id (``X-Sequence-ID``/``sid``, or the path's second segment), validated."""
     poll_id: str = ""
     """``X-Poll-ID``: the publish becomes a ``poll_request`` event, never replayed."""
+    webpush: bool = False
+    """A Web Push request (RFC 8030): replied 201 with ``Location`` and ``TTL``."""
+    urgency: str = ""
+    push_topic: str = ""
+
+
+def _parse_webpush(headers: Mapping[str, str]) -> tuple[bool, str, str]:
+    """(is Web Push, Urgency, Topic) of a request; Urgency and Topic are read only from Web Push
+    requests (an ntfy client's stray header changes nothing) and refused when malformed."""
+    if "ttl" not in headers and "authorization" not in headers:  # the plain publish: two lookups
+        return False, "", ""
+    if not vapid.is_webpush(headers.get("authorization"), headers.get("ttl"), headers.get("content-encoding")):
+        return False, "", ""
+    urgency = go_trim(headers.get("urgency", "")).lower()  # RFC 5234: ABNF strings ignore case
+    if urgency and not vapid.valid_urgency(urgency):
+        raise PublishError(URGENCY_INVALID)
+    push_topic = go_trim(headers.get("topic", ""))
+    if push_topic and not vapid.valid_push_topic(push_topic):
+        raise PublishError(PUSH_TOPIC_INVALID)
+    return True, urgency, push_topic
 
 
 def _split_tags(text: str) -> tuple[str, ...]:
@@ -461,19 +497,32 @@ def parse_params(
     encrypted = "content-encoding" in headers and go_trim(headers["content-encoding"]).lower() == "aes128gcm"
     ttl = _parse_ttl(headers, limits.default_ttl_secs)
     idem = _parse_idempotency_key(headers)
+    webpush, urgency, push_topic = _parse_webpush(headers)
     if not p:
-        return _with_scheduling(Params(unifiedpush=encrypted, ttl=ttl, idem=idem), headers, query, now, limits)
+        bare = Params(
+            unifiedpush=encrypted or webpush,
+            ttl=ttl,
+            idem=idem,
+            webpush=webpush,
+            urgency=urgency,
+            push_topic=push_topic,
+            priority=vapid.URGENCY_PRIORITY[urgency] if urgency else 0,
+        )
+        return _with_scheduling(bare, headers, query, now, limits)
     icon = p.get("icon", "")
     if icon and _URL_RE.match(icon) is None:
         raise PublishError(ICON_INVALID)
     markdown = p.get("markdown", "").lower() in ("1", "yes", "true")
     if go_trim(p.get("content_type", "").split(";", 1)[0]).lower() == "text/markdown":
         markdown = True
+    priority = _parse_priority(p.get("priority", ""))
+    if not priority and urgency:
+        priority = vapid.URGENCY_PRIORITY[urgency]
     params = Params(
-        unifiedpush=encrypted or p.get("unifiedpush", "").lower() in ("1", "yes", "true"),
+        unifiedpush=encrypted or webpush or p.get("unifiedpush", "").lower() in ("1", "yes", "true"),
         message=_capped(p.get("message", "").replace("\\n", "\n"), limits.max_message_bytes),
         title=_capped(p.get("title", ""), limits.max_field_bytes),
-        priority=_parse_priority(p.get("priority", "")),
+        priority=priority,
         tags=_split_tags(_capped(p.get("tags", ""), limits.max_field_bytes)),
         click=_capped(p.get("click", ""), limits.max_field_bytes),
         icon=_capped(icon, limits.max_field_bytes),
@@ -482,6 +531,9 @@ def parse_params(
         idem=idem,
         sequence_id=validate_sequence_id(p["sequence_id"]) if "sequence_id" in p else "",
         poll_id=_capped(p.get("poll_id", ""), limits.max_field_bytes),
+        webpush=webpush,
+        urgency=urgency,
+        push_topic=push_topic,
     )
     return _with_scheduling(params, headers, query, now, limits)
 
@@ -527,6 +579,8 @@ def build_envelope(params: Params, body: bytes, *, now: int, limits: Limits) -> 
         idem=params.idem,
         nocache=not params.cache,
         sequence_id=params.sequence_id,
+        urgency=params.urgency,
+        push_topic=params.push_topic,
     )
 
 
@@ -577,6 +631,8 @@ class Ingested(msgspec.Struct, frozen=True):
     envelope: Envelope
     idem: str = ""
     due: int = 0
+    webpush: bool = False
+    """A Web Push request (``Params.webpush``): VAPID is checked and the reply is RFC 8030's."""
 
 
 def check_content_length(headers: Mapping[str, str], limit: int, problem: Problem) -> None:
@@ -602,7 +658,8 @@ def ingest_publish(
     """``POST``/``PUT /{topic}``, or ``/{topic}/{sequence_id}`` (the path's id wins over a parameter's)."""
     validate_topic(topic)
     params = parse_params(headers, query, limits, {"x-sequence-id": sequence_id} if sequence_id else None, now=now)
-    return Ingested(topic, build_envelope(params, body, now=now, limits=limits), params.idem, params.due)
+    envelope = build_envelope(params, body, now=now, limits=limits)
+    return Ingested(topic, envelope, params.idem, due=params.due, webpush=params.webpush)
 
 
 def ingest_action(topic: str, sequence_id: str, event: str, *, now: int, limits: Limits) -> Ingested:
@@ -658,7 +715,8 @@ def ingest_json(
         overrides["x-sequence-id"] = m.sequence_id
     params = parse_params(headers, query, limits, overrides, now=now)
     message = (m.message or "").encode("utf-8", "surrogatepass")
-    return Ingested(topic, build_envelope(params, message, now=now, limits=limits), params.idem, params.due)
+    envelope = build_envelope(params, message, now=now, limits=limits)
+    return Ingested(topic, envelope, params.idem, due=params.due, webpush=params.webpush)
 
 
 # --- Matrix push gateway (POST /_matrix/push/v1/notify) ---------------------------------------------

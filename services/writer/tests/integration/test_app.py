@@ -60,12 +60,14 @@ async def test_put_with_app_query_parameters(client: AsyncTestClient, store: Sto
 
 
 async def test_unifiedpush_binary_round_trips(client: AsyncTestClient, store: Store) -> None:
-    """An aes128gcm WebPush body (with VAPID auth and TTL, as pywebpush sends) is stored as base64."""
+    """An aes128gcm WebPush body (with VAPID auth and TTL, as pywebpush sends) is stored as base64;
+    a Web Push request is answered RFC 8030's 201 with TTL (its Urgency high shown as priority 5)."""
     body = bytes(range(256)) * 4
     headers = {"content-encoding": "aes128gcm", "ttl": "60", "authorization": "vapid t=eyJ0.eyJ1.c2ln,k=BDd3", "urgency": "high"}
     r = await client.post("/upAbCdEfGhIjKl", content=body, headers=headers)
-    assert r.status_code == 200
+    assert r.status_code == 201 and r.headers["ttl"] == "60"
     msg = r.json()
+    assert r.headers["location"].endswith(f"/upAbCdEfGhIjKl/m/{msg['id']}") and msg["priority"] == 5
     assert msg["encoding"] == "base64" and base64.b64decode(msg["message"]) == body
     assert msg["expires"] == msg["time"] + 60
     env = (await stored(store, "upAbCdEfGhIjKl"))[0].envelope

@@ -135,11 +135,10 @@ def test_poll_id_over_the_field_cap_is_413() -> None:
 # --- routing ----------------------------------------------------------------------------------------
 @pytest.fixture
 def front() -> WriterFront:
-    ctx = SimpleNamespace(
-        limits=LIMITS,
-        telemetry=SimpleNamespace(tracing=False),
-        settings=SimpleNamespace(proxy_forwarded_header="X-Forwarded-For"),
-    )
+    from upf_keyspace import Settings
+    from upf_keyspace import telemetry as tm
+
+    ctx = SimpleNamespace(limits=LIMITS, telemetry=SimpleNamespace(tracing=False, registry=tm.Registry()), settings=Settings())
     return WriterFront(ctx, frozenset({"/metrics", "/__version__"}))  # type: ignore[arg-type]
 
 

@@ -52,8 +52,12 @@ async def publish(
             if raw is not None:
                 return Pending(envelope=decode_envelope(raw), duplicate_of=stamp)
             tr.clear(marker[0][0])  # the original expired: publish anew
+    if env.push_topic:
+        await replace_push_topic(tr, topic, env.push_topic)
     uv = tr.next_user_version()
     tr.set_versionstamped_key(keys.queue_key_incomplete(topic, uv), encode_envelope(env))
+    if env.push_topic:
+        tr.set_versionstamped_key(keys.push_topic_key_incomplete(topic, env.push_topic, uv), b"")
     x_value = RELEASED_MARK + encode_id(origin).encode() if origin else idem.encode()
     tr.set_versionstamped_key(keys.expiry_key_incomplete(env.expires, topic, uv), x_value)
     if count:
@@ -69,3 +73,23 @@ async def publish(
             tr.set_versionstamped_key(keys.inbox_key_incomplete(node, shard, uv), payload)
             tr.add(keys.bell_key(node, shard), _ONE)
     return Pending(envelope=env, user_version=uv, commit_stamp=tr.get_versionstamp(), poked=len(holders))
+
+
+async def replace_push_topic(tr: Transaction, topic: str, push_topic: str) -> int:
+    """RFC 8030 section 5.4: the message this Web Push ``Topic`` last named on ``topic``, if it is
+    still stored, leaves the queue (its Q, X and ID entries) with its marker, in the transaction that
+    stores its replacement. Returns how many messages were replaced (0 or 1)."""
+    replaced = 0
+    for marker, _ in await tr.get_range(*keys.push_topic_range(topic, push_topic)):
+        _, _, stamp = keys.unpack_push_topic_key(marker)
+        qkey = keys.queue_key(topic, stamp)
+        raw = await tr.get(qkey)
+        if raw is not None:
+            old = decode_envelope(raw)
+            tr.clear(qkey)
+            tr.clear(keys.expiry_key(old.expires, topic, stamp))
+            if old.idem:
+                tr.clear(keys.idem_key(topic, old.idem, stamp))
+            replaced += 1
+        tr.clear(marker)
+    return replaced

@@ -152,6 +152,10 @@ def build(ctx: WriterContext) -> list[ControllerRouterHandler]:
                 log.info("matrix pushkey rejected", extra={"reason": "not this server or no valid topic"})
                 return Response(schemas.encode(schemas.MatrixResponse((outcome.pushkey,))), media_type=_JSON)
             gate.authorize(who, (outcome.ingested.topic,), write=True)
+            if ctx.settings.vapid_restrict and not await ctx.require_store().vapid_admit(
+                outcome.ingested.topic, None, bind=False
+            ):  # a homeserver carries no VAPID key: a topic bound to one refuses it
+                raise PublishError(ingest.VAPID_KEY_REFUSED)
             await publish_one(ctx, outcome.ingested, headers, len(body), start_ns, "matrix")
         except ClientGone:
             raise

@@ -1,0 +1,100 @@
+"""Web Push in the store: a newer message with the same ``Topic`` replaces the stored one in the
+queue, and VAPID bindings admit only their key."""
+
+from __future__ import annotations
+
+import time
+
+import msgspec
+import pytest
+
+from upf_keyspace import Envelope, Settings, keys, open_store
+
+
+@pytest.fixture
+async def store(tmp_path):
+    s = await open_store(Settings(store_path=str(tmp_path / "upf.db"), shard_count=8))
+    yield s
+    await s.close()
+
+
+def env(msg: str, push_topic: str = "", idem: str = "", ttl: int = 3600) -> Envelope:
+    now = int(time.time())
+    return Envelope(time=now, expires=now + ttl, message=msg, push_topic=push_topic, idem=idem)
+
+
+async def rows(store, begin: bytes, end: bytes) -> list[tuple[bytes, bytes]]:
+    async def body(tr):  # type: ignore[no-untyped-def]
+        return await tr.get_range(begin, end)
+
+    return await store.db.transact(body)
+
+
+async def test_same_push_topic_replaces_in_the_queue(store):
+    """Two publishes with one Topic leave the newer only (its own id); other Topics and plain
+    messages stay; X, ID and marker entries of the replaced one are gone."""
+    await store.publish("t", env("plain"))
+    first = await store.publish("t", env("old", "news", idem="k1"))
+    await store.publish("t", env("other", "sport"))
+    second = await store.publish("t", env("new", "news"))
+    assert second.id != first.id and second.stamp > first.stamp
+    assert [m.envelope.message for m in await store.read_after("t", None)] == ["plain", "other", "new"]
+    expiries = await rows(store, *keys.expiry_range(2**40))
+    assert keys.expiry_key(first.envelope.expires, "t", first.stamp) not in [k for k, _ in expiries]
+    assert len(expiries) == 3
+    assert await rows(store, *keys.idem_range("t", "k1")) == []
+    markers = await rows(store, *keys.push_topic_range("t", "news"))
+    assert [keys.unpack_push_topic_key(k)[2] for k, _ in markers] == [second.stamp]
+
+
+async def test_push_topic_is_per_upf_topic(store):
+    await store.publish("a", env("a1", "x"))
+    await store.publish("b", env("b1", "x"))
+    assert [m.envelope.message for m in await store.read_after("a", None)] == ["a1"]
+    assert [m.envelope.message for m in await store.read_after("b", None)] == ["b1"]
+
+
+async def test_replacing_an_expired_message_just_appends(store):
+    """The janitor already took the old one: the marker is dropped, the new message stored."""
+    from upf_keyspace import ops
+
+    old = await store.publish("t", env("old", "n", ttl=-10))
+    await store.db.transact(ops.janitor.expire, int(time.time()), 100)
+    assert await store.read_after("t", None) == []
+    new = await store.publish("t", env("new", "n"))
+    assert [m.envelope.message for m in await store.read_after("t", None)] == ["new"]
+    markers = await rows(store, *keys.push_topic_range("t", "n"))
+    assert [keys.unpack_push_topic_key(k)[2] for k, _ in markers] == [new.stamp] and old.stamp != new.stamp
+
+
+async def test_idempotent_retry_does_not_replace(store):
+    first = await store.publish("t", env("one", "n"), idem="r")
+    again = await store.publish("t", env("one", "n"), idem="r")
+    assert again.duplicate and again.id == first.id
+    assert [m.envelope.message for m in await store.read_after("t", None)] == ["one"]
+
+
+async def test_vapid_binding_first_key_wins_until_reset(store):
+    assert await store.vapid_admit("up1", None, bind=True)  # no key: admitted, binds nothing
+    assert await store.vapid_binding("up1") is None
+    assert await store.vapid_admit("up1", "KEY-A", bind=False)  # not a UnifiedPush publish: no binding
+    assert await store.vapid_binding("up1") is None
+    assert await store.vapid_admit("up1", "KEY-A", bind=True)
+    assert await store.vapid_binding("up1") == "KEY-A"
+    assert await store.vapid_admit("up1", "KEY-A", bind=True)
+    assert not await store.vapid_admit("up1", "KEY-B", bind=True)
+    assert not await store.vapid_admit("up1", None, bind=False)
+    assert await store.vapid_bindings() == [("up1", "KEY-A")]
+    assert await store.vapid_reset("up1")
+    assert not await store.vapid_reset("up1")
+    assert await store.vapid_admit("up1", "KEY-B", bind=True)
+    assert await store.vapid_bindings() == [("up1", "KEY-B")]
+
+
+def test_envelope_push_fields_round_trip():
+    e = env("m", "news")
+    raw = msgspec.msgpack.encode(msgspec.structs.replace(e, urgency="high"))
+    from upf_keyspace.envelope import decode_envelope
+
+    back = decode_envelope(raw)
+    assert back.push_topic == "news" and back.urgency == "high"
