@@ -29,6 +29,9 @@ __all__ = ["WriterFront", "problem_reply"]
 
 _REPLAYED = ((b"idempotent-replayed", b"true"),)
 _ALLOW = ((b"allow", b"GET, HEAD, POST, PUT"),)
+_GET_PUBLISH = frozenset({"/publish", "/send", "/trigger"})
+"""``GET /{topic}/publish`` (or ``/send``, ``/trigger``): ntfy's publish from query parameters, for
+webhooks that can only GET."""
 
 
 def problem_reply(problem: Problem, headers: tuple[tuple[bytes, bytes], ...] = ()) -> Reply:
@@ -52,7 +55,10 @@ class WriterFront:
     def wants(self, method: str, path: str) -> bool:
         if path == "/":
             return method == "POST" or method == "PUT"
-        return len(path) > 1 and path.rfind("/") == 0 and path not in self.reserved
+        slash = path.rfind("/")
+        if slash == 0:
+            return len(path) > 1 and path not in self.reserved
+        return method == "GET" and path[slash:] in _GET_PUBLISH and path.count("/") == 2
 
     def body_limit(self, method: str, topic: str) -> int:
         if method == "POST" or method == "PUT":
@@ -70,6 +76,8 @@ class WriterFront:
     ) -> Reply:
         if method == "POST" or method == "PUT":
             return await self.publish(topic, headers, query, body, client)
+        if "/" in topic:  # only GET /{topic}/publish|send|trigger is routed here (``wants``)
+            return await self.publish(topic.partition("/")[0], headers, query, b"", client)
         try:
             if method == "GET" or method == "HEAD":
                 decoded, params = decode_headers(headers), decode_query(query)
