@@ -28,8 +28,9 @@ __all__ = [
 
 # --- request bodies ---------------------------------------------------------------------------------
 class JsonPublish(msgspec.Struct):
-    """ntfy's JSON publish (``publishMessage``). Fields UPF does not implement (actions, attach,
-    filename, email, call, cache, firebase, delay) are ignored; ``null`` means unset, as in Go."""
+    """ntfy's JSON publish (``publishMessage``). Fields UPF does not implement (call, cache, firebase,
+    delay) are ignored; ``null`` means unset, as in Go. ``actions`` is kept as raw JSON: ntfy's rules for
+    it (keys matched case-insensitively) are ``upf_writer.actions``'s."""
 
     topic: str | None = None
     message: str | None = None
@@ -39,6 +40,11 @@ class JsonPublish(msgspec.Struct):
     click: str | None = None
     icon: str | None = None
     markdown: bool | None = None
+    actions: msgspec.Raw = msgspec.Raw()
+    """Raw JSON (empty when absent; msgspec takes no ``Raw | None``)."""
+    attach: str | None = None
+    filename: str | None = None
+    email: str | None = None
 
 
 class MatrixDevice(msgspec.Struct):
