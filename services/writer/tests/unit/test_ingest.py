@@ -246,9 +246,9 @@ def test_app_put_query_form() -> None:
 
 
 def test_unsupported_parameters_are_ignored() -> None:
-    """delay, actions, attach, filename, email, call, cache, firebase: accepted and ignored."""
-    headers = {"x-delay": "1h", "x-actions": "junk", "x-attach": "ftp://x", "x-filename": "a.jpg",
-               "x-email": "a@b", "x-call": "yes", "x-cache": "no", "x-firebase": "no", "x-poll-id": "p"}  # fmt: skip
+    """delay, filename (without attach: UPF stores no uploads), call, cache, firebase: accepted and ignored."""
+    headers = {"x-delay": "1h", "x-filename": "a.jpg",
+               "x-call": "yes", "x-cache": "no", "x-firebase": "no", "x-poll-id": "p"}  # fmt: skip
     assert publish(b"hello", headers).envelope.message == "hello"
 
 
