@@ -1,7 +1,8 @@
 """The writer's hot routes as one plain function: ``(method, topic, headers, query, body, client) -> Reply``.
 
 ``POST``/``PUT /{topic}`` (publish), ``POST``/``PUT /`` (ntfy's JSON publish) and ``GET``/``HEAD
-/{topic}`` (the UnifiedPush endpoint check) carry nearly all of the writer's traffic. They are served
+/{topic}`` (the UnifiedPush endpoint check) carry nearly all of the writer's traffic; ``GET
+/{topic}/publish`` (ntfy's webhook form) is a publish too. They are served
 by :class:`WriterFront`, which implements ``upf_edge.handler.Handler``: it decodes, calls the pure
 core (``ingest``), makes the one store call and returns the ntfy JSON reply or ntfy's JSON error body.
 No framework is involved, so every front door calls it directly: the pusher's asyncio server in the
