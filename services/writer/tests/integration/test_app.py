@@ -8,6 +8,7 @@ import base64
 import json
 from collections.abc import AsyncIterator
 
+import msgspec
 import pytest
 from httpx import AsyncClient as AsyncTestClient
 from upf_keyspace import Settings, Store, StoreError, decode_id, open_store
@@ -295,3 +296,11 @@ async def test_preflight_on_every_path(client: AsyncTestClient, path: str) -> No
     assert r.headers["access-control-allow-origin"] == "*"
     assert r.headers["access-control-allow-methods"] == "GET, PUT, POST, PATCH, DELETE"
     assert r.headers["access-control-allow-headers"] == "*"
+
+
+async def test_get_publish_needs_write_access(settings: Settings, store: Store) -> None:
+    """GET /{topic}/publish is a publish: on a read-only server it is 403 40301 and stores nothing."""
+    ro = msgspec.structs.replace(settings, auth_default_access="read-only")
+    async with in_process(create_app(ro, store)) as c:
+        assert_ntfy_error(await c.get("/ro/publish?message=x"), 403, 40301)
+    assert await stored(store, "ro") == []

@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from upf_writer.actions import Action, ActionsError, count_json_actions, encode_actions, parse_actions
 
@@ -151,3 +153,21 @@ def test_nul_ends_a_section_as_ntfys_end_of_input_rune() -> None:
     """ntfy's scanner uses rune 0 as its end marker, so a NUL (possible via %00 in a query) ends the action."""
     a, b = parse_actions("view, Open, https://o\0view, Two, https://t")
     assert (a.url, b.label) == ("https://o", "Two")
+
+
+# --- fuzz: ntfy's refusal or a valid array, never another exception --------------------------------------
+_PIECES = ["view", "http", "broadcast", ",", ";", "=", "'", '"', "\\", " ", "label", "url", "clear", "true", "headers.",
+           "extras.", "method", "body", "intent", "[", "]", "{", "}", ":", "null", "\0", "é", "https://x"]  # fmt: skip
+_texts = st.one_of(st.text(max_size=200), st.lists(st.sampled_from(_PIECES), max_size=40).map("".join))
+
+
+@settings(max_examples=400, deadline=None)
+@given(_texts)
+def test_fuzz_any_text_is_refused_or_valid_actions(text: str) -> None:
+    try:
+        actions = parse_actions(text)
+    except ActionsError:
+        return
+    assert len(actions) <= 3
+    for a in json.loads(encode_actions(actions) or "[]"):
+        assert a["action"] in ("view", "broadcast", "http") and a["label"] and isinstance(a["clear"], bool)
