@@ -33,8 +33,8 @@ from __future__ import annotations
 import base64
 import binascii
 import re
-from urllib.parse import unquote, urlsplit
 from collections.abc import Mapping
+from urllib.parse import unquote, urlsplit
 import msgspec
 from upf_edge import NtfyError, Problem
 from upf_edge.errors import STORE_UNAVAILABLE
@@ -588,7 +588,8 @@ def ingest_json(
         overrides["x-markdown"] = "yes"
     overrides.update(_json_extras(m))
     params = parse_params(headers, query, limits, overrides)
-    message = (m.message or "").encode("utf-8", "surrogatepass")
+    # ntfy makes an empty JSON message "triggered" before anything else reads it (so no attachment text)
+    message = (m.message or TRIGGERED).encode("utf-8", "surrogatepass")
     return Ingested(topic, build_envelope(params, message, now=now, limits=limits), params.idem)
 
 

@@ -125,6 +125,8 @@ def test_attach_with_no_body_says_you_received_a_file() -> None:
     assert publish(b"  ", {"x-attach": "https://e/f.jpg"}).envelope.message == "You received a file: f.jpg"
     assert publish(b"", {"x-attach": "https://e/f.jpg", "x-message": "m"}).envelope.message == "m"
     assert publish(b"", {"x-attach": "https://e/f.jpg"}, {"up": "1"}).envelope.message == "triggered"
+    # a JSON publish's empty message is "triggered" before ntfy looks at the attachment
+    assert publish_json({"topic": "t1", "attach": "https://e/f.jpg"}).envelope.message == "triggered"
 
 
 def test_filename_without_attach_is_ignored() -> None:
