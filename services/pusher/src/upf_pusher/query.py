@@ -83,8 +83,8 @@ def match_subscribe_path(path: str) -> tuple[str, str] | None:
 
 
 def parse_topics(raw: str, max_topics: int = 128) -> tuple[str, ...]:
-    """The comma-joined topic list of the path, deduplicated in order; any invalid or disallowed name is 40009, more
-    than ``max_topics`` names (counted before deduplication, so before any work per name) 40093."""
+    """The comma-joined topic list of the path, deduplicated in order; any invalid or disallowed name is
+    40009, more than ``max_topics`` names (counted before deduplication, so before any work per name) 40093."""
     if raw.count(",") >= max_topics:
         raise too_many_topics()
     topics: dict[str, None] = {}
