@@ -270,6 +270,32 @@ def request_cases() -> dict[str, Callable[[], Callable[[str], Any]]]:
         "publish-attach-url": lambda: _pub_then_poll("POST", f"/{T()}", content=b"a",
                                                      headers={"X-Attach": "https://example.com/f.jpg"}),
         "publish-email": lambda: _req("POST", f"/{T()}", content=b"a", headers={"X-Email": "a@example.com"}),
+        "publish-email-query": lambda: _pub_then_poll("PUT", f"/{T()}?e=a@example.com", content=b"a"),
+        "publish-actions-json-format": lambda: _pub_then_poll("POST", f"/{T()}", content=b"a", headers={
+            "X-Actions": '[{"Action":"HTTP","label":"Post","url":"https://example.com/h","method":"put",'
+                         '"headers":{"b":"2","a":"1"},"body":"x","clear":true},'
+                         '{"action":"broadcast","label":"B","extras":{"k":"v"},"intent":"i.X"}]'}),
+        "publish-actions-quoted": lambda: _pub_then_poll("PUT", f"/{T()}", content=b"a", params={
+            "actions": "view, 'Look, \\'quotes\\'', https://example.com/q; http, x, https://example.com/p, body=b"}),
+        "publish-actions-invalid": lambda: _pub_then_poll("POST", f"/{T()}", content=b"a", headers={"X-Actions": "junk"}),
+        "publish-actions-too-many": lambda: _req("POST", f"/{T()}", content=b"a", headers={
+            "X-Actions": "; ".join(f"view, L{i}, https://example.com/{i}" for i in range(4))}),
+        "publish-json-actions-bad-type": lambda: _req("POST", "/", json={"topic": T(), "actions": [{"action": 1}]}),
+        "publish-json-actions-invalid": lambda: _req("POST", "/", json={"topic": T(), "actions": [{"label": "x"}]}),
+        "publish-attach-empty-body": lambda: _pub_then_poll("PUT", f"/{T()}?attach=https://example.com/d/a%20b.pdf",
+                                                            content=b""),
+        "publish-attach-filename": lambda: _pub_then_poll("POST", f"/{T()}", content=b"  text  ", headers={
+            "X-Attach": "https://example.com/", "X-Filename": "given.txt"}),
+        "publish-attach-no-name": lambda: _pub_then_poll("POST", f"/{T()}", content=b"", headers={
+            "X-Attach": "https://example.com"}),
+        "publish-attach-invalid": lambda: _req("POST", f"/{T()}", content=b"a", headers={"X-Attach": "ftp://example.com/f"}),
+        "publish-attach-binary": lambda: _pub_then_poll("POST", f"/{T()}", content=BIN,
+                                                        headers={"X-Attach": "https://example.com/f.bin"}),
+        "publish-json-attach-only": lambda: (lambda t: _pub_then_poll("POST", "/", json={
+            "topic": t, "attach": "https://example.com/f.jpg"}))(T()),
+        "publish-get-trigger-params": lambda: _pub_then_poll(
+            "GET", f"/{T()}/trigger?title=T&tags=a,b&p=4&actions=view,%20Open,%20https://example.com/o"),
+        "publish-get-send-disallowed": lambda: _req("GET", "/settings/send?message=x"),
         "publish-json-extra": lambda: (lambda t: _pub_then_poll("POST", "/", json={
             "topic": t, "message": "m", "icon": "https://example.com/i.png", "attach": "https://example.com/f.jpg",
             "filename": "f.jpg", "actions": [{"action": "view", "label": "Open", "url": "https://example.com/o"}]}))(
@@ -366,6 +392,9 @@ CORS = {
     "cors-error": ("POST", "/{t}", {"X-Priority": "9"}),
     "cors-preflight": ("OPTIONS", "/{t}", {"Origin": "https://app.example", "Access-Control-Request-Method": "POST",
                                            "Access-Control-Request-Headers": "x-title"}),
+    "cors-preflight-stream": ("OPTIONS", "/{t}/json", {"Origin": "https://app.example",
+                                                       "Access-Control-Request-Method": "GET"}),
+    "cors-get-publish": ("GET", "/{t}/publish?message=x", {}),
 }
 
 
@@ -624,6 +653,21 @@ async def test_stream_live(transport, ntfy, upf_peer):
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
+async def test_stream_extras(transport, ntfy, upf_peer):
+    """Action buttons and an external attachment, cached then live: how each transport frames them."""
+    t = T()
+    extras = {"actions": "view, Open, https://example.com/o; http, Post, https://example.com/p, method=PUT, clear=1",
+              "attach": "https://example.com/files/report.pdf"}
+
+    async def run(base):
+        async with httpx.AsyncClient(timeout=10) as c:
+            (await c.post(f"{base}/{t}", content=b"cached", params=extras)).raise_for_status()
+        return await _stream_script(base, transport, [t], "since=all", [(t, b"", extras)], want=2, seconds=5)
+    n, u = await asyncio.gather(run(ntfy.base), run(upf_peer.base))
+    compare(f"stream-{transport}-extras", n, u)
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
 async def test_stream_cached_then_live(transport, ntfy, upf_peer):
     """since=all on a topic with a cached message: open first, then the cached one, then a live one."""
     t = T()
@@ -703,6 +747,7 @@ def all_cases() -> set[str]:
     cases |= {f"matrix-{k}" for k in ["get", "ours", "foreign", "malformed", "no-pushkey"]}
     cases |= {f"since-{s}" for s in SINCE} | {f"since-{s}-multi" for s in SINCE}
     cases |= {f"stream-{t}" for t in TRANSPORTS} | {f"stream-{t}-since-all" for t in TRANSPORTS}
+    cases |= {f"stream-{t}-extras" for t in TRANSPORTS}
     cases |= {f"keepalive-{t}" for t in TRANSPORTS} | {"poll-merge-order"}
     cases |= {f"stream-{t}-resume" for t in ("json", "ws")} | {f"stream-{t}-poll" for t in TRANSPORTS}
     return cases

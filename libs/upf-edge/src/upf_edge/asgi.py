@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-from .handler import NO_BODY, Handler, Reply
+from .handler import NO_BODY, PREFLIGHT, Handler, Reply
 
-__all__ = ["ClientGone", "read_body", "send_reply", "serve_asgi"]
+__all__ = ["ClientGone", "read_body", "send_reply", "send_preflight", "serve_asgi", "with_cors"]
 
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
 Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
@@ -41,11 +41,35 @@ async def read_body(receive: Receive, limit: int) -> bytes | None:
             return bytes(buf)
 
 
+_ORIGIN = (b"access-control-allow-origin", b"*")
+"""``handler.CORS_ORIGIN`` as ASGI carries header names (lower case)."""
+
+
 async def send_reply(send: Send, reply: Reply) -> None:
     body = reply.body
-    headers = [(b"content-type", reply.content_type), (b"content-length", b"%d" % len(body)), *reply.headers]
+    headers = [(b"content-type", reply.content_type), (b"content-length", b"%d" % len(body)), _ORIGIN, *reply.headers]
     await send({"type": "http.response.start", "status": reply.status, "headers": headers})
     await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+async def send_preflight(send: Send) -> None:
+    """ntfy's answer to any ``OPTIONS`` request (CORS preflight)."""
+    await send_reply(send, PREFLIGHT)
+
+
+def with_cors(send: Send) -> Send:
+    """``send`` adding ``Access-Control-Allow-Origin: *`` to a response start that lacks it: for a
+    framework's cold routes and its own errors (the hot routes build the header into ``send_reply``)."""
+
+    async def cors_send(message: MutableMapping[str, Any]) -> None:
+        if message["type"] == "http.response.start":
+            headers = list(message.get("headers", ()))
+            if not any(bytes(k).lower() == _ORIGIN[0] for k, _ in headers):
+                headers.append(_ORIGIN)
+                message = {**message, "headers": headers}
+        await send(message)
+
+    return cors_send
 
 
 def _declared_length(headers: list[tuple[bytes, bytes]]) -> int:

@@ -18,11 +18,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import NamedTuple, Protocol
 
-__all__ = ["Handler", "Reply", "NO_BODY", "JSON"]
+__all__ = ["Handler", "Reply", "NO_BODY", "JSON", "CORS_ORIGIN", "PREFLIGHT"]
 
 JSON = b"application/json"
 NO_BODY = -1
 """``body_limit`` for a route that reads no body (the front door passes ``b""``)."""
+CORS_ORIGIN = (b"Access-Control-Allow-Origin", b"*")
+"""On every answer, as ntfy sends it (its ``access-control-allow-origin`` default): browsers (ntfy's web
+app, web-based app servers) may publish and read the replies. A front door adds it to every reply."""
 
 
 class Reply(NamedTuple):
@@ -56,3 +59,12 @@ class Handler(Protocol):
     ) -> Reply:
         """Answer the request; ``body`` is ``None`` when it was over ``body_limit`` (not read whole)."""
         ...
+
+
+PREFLIGHT = Reply(
+    200,
+    b"",
+    ((b"Access-Control-Allow-Methods", b"GET, PUT, POST, PATCH, DELETE"), (b"Access-Control-Allow-Headers", b"*")),
+    b"text/plain; charset=utf-8",
+)
+"""ntfy's answer to any ``OPTIONS`` (a CORS preflight), on every path; the front door adds ``CORS_ORIGIN``."""

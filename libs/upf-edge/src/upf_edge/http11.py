@@ -271,7 +271,7 @@ def error_response(
 def reply_response(reply: Reply, *, keep_alive: bool = True, head_only: bool = False) -> bytes:
     """A handler's :class:`Reply` as HTTP/1.1 bytes (head, and body unless ``head_only``)."""
     body = reply.body
-    head = b"HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %d\r\n" % (
+    head = b"HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %d\r\nAccess-Control-Allow-Origin: *\r\n" % (
         reply.status,
         _reason_bytes(reply.status),
         reply.content_type,

@@ -174,7 +174,8 @@ def test_decode_headers_and_query_take_the_first_value() -> None:
 
 
 def test_reply_response_head_and_keep_alive() -> None:
-    """A handler's Reply becomes a full response; HEAD keeps the length but drops the body."""
+    """A handler's Reply becomes a full response, allowing any origin (ntfy's CORS default); HEAD keeps
+    the length but drops the body."""
     reply = Reply(200, b'{"a":1}\n', ((b"idempotent-replayed", b"true"),))
     raw = reply_response(reply)
     head_part, _, body = raw.partition(b"\r\n\r\n")
@@ -184,6 +185,7 @@ def test_reply_response_head_and_keep_alive() -> None:
         b"Content-Type: application/json",
         b"Content-Length: 8",
         b"idempotent-replayed: true",
+        b"Access-Control-Allow-Origin: *",
         b"Connection: keep-alive",
     }
     only_head = reply_response(reply, keep_alive=False, head_only=True)

@@ -15,7 +15,18 @@ import msgspec
 from .envelope import Envelope
 from .msgid import encode_id
 
-__all__ = ["Message", "message_from_envelope", "encode_json", "decode_json"]
+__all__ = ["Attachment", "Message", "message_from_envelope", "encode_json", "decode_json"]
+
+
+class Attachment(msgspec.Struct, frozen=True):
+    """ntfy's ``attachment`` object for an external URL (``X-Attach``): ``name`` and ``url`` always sent;
+    ``type``, ``size`` and ``expires`` exist only for uploaded files, which UPF does not store."""
+
+    name: str
+    url: str
+
+
+_NO_ACTIONS = msgspec.Raw()
 
 
 class Message(msgspec.Struct, frozen=True, omit_defaults=True, kw_only=True):
@@ -32,6 +43,9 @@ class Message(msgspec.Struct, frozen=True, omit_defaults=True, kw_only=True):
     click: str = ""
     icon: str = ""
     poll_id: str = ""
+    actions: msgspec.Raw = _NO_ACTIONS
+    """ntfy's action buttons: the envelope's JSON array text, sent as it was stored."""
+    attachment: Attachment | None = None
     content_type: str = ""
     encoding: str = ""
 
@@ -54,6 +68,8 @@ def message_from_envelope(stamp: bytes, topic: str, env: Envelope) -> Message:
         click=env.click,
         icon=env.icon,
         poll_id=env.poll_id,
+        actions=msgspec.Raw(env.actions.encode()) if env.actions else _NO_ACTIONS,
+        attachment=Attachment(env.attach_name, env.attach_url) if env.attach_url else None,
         content_type=env.content_type,
         encoding=env.encoding,
     )

@@ -27,7 +27,9 @@ __all__ = [
     "encode_ws",
     "event",
     "random_id",
+    "ws_frame",
     "ws_text_frame",
+    "WS_PING",
 ]
 
 _encoder = msgspec.json.Encoder()
@@ -77,6 +79,18 @@ def encode_raw(msg: Message) -> bytes:
 def encode_ws(msg: Message) -> bytes:
     """/ws: the JSON object with a trailing newline, as gorilla's WriteJSON sends it."""
     return encode_json(msg)
+
+
+WS_PING = b"\x89\x00"
+"""An unmasked WebSocket ping with no payload (RFC 6455 5.5.2): ntfy's keepalive on /ws, which sends
+ping frames instead of a ``keepalive`` JSON event (gorilla's ``WriteMessage(PingMessage, nil)``)."""
+
+
+def ws_frame(msg: Message) -> bytes:
+    """What /ws writes for an event: a ping for a keepalive, else the JSON in one text frame."""
+    if msg.event == "keepalive":
+        return WS_PING
+    return ws_text_frame(encode_ws(msg))
 
 
 def ws_text_frame(payload: bytes) -> bytes:

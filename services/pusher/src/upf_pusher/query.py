@@ -27,6 +27,11 @@ TRANSPORTS = ("ws", "json", "sse", "raw")
 _TOPIC = re.compile(r"[-_A-Za-z0-9]{1,64}")
 _ROUTE = re.compile(r"/([^/]+)/(ws|json|sse|raw)")
 _NTFY_ID = re.compile(r"[A-Za-z0-9]{12}")
+_UNIX = re.compile(r"[+-]?[0-9]+")
+"""Go's strconv.ParseInt: a sign is allowed, so ``since=-5`` is a (past) unix time, i.e. everything."""
+DISALLOWED_TOPICS = frozenset({"docs", "static", "file", "app", "metrics", "account", "settings", "signup", "login", "v1"})
+"""ntfy's default disallowed topics (the writer refuses to publish to them, 40010); a subscribe names
+one: 40009, since ntfy's topicsFromPath turns every topic error into that code."""
 _DURATION = re.compile(r"(?:(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|μs|ms|s|m|h|d))+")
 _DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|μs|ms|s|m|h|d)")
 _UNIT_SECS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "μs": 1e-6, "ms": 1e-3, "s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -78,13 +83,13 @@ def match_subscribe_path(path: str) -> tuple[str, str] | None:
 
 
 def parse_topics(raw: str, max_topics: int = 128) -> tuple[str, ...]:
-    """The comma-joined topic list of the path, deduplicated in order; any invalid name is 40009, more
-    than ``max_topics`` names (counted before deduplication, so before any work per name) 40093."""
+    """The comma-joined topic list of the path, deduplicated in order; any invalid or disallowed name is
+    40009, more than ``max_topics`` names (counted before deduplication, so before any work per name) 40093."""
     if raw.count(",") >= max_topics:
         raise too_many_topics()
     topics: dict[str, None] = {}
     for t in raw.split(","):
-        if not _TOPIC.fullmatch(t):
+        if not _TOPIC.fullmatch(t) or t in DISALLOWED_TOPICS:
             raise bad_topic()
         topics[t] = None
     return tuple(topics)
@@ -97,11 +102,13 @@ _INT64_MAX = (1 << 63) - 1
 
 
 def _duration_secs(text: str) -> float | None:
+    sign = -1 if text[:1] == "-" else 1  # Go's ParseDuration takes a sign: "-1h" is an hour ahead
+    text = text[1:] if text[:1] in ("-", "+") else text
     if not _DURATION.fullmatch(text):
         return None
     secs = sum(float(n) * _UNIT_SECS[u] for n, u in _DURATION_PART.findall(text))
     # ntfy parses durations as Go's int64 nanoseconds: past that it is a parse error, so 40008.
-    return secs if secs * 1e9 <= _INT64_MAX else None
+    return sign * secs if secs * 1e9 <= _INT64_MAX else None
 
 
 def parse_since(value: str, *, poll: bool, now: float) -> Since:
@@ -122,10 +129,11 @@ def parse_since(value: str, *, poll: bool, now: float) -> Since:
         return Since("stamp", stamp=stamp)
     if _NTFY_ID.fullmatch(value):
         return SINCE_ALL  # an id that is not ours (ntfy's, or expired): ntfy answers with everything
-    if value.isascii() and value.isdigit():
-        if int(value) > _INT64_MAX:  # ntfy's ParseInt fails, and it is no duration either
+    if _UNIX.fullmatch(value):
+        unix = int(value)
+        if not -_INT64_MAX - 1 <= unix <= _INT64_MAX:  # ntfy's ParseInt fails, and it is no duration either
             raise bad_since()
-        return Since("time", time=int(value))
+        return Since("time", time=unix)
     secs = _duration_secs(value)
     if secs is None:
         raise bad_since()

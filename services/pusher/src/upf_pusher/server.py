@@ -30,6 +30,7 @@ from typing import Any
 from websockets.exceptions import InvalidHandshake, InvalidUpgrade
 
 from upf_edge import NO_BODY, Handler
+from upf_edge.handler import PREFLIGHT
 from upf_edge.http11 import (
     HttpError,
     RequestBody,
@@ -259,6 +260,10 @@ class HttpProtocol(asyncio.Protocol):
             match = match_subscribe_path(head.path)
             if match is not None:
                 return self._subscribe(head, *match)
+        elif head.method == "OPTIONS":  # a CORS preflight, answered on every path as ntfy does
+            keep = keep and not head.content_length and not head.chunked  # a body is never read: close
+            self._reply(head, reply_response(PREFLIGHT, keep_alive=keep), keep)
+            return False
         if p.ops.wants(head.method, head.path):
             return self._begin(HandlerCycle(self, head, p.ops))
         handler = p.handler

@@ -373,7 +373,7 @@ class WsSubscriber(Subscriber):
     def frame(self, msg: Message) -> bytes:
         # Server frames are unmasked and, with no extension negotiated, carry no per-connection state:
         # written straight to the transport they are exactly what the sans-I/O core's send_text emits.
-        return framing.ws_text_frame(framing.encode_ws(msg))
+        return framing.ws_frame(msg)  # a keepalive is a ping frame, as ntfy sends it
 
     def writable(self) -> bool:
         return self.ws.state is State.OPEN and not self.transport.is_closing()

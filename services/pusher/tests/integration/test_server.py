@@ -484,3 +484,22 @@ async def test_two_websocket_keys_are_400_not_an_exception(pusher: Pusher, caplo
     assert head.split(b" ", 2)[1] == b"400"
     writer.close()
     assert "Traceback" not in caplog.text and "MultipleValuesError" not in caplog.text
+
+
+async def test_cors_preflight_on_every_path_and_origin_on_every_reply(pusher: Pusher) -> None:
+    """ntfy answers OPTIONS anywhere with 200 and its Allow-Methods/-Headers, and every reply (ops,
+    errors, handler replies) allows any origin; a preflight keeps the connection for the next request."""
+    req = b"OPTIONS %s HTTP/1.1\r\nHost: x\r\nOrigin: https://a.example\r\nAccess-Control-Request-Method: POST\r\n\r\n"
+    for path in (b"/t", b"/t/json", b"/v1/health", b"/"):
+        raw = await raw_request(pusher.port, req % path + b"GET /v1/health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        first, _, second = raw.partition(b"HTTP/1.1 200 OK\r\nContent-Type: application/json")
+        status, headers, body = status_and_body(first)
+        assert (status, body) == (200, b"")
+        assert headers["access-control-allow-origin"] == "*"
+        assert headers["access-control-allow-methods"] == "GET, PUT, POST, PATCH, DELETE"
+        assert headers["access-control-allow-headers"] == "*"
+        assert b"Access-Control-Allow-Origin: *" in second and second.endswith(b'{"healthy":true}\n')
+    assert (await get(pusher.port, "/t"))[1]["access-control-allow-origin"] == "*"  # an error reply
+    # a preflight that declares a body is answered, and the connection closed (the body is never read)
+    raw = await raw_request(pusher.port, b"OPTIONS /t HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nGET /")
+    assert raw.startswith(b"HTTP/1.1 200 ") and raw.count(b"HTTP/1.1") == 1 and b"Connection: close" in raw

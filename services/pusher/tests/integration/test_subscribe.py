@@ -112,8 +112,24 @@ async def test_poll_returns_the_backlog_and_closes(transport: str, pusher: Pushe
 
 
 async def test_keepalives_arrive(transport: str, start_pusher, clients) -> None:
-    """Every transport gets keepalive events at the configured interval (raw: empty lines)."""
+    """Every HTTP stream gets keepalive events at the configured interval (raw: empty lines); /ws gets
+    ping frames instead, as ntfy sends them, and no keepalive JSON (read off the raw socket)."""
     p = await start_pusher(keepalive_secs=0.2)
+    if transport == "ws":
+        reader, writer = await asyncio.open_connection("127.0.0.1", p.port)
+        writer.write(
+            b"GET /k/ws HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+            b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+        )
+        try:
+            assert b" 101 " in await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 2)
+            b0, n = await asyncio.wait_for(reader.readexactly(2), 2)
+            assert b0 == 0x81 and b'"event":"open"' in await reader.readexactly(n)  # open: a text frame
+            for _ in range(2):  # then only empty pings, one per interval
+                assert await asyncio.wait_for(reader.readexactly(2), 2) == b"\x89\x00"
+        finally:
+            writer.close()
+        return
     c = await clients(p.port, transport, path("k", transport))
     await c.next()  # open
     ev = await c.next(2000)

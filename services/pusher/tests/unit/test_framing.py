@@ -73,3 +73,12 @@ def test_ws_text_frame_matches_the_websockets_core_at_every_length_class() -> No
         ws = ServerProtocol(state=State.OPEN)
         ws.send_text(payload)
         assert framing.ws_text_frame(payload) == b"".join(ws.data_to_send())
+
+
+def test_ws_keepalive_is_an_empty_ping_and_other_events_are_text_frames() -> None:
+    """/ws: a keepalive is a ping frame with no payload (ntfy's gorilla PingMessage), never JSON; open
+    and messages are one text frame of the JSON line."""
+    keepalive = Message(id="abcdefABCDEF", time=1700000000, event="keepalive", topic="t1")
+    assert framing.ws_frame(keepalive) == b"\x89\x00"
+    assert framing.ws_frame(OPEN) == framing.ws_text_frame(framing.encode_json(OPEN))
+    assert framing.ws_frame(MSG)[:1] == b"\x81"

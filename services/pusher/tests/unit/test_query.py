@@ -44,6 +44,27 @@ def test_unix_timestamp_is_inclusive_time() -> None:
     assert since("0") == Since("time", time=0)
 
 
+def test_signed_unix_time_and_duration_as_go_parses_them() -> None:
+    """ntfy's ParseInt/ParseDuration take a sign: a negative unix time is before everything (all
+    messages), "+5" is 5, and "-1h" is an hour ahead (nothing cached yet)."""
+    assert since("-5") == Since("time", time=-5)
+    assert since("+5") == Since("time", time=5)
+    assert since(str(-(1 << 63))) == Since("time", time=-(1 << 63))
+    assert since("-1h") == Since("time", time=int(NOW + 3600))
+    assert since("+1h") == Since("time", time=int(NOW - 3600))
+    with pytest.raises(QueryError):
+        since(str(-(1 << 63) - 1))
+
+
+def test_disallowed_topics_are_40009_on_subscribe() -> None:
+    """ntfy's reserved names (docs, settings, v1...) cannot be subscribed: 400 40009, as ntfy answers."""
+    for raw in ("settings", "a,docs", "v1"):
+        with pytest.raises(QueryError) as e:
+            parse_topics(raw)
+        assert (e.value.http, e.value.code) == (400, 40009)
+    assert parse_topics("Settings,v2") == ("Settings", "v2")  # exact and case-sensitive, as ntfy's
+
+
 @pytest.mark.parametrize(
     ("value", "secs"),
     [("30s", 30), ("10m", 600), ("1h", 3600), ("1d", 86400), ("1h30m", 5400), ("1.5h", 5400), ("100ms", 0.1)],
@@ -53,7 +74,7 @@ def test_durations_mean_now_minus(value: str, secs: float) -> None:
     assert since(value) == Since("time", time=int(NOW - secs))
 
 
-@pytest.mark.parametrize("value", ["yesterday", "10x", "-5", "1h-", "h", "abc!", "12345678901$", "1 h"])
+@pytest.mark.parametrize("value", ["yesterday", "10x", "--5", "-", "+-1h", "1h-", "h", "abc!", "12345678901$", "1 h"])
 def test_anything_else_is_40008(value: str) -> None:
     """A since that is no id, timestamp or duration is 400 with code 40008."""
     with pytest.raises(QueryError) as e:

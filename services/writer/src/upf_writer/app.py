@@ -15,7 +15,7 @@ from contextlib import asynccontextmanager
 
 from litestar import Litestar, Request, Response
 from litestar.types import Receive, Scope, Send
-from upf_edge.asgi import serve_asgi
+from upf_edge.asgi import send_preflight, serve_asgi, with_cors
 from upf_edge.gate import AccessGate
 from upf_edge.limiter import RequestLimiter
 from upf_edge.ops import PATHS as OPS_PATHS
@@ -92,12 +92,16 @@ class WriterApp(Litestar):
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:  # type: ignore[override]
         if scope["type"] == "http":
             method, path = scope["method"], scope["path"]
+            if method == "OPTIONS":  # ntfy answers a CORS preflight on every path
+                await send_preflight(send)  # type: ignore[arg-type]  # litestar's ASGI aliases
+                return
             if self.front.wants(method, path):
                 await serve_asgi(self.front, scope, receive, send)  # type: ignore[arg-type]  # litestar's ASGI aliases
                 return
             if self.ops.wants(method, path):
                 await serve_asgi(self.ops, scope, receive, send)  # type: ignore[arg-type]  # litestar's ASGI aliases
                 return
+            send = with_cors(send)  # type: ignore[arg-type]  # litestar's ASGI aliases
         await super().__call__(scope, receive, send)
 
 

@@ -1,7 +1,8 @@
 """The writer's hot routes as one plain function: ``(method, topic, headers, query, body, client) -> Reply``.
 
 ``POST``/``PUT /{topic}`` (publish), ``POST``/``PUT /`` (ntfy's JSON publish) and ``GET``/``HEAD
-/{topic}`` (the UnifiedPush endpoint check) carry nearly all of the writer's traffic. They are served
+/{topic}`` (the UnifiedPush endpoint check) carry nearly all of the writer's traffic; ``GET
+/{topic}/publish`` (ntfy's webhook form) is a publish too. They are served
 by :class:`WriterFront`, which implements ``upf_edge.handler.Handler``: it decodes, calls the pure
 core (``ingest``), makes the one store call and returns the ntfy JSON reply or ntfy's JSON error body.
 No framework is involved, so every front door calls it directly: the pusher's asyncio server in the
@@ -39,6 +40,9 @@ _ALLOW = ((b"allow", b"GET, HEAD, POST, PUT"),)
 _SEQUENCE_METHODS = frozenset({"PUT", "POST", "DELETE"})
 _CLEAR_METHODS = frozenset({"PUT", "GET"})
 _CLEAR_TAILS = ("/clear", "/read")
+_GET_PUBLISH = frozenset({"/publish", "/send", "/trigger"})
+"""``GET /{topic}/publish`` (or ``/send``, ``/trigger``): ntfy's publish from query parameters, for
+webhooks that can only GET."""
 
 
 def problem_reply(problem: Problem, headers: tuple[tuple[bytes, bytes], ...] = ()) -> Reply:
@@ -66,6 +70,8 @@ class WriterFront:
         last = path.rfind("/")
         if last == 0:
             return len(path) > 1 and path not in self.reserved
+        if method == "GET" and path[last:] in _GET_PUBLISH and path.count("/") == 2:
+            return True
         return self._wants_sequence(method, path, last)
 
     def _wants_sequence(self, method: str, path: str, last: int) -> bool:
@@ -100,6 +106,8 @@ class WriterFront:
         client: str,
     ) -> Reply:
         if "/" in topic:
+            if method == "GET" and topic.count("/") == 1 and topic[topic.find("/"):] in _GET_PUBLISH:
+                return await self.publish(topic.partition("/")[0], headers, query, b"", client)
             return await self._by_sequence(method, topic, headers, query, body, client)
         if method == "POST" or method == "PUT":
             return await self.publish(topic, headers, query, body, client)

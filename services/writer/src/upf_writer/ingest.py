@@ -23,10 +23,13 @@ Where UPF differs from ntfy on purpose (see ntfy-protocol.md, "Where this projec
 - ``Idempotency-Key``/``X-Idempotency-Key`` make a retried publish return the original message;
 - a Web Push request (VAPID ``Authorization``, or ``TTL`` with ``Content-Encoding: aes128gcm``) is
   UnifiedPush mode, and its RFC 8030 ``Urgency`` (mapped to a priority) and ``Topic`` (a newer message
-  with the same one replaces the stored one) are kept; ntfy ignores both.
-Parameters ntfy has and UPF does not implement (actions, attach, filename, email, call, firebase,
-template) are accepted and ignored. ``X-Cache: no`` and scheduled delivery (``X-Delay``/``X-At``/
-``X-In``) are ntfy's: see ``_parse_cache``/``_parse_delay`` and ``futuretime``.
+  with the same one replaces the stored one) are kept; ntfy ignores both;
+- ``X-Attach`` (an external URL) gives the ``attachment`` object as ntfy does, but a body is never stored
+  as an attachment: ``X-Filename`` without ``X-Attach`` is ignored (ntfy: an upload);
+- ``X-Email``/``email`` is 400 40001, as ntfy answers without SMTP (UPF sends no e-mail).
+Parameters ntfy has and UPF does not implement (call, firebase, template) are accepted and ignored.
+``X-Cache: no`` and scheduled delivery (``X-Delay``/``X-At``/``X-In``) are ntfy's: see
+``_parse_cache``/``_parse_delay`` and ``futuretime``.
 
 Sequence ids (ntfy v2.16) and poll ids are events of their own (:func:`ingest_action`, and the poll
 branch of :func:`build_envelope`): they go through the store like any publish, so every pusher delivers
@@ -39,6 +42,7 @@ import base64
 import binascii
 import re
 from collections.abc import Mapping
+from urllib.parse import unquote, urlsplit
 import msgspec
 from upf_edge import NtfyError, Problem
 from upf_edge import vapid
@@ -46,6 +50,7 @@ from upf_edge.errors import STORE_UNAVAILABLE
 from upf_keyspace import Envelope, Settings
 
 from .futuretime import parse_future_time
+from .actions import ActionsError, count_json_actions, encode_actions, parse_actions
 from .schemas import JsonPublish, MatrixPush
 
 __all__ = [
@@ -81,6 +86,10 @@ __all__ = [
     "TOPIC_DISALLOWED",
     "MATRIX_INVALID",
     "ICON_INVALID",
+    "EMAIL_DISABLED",
+    "MESSAGE_NOT_UTF8",
+    "ATTACHMENT_URL_INVALID",
+    "ACTIONS_INVALID",
     "JSON_INVALID",
     "IDEMPOTENCY_KEY_INVALID",
     "TTL_INVALID",
@@ -103,9 +112,13 @@ __all__ = [
 
 
 # ntfy's own codes and messages (server/errors.go), plus UPF's few additions (marked UPF).
+EMAIL_DISABLED = Problem(40001, 400, "e-mail notifications are not enabled")
 PRIORITY_INVALID = Problem(40007, 400, "invalid request: priority invalid")
 TOPIC_INVALID = Problem(40009, 400, "invalid request: topic invalid")
 TOPIC_DISALLOWED = Problem(40010, 400, "invalid request: topic name is not allowed")
+MESSAGE_NOT_UTF8 = Problem(40011, 400, "invalid request: message must be UTF-8 encoded")
+ATTACHMENT_URL_INVALID = Problem(40013, 400, "invalid request: attachment URL is invalid")
+ACTIONS_INVALID = Problem(40018, 400, "invalid request: actions invalid")
 MATRIX_INVALID = Problem(40019, 400, "invalid request: Matrix JSON invalid")
 ICON_INVALID = Problem(40021, 400, "invalid request: icon URL is invalid")
 JSON_INVALID = Problem(40024, 400, "invalid request: request body must be message JSON")
@@ -128,9 +141,13 @@ JSON_TOO_LARGE = Problem(41303, 413, "JSON body too large")
 INTERNAL_ERROR = Problem(50001, 500, "internal server error")
 
 CATALOG: tuple[Problem, ...] = (
+    EMAIL_DISABLED,
     PRIORITY_INVALID,
     TOPIC_INVALID,
     TOPIC_DISALLOWED,
+    MESSAGE_NOT_UTF8,
+    ATTACHMENT_URL_INVALID,
+    ACTIONS_INVALID,
     MATRIX_INVALID,
     ICON_INVALID,
     JSON_INVALID,
@@ -224,6 +241,10 @@ _ICON = ("x-icon", "icon")
 _MARKDOWN = ("x-markdown", "markdown", "md")
 _UNIFIEDPUSH = ("x-unifiedpush", "unifiedpush", "up")
 _CONTENT_TYPE = ("content-type",)
+_ACTIONS = ("x-actions", "actions", "action")
+_ATTACH = ("x-attach", "attach", "a")
+_FILENAME = ("x-filename", "filename", "file", "f")
+_EMAIL = ("x-email", "x-e-mail", "email", "e-mail", "mail", "e")
 _IDEMPOTENCY = ("idempotency-key", "x-idempotency-key")
 _SEQUENCE_ID = ("x-sequence-id", "sequence-id", "sequence_id", "sid")
 _POLL_ID = ("x-poll-id", "poll-id", "poll_id")
@@ -242,6 +263,7 @@ _URL_RE = re.compile(r"^https?://")
 _IDEM_RE = re.compile(r"[\x20-\x7e]{1,200}")
 _TTL_RE = re.compile(r"[0-9]+")
 TRIGGERED = "triggered"
+ATTACHMENT_MESSAGE = "You received a file: %s"
 
 
 _EWORD_RE = re.compile(r"=\?([^?\s]+)\?([BbQq])\?([^?\s]*)\?=")
@@ -382,6 +404,10 @@ class Params(msgspec.Struct, frozen=True, kw_only=True):
     """A Web Push request (RFC 8030): replied 201 with ``Location`` and ``TTL``."""
     urgency: str = ""
     push_topic: str = ""
+    actions: str = ""
+    """ntfy's action buttons as the JSON array text subscribers get (ids generated), or ""."""
+    attach_url: str = ""
+    attach_name: str = ""
 
 
 def _parse_webpush(headers: Mapping[str, str]) -> tuple[bool, str, str]:
@@ -425,6 +451,10 @@ _PARAM_NAMES = {
     "content_type": _CONTENT_TYPE,
     "sequence_id": _SEQUENCE_ID,
     "poll_id": _POLL_ID,
+    "actions": _ACTIONS,
+    "attach": _ATTACH,
+    "filename": _FILENAME,
+    "email": _EMAIL,
 }
 _MEANING_OF = {name: meaning for meaning, names in _PARAM_NAMES.items() for name in names}
 _ALL_NAMES = frozenset(_MEANING_OF)
@@ -509,13 +539,17 @@ def parse_params(
             priority=vapid.URGENCY_PRIORITY[urgency] if urgency else 0,
         )
         return _with_scheduling(bare, headers, query, now, limits)
+    attach_url, attach_name = _parse_attach(p.get("attach", ""), p.get("filename", ""), limits)
     icon = p.get("icon", "")
     if icon and _URL_RE.match(icon) is None:
         raise PublishError(ICON_INVALID)
+    if "email" in p:  # ntfy without SMTP refuses it rather than drop it; UPF sends no e-mail
+        raise PublishError(EMAIL_DISABLED)
+    priority = _parse_priority(p.get("priority", ""))
+    actions = _parse_actions(p.get("actions", ""), limits)
     markdown = p.get("markdown", "").lower() in ("1", "yes", "true")
     if go_trim(p.get("content_type", "").split(";", 1)[0]).lower() == "text/markdown":
         markdown = True
-    priority = _parse_priority(p.get("priority", ""))
     if not priority and urgency:
         priority = vapid.URGENCY_PRIORITY[urgency]
     params = Params(
@@ -534,8 +568,51 @@ def parse_params(
         webpush=webpush,
         urgency=urgency,
         push_topic=push_topic,
+        actions=actions,
+        attach_url=attach_url,
+        attach_name=attach_name,
     )
     return _with_scheduling(params, headers, query, now, limits)
+
+
+def _parse_actions(text: str, limits: Limits) -> str:
+    """ntfy's ``X-Actions`` (simple or JSON format) as the stored JSON array text; 400 40018 when ntfy
+    refuses it, 413 41301 past ``max_message_bytes`` encoded (a cap ntfy does not have)."""
+    if not text:
+        return ""
+    try:
+        encoded = encode_actions(parse_actions(text))
+    except ActionsError:
+        raise PublishError(ACTIONS_INVALID) from None
+    return _capped(encoded, limits.max_message_bytes)
+
+
+_CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
+_BAD_ESCAPE_RE = re.compile(r"%(?![0-9A-Fa-f]{2})")
+
+
+def attachment_name(url: str) -> str:
+    """ntfy's name for an external attachment without ``X-Filename``: the last element of the URL's
+    decoded path (Go's ``path.Base(url.Parse(u).Path)``), or "attachment" when there is none or Go's
+    URL parser would refuse the URL (a control character, a bad percent escape)."""
+    if _CONTROL_RE.search(url) is None:
+        parts = urlsplit(url)
+        if _BAD_ESCAPE_RE.search(parts.path) is None and _BAD_ESCAPE_RE.search(parts.fragment) is None:
+            base = unquote(parts.path).rstrip("/").rpartition("/")[2]
+            if base and base != ".":
+                return base
+    return "attachment"
+
+
+def _parse_attach(url: str, filename: str, limits: Limits) -> tuple[str, str]:
+    """``(url, name)`` of an external attachment, or ``("", "")``: only a URL makes one (UPF stores no
+    uploads, so a filename alone is ignored); a URL must be http(s) (400 40013); both are capped at
+    ``max_field_bytes`` (413 41301) as the other URL fields are."""
+    if not url:
+        return "", ""
+    if _URL_RE.match(url) is None:
+        raise PublishError(ATTACHMENT_URL_INVALID)
+    return _capped(url, limits.max_field_bytes), _capped(filename or attachment_name(url), limits.max_field_bytes)
 
 
 # --- body -> envelope -------------------------------------------------------------------------------
@@ -549,7 +626,9 @@ def _as_text_or_base64(body: bytes) -> tuple[str, str]:
 def build_envelope(params: Params, body: bytes, *, now: int, limits: Limits) -> Envelope:
     """The stored message. UnifiedPush mode: the body verbatim (text untrimmed, else base64), even an
     empty one overriding a message parameter (ntfy's auto-detect). Plain mode: a non-empty body
-    overrides the message parameter, UTF-8 text trimmed, anything else base64. Empty -> "triggered"."""
+    overrides the message parameter, UTF-8 text trimmed, anything else base64. Empty -> "triggered".
+    With an external attachment (plain mode) the body must be UTF-8 (400 40011, as ntfy) and an empty
+    message is "You received a file: <name>"."""
     if len(body) > limits.max_message_bytes:
         raise PublishError(MESSAGE_TOO_LARGE)
     if params.poll_id:
@@ -560,8 +639,12 @@ def build_envelope(params: Params, body: bytes, *, now: int, limits: Limits) -> 
         message, encoding = _as_text_or_base64(body)
         if not encoding:
             message = go_trim(message)
+        elif params.attach_url:
+            raise PublishError(MESSAGE_NOT_UTF8)
     else:
         message, encoding = params.message, ""
+    if not message and params.attach_url and not params.unifiedpush:
+        message = ATTACHMENT_MESSAGE % params.attach_name
     if not message:
         message, encoding = TRIGGERED, ""
     at, expires = _times(params, now, limits)
@@ -581,6 +664,9 @@ def build_envelope(params: Params, body: bytes, *, now: int, limits: Limits) -> 
         sequence_id=params.sequence_id,
         urgency=params.urgency,
         push_topic=params.push_topic,
+        actions=params.actions,
+        attach_url=params.attach_url,
+        attach_name=params.attach_name,
     )
 
 
@@ -713,10 +799,33 @@ def ingest_json(
         overrides["x-cache"] = m.cache
     if m.sequence_id:
         overrides["x-sequence-id"] = m.sequence_id
+    overrides.update(_json_extras(m))
     params = parse_params(headers, query, limits, overrides, now=now)
-    message = (m.message or "").encode("utf-8", "surrogatepass")
+    # ntfy makes an empty JSON message "triggered" before anything else reads it (so no attachment text)
+    message = (m.message or TRIGGERED).encode("utf-8", "surrogatepass")
     envelope = build_envelope(params, message, now=now, limits=limits)
     return Ingested(topic, envelope, params.idem, due=params.due, webpush=params.webpush)
+
+
+def _json_extras(m: JsonPublish) -> dict[str, str]:
+    """A JSON publish's ``actions``, ``attach``, ``filename`` and ``email`` as the headers ntfy turns them
+    into. ntfy decodes ``actions`` into its Go type first, so a wrong type there is 40024, not 40018."""
+    out: dict[str, str] = {}
+    text = bytes(m.actions).decode("utf-8", "surrogatepass").strip()
+    if text and text != "null":
+        try:
+            count = count_json_actions(text)  # types only: the header's validation follows (40018)
+        except ActionsError:
+            raise PublishError(JSON_INVALID) from None
+        if count:
+            out["x-actions"] = text
+    if m.attach:
+        out["x-attach"] = m.attach
+    if m.filename:
+        out["x-filename"] = m.filename
+    if m.email:
+        out["x-email"] = m.email
+    return out
 
 
 # --- Matrix push gateway (POST /_matrix/push/v1/notify) ---------------------------------------------

@@ -29,8 +29,9 @@ __all__ = [
 
 # --- request bodies ---------------------------------------------------------------------------------
 class JsonPublish(msgspec.Struct):
-    """ntfy's JSON publish (``publishMessage``). Fields UPF does not implement (actions, attach,
-    filename, email, call, firebase) are ignored; ``null`` means unset, as in Go."""
+    """ntfy's JSON publish (``publishMessage``). Fields UPF does not implement (call, firebase) are
+    ignored; ``null`` means unset, as in Go. ``actions`` is kept as raw JSON: ntfy's rules for it (keys
+    matched case-insensitively) are ``upf_writer.actions``'s."""
 
     topic: str | None = None
     message: str | None = None
@@ -45,6 +46,11 @@ class JsonPublish(msgspec.Struct):
     delay: str | None = None
     """ntfy's ``delay``: any form ``X-Delay`` takes."""
     sequence_id: str | None = None
+    actions: msgspec.Raw = msgspec.Raw()
+    """Raw JSON (empty when absent; msgspec takes no ``Raw | None``)."""
+    attach: str | None = None
+    filename: str | None = None
+    email: str | None = None
 
 
 class MatrixDevice(msgspec.Struct):

@@ -8,6 +8,7 @@ import base64
 import json
 from collections.abc import AsyncIterator
 
+import msgspec
 import pytest
 from httpx import AsyncClient as AsyncTestClient
 from upf_keyspace import Settings, Store, StoreError, decode_id, open_store
@@ -246,3 +247,68 @@ async def test_lifespan_opens_and_closes_its_own_store(settings: Settings) -> No
         assert [r.stamp for r in rows] == [decode_id(msg["id"])]
     finally:
         await reopened.close()
+
+
+# --- ntfy's GET publish and CORS -------------------------------------------------------------------------
+@pytest.mark.parametrize("verb", ["publish", "send", "trigger"])
+async def test_get_publish_from_query_parameters(client: AsyncTestClient, store: Store, verb: str) -> None:
+    """ntfy's webhook form: GET /{topic}/publish|send|trigger publishes from the query parameters."""
+    r = await client.get(f"/hook/{verb}?message=from+a+webhook&title=T&priority=high")
+    assert r.status_code == 200
+    msg = r.json()
+    assert (msg["topic"], msg["message"], msg["title"], msg["priority"]) == ("hook", "from a webhook", "T", 4)
+    assert (await stored(store, "hook"))[-1].envelope.message == "from a webhook"
+    assert (await client.get("/hook2/trigger")).json()["message"] == "triggered"
+
+
+async def test_get_publish_bad_input_stores_nothing(client: AsyncTestClient, store: Store) -> None:
+    assert_ntfy_error(await client.get("/settings/publish?message=x"), 400, 40010)
+    assert_ntfy_error(await client.get("/bad.topic!/send"), 400, 40009)
+    assert_ntfy_error(await client.get("/hook3/publish?priority=9"), 400, 40007)
+    assert_ntfy_error(await client.get("/hook3/publish?email=a@b.c"), 400, 40001)
+    assert_ntfy_error(await client.get("/hook3/publish?actions=junk"), 400, 40018)
+    assert_ntfy_error(await client.get("/hook3/publish?attach=ftp://x"), 400, 40013)
+    assert_ntfy_error(await client.get("/hook3/publish/x"), 404, 40401)
+    assert await stored(store, "hook3") == []
+
+
+async def test_post_to_a_publish_path_is_a_sequence_id(client: AsyncTestClient) -> None:
+    """Only GET makes ``/{topic}/publish`` ntfy's webhook publish; POST/PUT ``/{topic}/{sid}`` is v2.16's
+    publish with a sequence id, and ``publish`` is a valid one."""
+    r = await client.post("/hook4/publish", content=b"x")
+    assert r.status_code == 200 and r.json()["sequence_id"] == "publish" and r.json()["message"] == "x"
+
+
+async def test_actions_and_attachment_round_trip(client: AsyncTestClient, store: Store) -> None:
+    r = await client.post("/rt", content=b"", headers={"x-actions": "view, Open, https://o", "x-attach": "https://e/f.pdf"})
+    msg = r.json()
+    assert list(msg)[-3:] == ["message", "actions", "attachment"]
+    assert msg["message"] == "You received a file: f.pdf" and msg["attachment"] == {"name": "f.pdf", "url": "https://e/f.pdf"}
+    env = (await stored(store, "rt"))[0].envelope
+    assert json.loads(env.actions) == msg["actions"] and (env.attach_url, env.attach_name) == ("https://e/f.pdf", "f.pdf")
+
+
+async def test_every_answer_allows_any_origin(client: AsyncTestClient) -> None:
+    """ntfy's Access-Control-Allow-Origin: * on publish replies, errors, cold routes and framework errors."""
+    for r in (await client.post("/cors", content=b"x"), await client.post("/cors", headers={"x-priority": "9"}),
+              await client.get("/a,b/auth"), await client.get("/v1/health"), await client.get("/no/such/route"),
+              await client.get("/upX?up=1"), await client.patch("/cors")):  # fmt: skip
+        assert r.headers["access-control-allow-origin"] == "*", r.request.url
+        assert len(r.headers.get_list("access-control-allow-origin")) == 1
+
+
+@pytest.mark.parametrize("path", ["/cors", "/", "/cors/json", "/v1/health", "/_matrix/push/v1/notify"])
+async def test_preflight_on_every_path(client: AsyncTestClient, path: str) -> None:
+    r = await client.options(path, headers={"origin": "https://app.example", "access-control-request-method": "POST"})
+    assert r.status_code == 200 and r.content == b""
+    assert r.headers["access-control-allow-origin"] == "*"
+    assert r.headers["access-control-allow-methods"] == "GET, PUT, POST, PATCH, DELETE"
+    assert r.headers["access-control-allow-headers"] == "*"
+
+
+async def test_get_publish_needs_write_access(settings: Settings, store: Store) -> None:
+    """GET /{topic}/publish is a publish: on a read-only server it is 403 40301 and stores nothing."""
+    ro = msgspec.structs.replace(settings, auth_default_access="read-only")
+    async with in_process(create_app(ro, store)) as c:
+        assert_ntfy_error(await c.get("/ro/publish?message=x"), 403, 40301)
+    assert await stored(store, "ro") == []

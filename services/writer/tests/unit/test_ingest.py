@@ -246,10 +246,10 @@ def test_app_put_query_form() -> None:
 
 
 def test_unsupported_parameters_are_ignored() -> None:
-    """actions, attach, filename, email, call, firebase: accepted and ignored (delay and cache are
-    implemented: test_scheduling.py; sequence and poll ids: test_sequence.py)."""
-    headers = {"x-actions": "junk", "x-attach": "ftp://x", "x-filename": "a.jpg",
-               "x-email": "a@b", "x-call": "yes", "x-firebase": "no"}  # fmt: skip
+    """filename (without attach: UPF stores no uploads), call, firebase: accepted and ignored (delay and
+    cache: test_scheduling.py; sequence and poll ids: test_sequence.py; actions, attach, email:
+    test_ingest_ntfy_extras.py)."""
+    headers = {"x-filename": "a.jpg", "x-call": "yes", "x-firebase": "no"}  # fmt: skip
     assert publish(b"hello", headers).envelope.message == "hello"
 
 
