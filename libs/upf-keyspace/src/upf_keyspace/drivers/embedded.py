@@ -80,7 +80,7 @@ _BATCH_SIZE = _metrics.COMMIT_BATCH.cell("embedded")
 _COMMIT_DURATION = _metrics.COMMIT_DURATION.cell("embedded")
 
 # Mutation kinds, in a transaction's ordered mutation list.
-_SET, _CLEAR, _CLEAR_RANGE, _ADD, _VS_KEY = range(5)
+_SET, _CLEAR, _CLEAR_RANGE, _ADD, _VS_KEY, _VS_VALUE = range(6)
 
 
 def _connect(path: str, *, busy_timeout_ms: int = 30_000) -> sqlite3.Connection:
@@ -402,6 +402,19 @@ class EmbeddedTransaction:
         prefix = key[:offset]
         self._unreadable.append((prefix, prefix + b"\xff" * 11))
 
+    def set_versionstamped_value(self, key: bytes, value: bytes) -> None:
+        if len(value) < 14:
+            raise errors.StoreError(errors.CLIENT_INVALID_OPERATION, "versionstamped value shorter than 14 bytes")
+        offset = int.from_bytes(value[-4:], "little")
+        if offset + 10 > len(value) - 4:
+            raise errors.StoreError(errors.CLIENT_INVALID_OPERATION, "versionstamp offset past the value")
+        self._check_write(key, value[:-4])
+        self._mutations.append((_VS_VALUE, key, value))
+        self._writes.append(point(key))
+        self._overlay.pop(key, None)
+        self._adds.pop(key, None)
+        self._unreadable.append(point(key))
+
     def add_read_conflict_range(self, begin: bytes, end: bytes) -> None:
         self._reads.append((begin, end))
 
@@ -714,6 +727,8 @@ class EmbeddedDatabase:
                 stamped.append(point(key))
             elif kind == _SET:
                 applier.put(a, b)
+            elif kind == _VS_VALUE:
+                applier.put(a, _stamp_key(b, stamp))
             elif kind == _ADD:
                 applier.add(a, b)
             elif kind == _CLEAR:

@@ -2,18 +2,34 @@ from __future__ import annotations
 
 from .. import keys
 from ..contract import Transaction
+from ..envelope import decode_envelope
 
 
 async def expire(tr: Transaction, now: int, limit: int) -> int:
-    """Delete up to ``limit`` messages whose expiry is at or before ``now``, with their X and ID entries."""
+    """Delete up to ``limit`` messages whose expiry is at or before ``now``, with their X and ID entries
+    and the time-index entry that names them."""
     rows = await tr.get_range(*keys.expiry_range(now + 1), limit=limit)
     for key, idem in rows:
         _, topic, stamp = keys.unpack_expiry_key(key)
+        await _unindex_time(tr, topic, stamp)
         tr.clear(keys.queue_key(topic, stamp))
         tr.clear(key)
         if idem:
             tr.clear(keys.idem_key(topic, idem.decode(), stamp))
     return len(rows)
+
+
+async def _unindex_time(tr: Transaction, topic: str, stamp: bytes) -> None:
+    """Clear the topic's time-index entry of this message's second if it names this message (a later
+    message of the same second owns it otherwise). Not a snapshot read: a publish of that second
+    committing meanwhile makes this transaction retry rather than clear the newer entry. An entry
+    that outlives its message (one left by a crash between) is harmless: a cursor need not exist."""
+    raw = await tr.get(keys.queue_key(topic, stamp), snapshot=True)
+    if raw is None:
+        return
+    index = keys.time_index_key(topic, decode_envelope(raw).time)
+    if await tr.get(index) == stamp:
+        tr.clear(index)
 
 
 async def dead_nodes(tr: Transaction, now: int, max_age: int) -> list[str]:

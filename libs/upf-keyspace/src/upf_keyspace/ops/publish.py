@@ -34,6 +34,7 @@ async def publish(tr: Transaction, topic: str, env: Envelope, *, shard_count: in
     uv = tr.next_user_version()
     tr.set_versionstamped_key(keys.queue_key_incomplete(topic, uv), encode_envelope(env))
     tr.set_versionstamped_key(keys.expiry_key_incomplete(env.expires, topic, uv), idem.encode())
+    index_time(tr, topic, env.time, uv)
     if idem:
         tr.set_versionstamped_key(keys.idem_key_incomplete(topic, idem, uv), b"")
     holders = await tr.get_range(*keys.affinity_range(topic))
@@ -45,3 +46,9 @@ async def publish(tr: Transaction, topic: str, env: Envelope, *, shard_count: in
             tr.set_versionstamped_key(keys.inbox_key_incomplete(node, shard, uv), payload)
             tr.add(keys.bell_key(node, shard), _ONE)
     return Pending(envelope=env, user_version=uv, commit_stamp=tr.get_versionstamp(), poked=len(holders))
+
+
+def index_time(tr: Transaction, topic: str, second: int, user_version: int) -> None:
+    """Point the topic's entry for ``second`` at this message (see keys, QT): a blind versionstamped
+    write, so concurrent publishes never conflict on it and the last to commit wins."""
+    tr.set_versionstamped_value(keys.time_index_key(topic, second), keys.time_index_value_incomplete(user_version))
