@@ -28,7 +28,7 @@ import time
 from collections.abc import Coroutine, Iterable
 from typing import TYPE_CHECKING, Any
 
-from upf_keyspace import Message, Settings, Since, Store, Watch, message_from_envelope
+from upf_keyspace import Message, Settings, Since, Store, StoreError, Watch, message_from_envelope
 from upf_keyspace import telemetry as tm
 
 from .session import Close, Command, Read, Send, SessionConfig
@@ -617,6 +617,8 @@ class Hub:
                     await self.safety_pass()
             except asyncio.CancelledError:
                 raise
+            except StoreError as exc:  # its code says it all (a full store, a timeout): no traceback
+                log.warning("heartbeat failed: store error", extra={"node": self.node, "store_code": exc.code})
             except Exception:
                 log.warning("heartbeat failed", extra={"node": self.node}, exc_info=True)
 

@@ -26,12 +26,17 @@ How it keeps FoundationDB's meaning:
   ``_wake``), read by the event loop, so nothing runs while nothing commits. A 1 s poll of the commit
   counter, only while watches exist, is the backstop for a lost datagram: it costs latency, never a
   missed watch. The check compares only the watched keys the new commits wrote.
+- A full disk (SQLITE_FULL, ENOSPC) fails a commit with STORAGE_FULL, not retried, logged once a
+  minute, and reported to the process's ``errors.STORAGE`` for the health endpoints.
+  ``UPF_EMBEDDED_MAX_BYTES`` (default 0, none) caps the file's size the same way (SQLite's
+  ``max_page_count``): a quota, and how the tests fill a "disk" without root.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 import os
 import queue
@@ -76,6 +81,7 @@ SQLite read is cheaper than the scan (1,000 topics published round-robin made it
 _RANGE_CACHE_ROWS = 4  # only results this small are kept (affinity reads: 0 or 1 row) ...
 _RANGE_CACHE_BYTES = 1024  # ... and this many key and value bytes, so the cache stays under ~1 MB
 _I64 = struct.Struct("<q")
+_FULL_LOG_SECS = 60.0  # a full disk is logged once a minute (with the count refused since), not per commit
 _BATCH_SIZE = _metrics.COMMIT_BATCH.cell("embedded")
 _COMMIT_DURATION = _metrics.COMMIT_DURATION.cell("embedded")
 
@@ -88,6 +94,11 @@ def _connect(path: str, *, busy_timeout_ms: int = 30_000) -> sqlite3.Connection:
     conn.execute(f"PRAGMA busy_timeout = {busy_timeout_ms}")
     conn.execute("PRAGMA synchronous = FULL")
     conn.execute(f"PRAGMA mmap_size = {os.environ.get('UPF_EMBEDDED_MMAP', 1 << 28)}")
+    quota = int(os.environ.get("UPF_EMBEDDED_MAX_BYTES", "0") or 0)
+    if quota > 0:
+        # A size quota on the file: writes past it fail with SQLITE_FULL, exactly as on a full disk.
+        page = conn.execute("PRAGMA page_size").fetchone()[0]
+        conn.execute(f"PRAGMA max_page_count = {max(1, quota // page)}")
     return conn
 
 
@@ -122,6 +133,16 @@ def _begin_write(conn: sqlite3.Connection) -> None:
                 raise
             time.sleep(pause)
             pause = min(pause * 1.5, 0.002)
+
+
+def _is_full(exc: BaseException) -> bool:
+    """SQLite's SQLITE_FULL ("database or disk is full") or the OS's ENOSPC, however it surfaced."""
+    if isinstance(exc, sqlite3.Error):
+        code = getattr(exc, "sqlite_errorcode", None)
+        if code is not None and code & 0xFF == sqlite3.SQLITE_FULL:
+            return True
+        return "database or disk is full" in str(exc)
+    return isinstance(exc, OSError) and exc.errno == errno.ENOSPC
 
 
 class _Applier:
@@ -501,6 +522,8 @@ class EmbeddedDatabase:
         self._watch_version = self._committed_version()
         self._range_cache: dict[tuple[bytes, bytes, int, bool], tuple[int, list[tuple[bytes, bytes]]]] = {}
         self._last_prune = 0.0
+        self._full_logged = -_FULL_LOG_SECS
+        self._full_refused = 0
         self.fallback_poll_secs = _FALLBACK_POLL_SECS
         self._fallback: asyncio.TimerHandle | None = None
         self._inbox: Inbox | None = None
@@ -649,18 +672,32 @@ class EmbeddedDatabase:
                     _COMMIT_DURATION.record(time.perf_counter() - started)
                     _BATCH_SIZE.record(len(batch))
                 except Exception as exc:  # a failed physical commit fails every transaction in it
-                    log.exception("embedded commit failed")
                     with contextlib.suppress(sqlite3.Error):
                         conn.execute("ROLLBACK")
+                    if _is_full(exc):
+                        # Not retryable: each caller learns at once, and the log gets one line a minute.
+                        failure = errors.StoreError(errors.STORAGE_FULL, type(exc).__name__)
+                        self._log_full(len(batch))
+                    else:
+                        log.exception("embedded commit failed")
+                        failure = errors.StoreError(errors.NOT_COMMITTED, type(exc).__name__)
                     for p in batch:
                         if p.stamp is None or isinstance(p.stamp, bytes):
-                            p.stamp = errors.StoreError(errors.NOT_COMMITTED, type(exc).__name__)
+                            p.stamp = failure
                 try:
                     self._loop.call_soon_threadsafe(self._resolve, batch)
                 except RuntimeError:  # the loop is gone: nobody is waiting any more
                     return
         finally:
             conn.close()
+
+    def _log_full(self, refused: int) -> None:
+        self._full_refused += refused
+        now = time.monotonic()
+        if now - self._full_logged >= _FULL_LOG_SECS:
+            log.error("embedded store full: writes refused", extra={"refused_transactions": self._full_refused})
+            self._full_logged = now
+            self._full_refused = 0
 
     def _ring(self) -> None:
         try:
@@ -704,10 +741,10 @@ class EmbeddedDatabase:
             wall = time.time()
             written = in_batch.to_set()
             conn.execute("UPDATE meta SET version = ?", (new_version,))
-            conn.execute("INSERT INTO wlog VALUES (?, ?, ?)", (new_version, wall, written.encode()))
-            if wall - self._last_prune > 1.0:
+            if wall - self._last_prune > 1.0:  # before the insert, so a full file can reuse the space
                 self._last_prune = wall
                 conn.execute("DELETE FROM wlog WHERE t < ?", (wall - _WLOG_KEEP_SECS,))
+            conn.execute("INSERT INTO wlog VALUES (?, ?, ?)", (new_version, wall, written.encode()))
             conn.execute("COMMIT")
             self._wlog_cache[new_version] = written
             if len(self._wlog_cache) > 65536:
@@ -740,6 +777,8 @@ class EmbeddedDatabase:
     def _resolve(self, batch: list[_Pending]) -> None:
         self._grv = None  # what starts after these acknowledgements reads past them
         for p in batch:
+            if isinstance(p.stamp, errors.StoreError) and p.stamp.storage_full:
+                errors.STORAGE.write_refused()
             if p.future.done():
                 continue
             if isinstance(p.stamp, BaseException):

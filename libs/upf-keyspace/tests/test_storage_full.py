@@ -1,0 +1,68 @@
+"""A full store (SQLite's SQLITE_FULL, made real with a file-size quota): the commit fails at once
+with STORAGE_FULL, not retried; reads still work; the process's storage health says degraded."""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+import time
+
+import pytest
+
+from upf_keyspace import errors
+from upf_keyspace.drivers.embedded import _is_full, open_embedded
+
+
+@pytest.fixture
+async def full_db(tmp_path, monkeypatch):
+    monkeypatch.setenv("UPF_EMBEDDED_MAX_BYTES", str(256 * 1024))
+    monkeypatch.setattr(errors, "STORAGE", errors.StorageHealth())
+    db = await open_embedded(str(tmp_path / "store.db"))
+    yield db
+    await db.close()
+
+
+async def put(db, key: bytes, size: int = 3000) -> None:
+    async def body(tr):
+        tr.set(key, b"x" * size)
+
+    await db.transact(body)
+
+
+async def test_full_store_fails_fast_not_retried_and_recovers(full_db, caplog):
+    written = []
+    with caplog.at_level(logging.ERROR, logger="upf.store.embedded"):
+        with pytest.raises(errors.StoreError) as info:
+            for i in range(1000):
+                await put(full_db, b"k%04d" % i)
+                written.append(b"k%04d" % i)
+        started = time.monotonic()
+        for i in range(20):  # each refusal is immediate
+            with pytest.raises(errors.StoreError):
+                await put(full_db, b"more%02d" % i)
+        assert time.monotonic() - started < 2.0
+    assert info.value.code == errors.STORAGE_FULL and not info.value.retryable
+    assert 10 < len(written) < 1000 and errors.STORAGE.degraded()
+    # One log line for all 21 refusals, no traceback.
+    full_lines = [r for r in caplog.records if r.getMessage() == "embedded store full: writes refused"]
+    assert len(full_lines) == 1 and full_lines[0].exc_info is None
+
+    async def read_all(tr):
+        return await tr.get_range(b"k", b"l")
+
+    assert [k for k, _ in await full_db.transact(read_all)] == written  # nothing acknowledged lost
+
+    async def free(tr):
+        tr.clear_range(b"k", b"l")
+
+    await full_db.transact(free)
+    await put(full_db, b"after")
+    errors.STORAGE.window_secs = 0.0  # degraded for a window after the last refusal, then healthy
+    assert not errors.STORAGE.degraded()
+
+
+def test_full_is_recognised_however_it_surfaces():
+    assert _is_full(sqlite3.OperationalError("database or disk is full"))
+    assert _is_full(OSError(28, "No space left on device"))
+    assert not _is_full(sqlite3.OperationalError("database is locked"))
+    assert not _is_full(OSError(5, "Input/output error"))
