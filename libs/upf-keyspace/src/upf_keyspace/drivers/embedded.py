@@ -69,6 +69,12 @@ _SCHEMA = (
 )
 _CHANGED = object()  # a watched value no committed value equals: the watch fires when armed
 _WLOG_KEEP_SECS = 10.0
+_WLOG_CACHE_ENTRIES = 65_536
+_WLOG_CACHE_BYTES = 32 << 20
+"""The in-memory copy of the write log is bounded by size too, not only by commits: one commit can
+write thousands of keys (a many-topic subscribe), so 65,536 of them were gigabytes. 32 MiB holds the
+10 s the log is kept at ~4,000 publishes/s (~800 bytes of write set each); an evicted entry costs one
+read of the ``wlog`` table, never a wrong answer."""
 _MAX_BATCH = 2048
 _MAX_WATCHES = 10_000
 _RETRY_LIMIT = 100
@@ -193,6 +199,52 @@ class _Applier:
         self.conn.execute("DELETE FROM kv WHERE k >= ? AND k < ?", (begin, end))
         for k in [k for k in self.added if begin <= k < end]:
             self.added[k] = None
+
+
+def _set_bytes(s: IntervalSet) -> int:
+    """Roughly what an IntervalSet holds in memory: its keys plus two bytes objects and two list
+    slots per interval."""
+    return sum(map(len, s.begins)) + sum(map(len, s.ends)) + 82 * len(s.begins) + 120
+
+
+class _WriteSetCache:
+    """Recent commits' write sets by version, bounded by entries and by bytes; the oldest inserted
+    goes first. Written by the committer thread and the loop thread (under a lock), read lock-free."""
+
+    __slots__ = ("_sets", "_sizes", "bytes", "max_bytes", "max_entries", "_lock")
+
+    def __init__(self, max_bytes: int, max_entries: int) -> None:
+        self._sets: dict[int, IntervalSet] = {}
+        self._sizes: dict[int, int] = {}
+        self.bytes = 0
+        self.max_bytes = max_bytes
+        self.max_entries = max_entries
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._sets)
+
+    def get(self, version: int) -> IntervalSet | None:
+        return self._sets.get(version)
+
+    def put(self, version: int, s: IntervalSet) -> None:
+        size = _set_bytes(s)
+        if size > self.max_bytes:
+            return  # larger than the whole budget: read from the file when needed
+        with self._lock:
+            if version in self._sets:
+                return
+            self._sets[version] = s
+            self._sizes[version] = size
+            self.bytes += size
+            while self.bytes > self.max_bytes or len(self._sets) > self.max_entries:
+                oldest = next(iter(self._sets))
+                del self._sets[oldest]
+                self.bytes -= self._sizes.pop(oldest)
+
+    def update(self, sets: dict[int, IntervalSet]) -> None:
+        for version, s in sets.items():
+            self.put(version, s)
 
 
 class _Watch:
@@ -515,7 +567,7 @@ class EmbeddedDatabase:
         self._reader = _connect(path)
         self._grv: int | None = None
         self._watches: dict[bytes, set[_Watch]] = {}
-        self._wlog_cache: dict[int, IntervalSet] = {}
+        self._wlog_cache = _WriteSetCache(_WLOG_CACHE_BYTES, _WLOG_CACHE_ENTRIES)
         self._queue: queue.SimpleQueue[_Pending | None] = queue.SimpleQueue()
         self._closed = False
         self._check_scheduled = False
@@ -746,10 +798,7 @@ class EmbeddedDatabase:
                 conn.execute("DELETE FROM wlog WHERE t < ?", (wall - _WLOG_KEEP_SECS,))
             conn.execute("INSERT INTO wlog VALUES (?, ?, ?)", (new_version, wall, written.encode()))
             conn.execute("COMMIT")
-            self._wlog_cache[new_version] = written
-            if len(self._wlog_cache) > 65536:
-                for v in sorted(self._wlog_cache)[:32768]:
-                    self._wlog_cache.pop(v, None)
+            self._wlog_cache.put(new_version, written)
             return True
         conn.execute("ROLLBACK")
         return False
