@@ -66,3 +66,10 @@ def test_full_is_recognised_however_it_surfaces():
     assert _is_full(OSError(28, "No space left on device"))
     assert not _is_full(sqlite3.OperationalError("database is locked"))
     assert not _is_full(OSError(5, "Input/output error"))
+
+
+@pytest.mark.parametrize("bad", ["lots", "-5", "1e6", "9" * 30])
+async def test_bad_quota_is_refused_at_open_with_its_name(tmp_path, monkeypatch, bad):
+    monkeypatch.setenv("UPF_EMBEDDED_MAX_BYTES", bad)
+    with pytest.raises(RuntimeError, match="UPF_EMBEDDED_MAX_BYTES"):
+        await open_embedded(str(tmp_path / "store.db"))

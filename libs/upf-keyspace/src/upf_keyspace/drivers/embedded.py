@@ -100,12 +100,19 @@ def _connect(path: str, *, busy_timeout_ms: int = 30_000) -> sqlite3.Connection:
     conn.execute(f"PRAGMA busy_timeout = {busy_timeout_ms}")
     conn.execute("PRAGMA synchronous = FULL")
     conn.execute(f"PRAGMA mmap_size = {os.environ.get('UPF_EMBEDDED_MMAP', 1 << 28)}")
-    quota = int(os.environ.get("UPF_EMBEDDED_MAX_BYTES", "0") or 0)
+    quota = _quota_bytes()
     if quota > 0:
         # A size quota on the file: writes past it fail with SQLITE_FULL, exactly as on a full disk.
         page = conn.execute("PRAGMA page_size").fetchone()[0]
         conn.execute(f"PRAGMA max_page_count = {max(1, quota // page)}")
     return conn
+
+
+def _quota_bytes() -> int:
+    raw = os.environ.get("UPF_EMBEDDED_MAX_BYTES", "").strip() or "0"
+    if not raw.isdigit() or len(raw) > 20:
+        raise RuntimeError("UPF_EMBEDDED_MAX_BYTES must be a whole number of bytes (0: no quota)")
+    return int(raw)
 
 
 def _add_le(base: bytes | None, param: bytes) -> bytes:
