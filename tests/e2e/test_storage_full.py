@@ -9,7 +9,7 @@ import time
 
 import httpx
 
-from tests.clients.ntfy import error_body, poll
+from tests.clients.ntfy import error_body, poll, subscribe
 
 BODY = "x" * 3500
 
@@ -47,8 +47,10 @@ async def test_full_store_answers_507_fast_reports_degraded_and_recovers(fleet):
         assert (health.status_code, health.json()) == (503, {"healthy": False, "storage": "full"})
         heartbeat = await c.get(f"{upf.base}/__heartbeat__")
         assert heartbeat.status_code == 503 and heartbeat.json()["storage"] == "full"
-        # Stored messages are still served, every acknowledged one.
+        # Stored messages are still served, every acknowledged one, polled and streamed.
         assert [f.id for f in await poll(upf.base, "upKEEP01")] == kept
+        async with subscribe(upf.base, "upKEEP01", "json", "since=all") as s:
+            assert [f.id for f in await s.messages(5)] == kept
 
         # The janitor expires the 4 s messages, freeing space: publishes of the same size succeed
         # again and health recovers by itself (10 s after the last refusal).

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from upf_keyspace import errors
+from upf_keyspace import errors, keys
 from upf_keyspace.drivers.embedded import _is_full, open_embedded
 
 
@@ -73,3 +73,22 @@ async def test_bad_quota_is_refused_at_open_with_its_name(tmp_path, monkeypatch,
     monkeypatch.setenv("UPF_EMBEDDED_MAX_BYTES", bad)
     with pytest.raises(RuntimeError, match="UPF_EMBEDDED_MAX_BYTES"):
         await open_embedded(str(tmp_path / "store.db"))
+
+
+async def test_subscribe_on_a_full_store_still_resolves_its_cursors(full_db):
+    """The affinity write is refused: the subscribe still answers (read-only), so the stream opens."""
+    from upf_keyspace import SINCE_ALL, SINCE_NONE, Envelope, Store
+
+    store = Store(full_db, shard_count=8)
+    first = await store.publish("t", Envelope(time=1, expires=2**40, message="m"))
+    for size in (3000, 300, 30, 1):  # until not even a tiny write fits
+        with pytest.raises(errors.StoreError):
+            for i in range(100_000):
+                await put(full_db, b"k%d-%06d" % (size, i), size)
+    assert await store.subscribe(["t"], "n1", SINCE_ALL) == {"t": None}
+    assert await store.subscribe(["t"], "n1", SINCE_NONE) == {"t": first.stamp}
+
+    async def held(tr):
+        return await tr.get_range(*keys.affinity_range("t"))
+
+    assert await full_db.transact(held) == []  # the hold was refused: the read-only path answered

@@ -15,6 +15,7 @@ from . import keys, ops
 from .auth import AuthState, Permission, Token, User
 from .contract import Database, Watch
 from .envelope import Envelope
+from .errors import StoreError
 from .limits import Lease
 from .msgid import encode_id
 from .ops.inbox import Drained
@@ -95,7 +96,15 @@ class Store:
             ops.affinity.hold(tr, topics, node)
             return await ops.read.positions(tr, topics, since)
 
-        return await self._resumed(await self.db.transact(body), since)
+        try:
+            found = await self.db.transact(body)
+        except StoreError as exc:
+            if not exc.storage_full:
+                raise
+            # The store refuses writes: stream without the affinity, read-only. Nothing can be
+            # published meanwhile; the safety poll delivers what is published once space returns.
+            found = await self.db.transact(ops.read.positions, topics, since)
+        return await self._resumed(found, since)
 
     async def positions(self, topics: Sequence[str], since: Since) -> dict[str, bytes | None]:
         """Resolve ``since`` without holding the topics (``poll=1`` reads and leaves)."""
