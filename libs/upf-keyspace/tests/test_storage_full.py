@@ -92,3 +92,16 @@ async def test_subscribe_on_a_full_store_still_resolves_its_cursors(full_db):
         return await tr.get_range(*keys.affinity_range("t"))
 
     assert await full_db.transact(held) == []  # the hold was refused: the read-only path answered
+
+
+async def test_refusals_are_seen_by_every_process_on_the_file(tmp_path, monkeypatch):
+    """Two processes (two health trackers) on one store: a refusal in one degrades both."""
+    monkeypatch.setattr(errors, "STORAGE", errors.StorageHealth())
+    db = await open_embedded(str(tmp_path / "store.db"))
+    await db.close()
+    marker = str(tmp_path / "store.db-full")
+    other = errors.StorageHealth()
+    other.share(marker)
+    assert not errors.STORAGE.degraded() and not other.degraded()
+    errors.STORAGE.write_refused()
+    assert other.degraded()

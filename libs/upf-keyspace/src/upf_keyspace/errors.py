@@ -3,6 +3,8 @@ both drivers alike; messages are static and details go in attributes."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import time
 
 __all__ = [
@@ -95,22 +97,40 @@ class StoreError(Exception):
 
 
 class StorageHealth:
-    """Whether this process's writes are being refused for lack of space, for the health endpoints:
-    degraded until ``window_secs`` have passed without a refusal. Not cleared by the next successful
-    write: on a nearly full store small writes still fit while publishes do not, and health must not
-    flap with them. The window also lets a node a load balancer took out of rotation back in to try
-    again (its next refused write re-detects a full disk at once). Drivers report from any thread."""
+    """Whether writes are being refused for lack of space, for the health endpoints: degraded until
+    ``window_secs`` have passed without a refusal. Not cleared by the next successful write: on a
+    nearly full store small writes still fit while publishes do not, and health must not flap with
+    them. The window also lets a node a load balancer took out of rotation back in to try again (its
+    next refused write re-detects a full disk at once). Drivers report from any thread.
+
+    ``share(marker)``: refusals also touch ``marker``'s mtime (no new blocks needed, so it works on a
+    full disk), and every process that shares it sees them: the embedded store's processes on one
+    host (the all-in-one's workers, or a writer and a pusher) answer health alike."""
 
     def __init__(self, window_secs: float = 10.0) -> None:
         self.window_secs = window_secs
         self._refused_at: float | None = None
+        self._marker: str | None = None
+
+    def share(self, marker: str) -> None:
+        self._marker = marker
 
     def write_refused(self) -> None:
         self._refused_at = time.monotonic()
+        if self._marker is not None:
+            with contextlib.suppress(OSError):
+                os.utime(self._marker)
 
     def degraded(self) -> bool:
         refused_at = self._refused_at
-        return refused_at is not None and time.monotonic() - refused_at < self.window_secs
+        if refused_at is not None and time.monotonic() - refused_at < self.window_secs:
+            return True
+        if self._marker is not None:
+            try:
+                return abs(time.time() - os.stat(self._marker).st_mtime) < self.window_secs
+            except OSError:
+                return False
+        return False
 
 
 STORAGE = StorageHealth()

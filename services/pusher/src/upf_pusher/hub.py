@@ -652,9 +652,10 @@ class Hub:
                     applied = want
                 except asyncio.CancelledError:
                     raise
-                except Exception:
+                except Exception as exc:
                     failures += 1
-                    log.warning("affinity update failed", extra={"hold": want}, exc_info=True)
+                    # A store error's code says it all (a full store, a timeout): no traceback.
+                    log.warning("affinity update failed", extra={"hold": want}, exc_info=not isinstance(exc, StoreError))
                     if failures >= 5:
                         return  # stale affinity only costs pokes; the heartbeat's re-hold covers a lost hold
                     await asyncio.sleep(0.1 * 2**failures)

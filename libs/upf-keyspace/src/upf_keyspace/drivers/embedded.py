@@ -961,4 +961,16 @@ async def open_embedded(path: str) -> EmbeddedDatabase:
         conn.execute("COMMIT")
     finally:
         conn.close()
+    errors.STORAGE.share(_health_marker(path))
     return EmbeddedDatabase(path, asyncio.get_running_loop())
+
+
+def _health_marker(path: str) -> str:
+    """``<store>-full``: its mtime is the last refused write of any process on the file (see
+    ``errors.StorageHealth``); created with an mtime long past, so a new one says healthy."""
+    marker = path + "-full"
+    if not os.path.exists(marker):
+        with contextlib.suppress(OSError):  # a disk too full for it: this process still reports its own
+            create_private_file(marker)
+            os.utime(marker, (0, 0))
+    return marker
