@@ -27,7 +27,9 @@ transaction's Q, X, IN and ID entries of one message share one stamp: one messag
 QT makes ``since=<time>`` two reads at most: every publish sets (topic, its second) to its own stamp
 with a versionstamped value, a blind write (no read, so publishes never conflict on it; the last
 commit of the second wins, which is the entry's meaning), and the newest entry before a time is the
-cursor for that time. The janitor clears an entry with the message it names.
+cursor for that time. The janitor clears an entry with the message it names. A topic with no entry
+before the time (rows written before the index existed) is scanned instead, one bounded batch per
+transaction (``ops.read.scan_time``); those rows age out with their TTL.
 """
 
 from __future__ import annotations

@@ -23,7 +23,8 @@ async def _unindex_time(tr: Transaction, topic: str, stamp: bytes) -> None:
     """Clear the topic's time-index entry of this message's second if it names this message (a later
     message of the same second owns it otherwise). Not a snapshot read: a publish of that second
     committing meanwhile makes this transaction retry rather than clear the newer entry. An entry
-    that outlives its message (one left by a crash between) is harmless: a cursor need not exist."""
+    that outlives its message is harmless (a cursor need not exist); a second whose entry went while
+    longer-lived messages of it remain is found through an earlier entry: more messages, never fewer."""
     raw = await tr.get(keys.queue_key(topic, stamp), snapshot=True)
     if raw is None:
         return
