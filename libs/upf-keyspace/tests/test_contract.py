@@ -164,6 +164,37 @@ async def test_versionstamped_key_unreadable_before_commit(db, prefix):
     assert info.value.code == ACCESSED_UNREADABLE
 
 
+async def test_versionstamped_value_gets_the_commit_stamp(db, prefix):
+    """A versionstamped value is the commit's 10 bytes plus the user version as written; the key is
+    unreadable in its own transaction; a blind write that a snapshot reader never conflicts with."""
+    value = b"\xff" * 10 + (7).to_bytes(2, "big") + (0).to_bytes(4, "little")
+
+    async def body(tr):
+        tr.set_versionstamped_value(prefix + b"k", value)
+        return tr.get_versionstamp()
+
+    stamp = await (await db.transact(body))
+    assert await read(db, prefix + b"k") == stamp + (7).to_bytes(2, "big")
+
+    async def read_back(tr):
+        tr.set_versionstamped_value(prefix + b"k", value)
+        await tr.get(prefix + b"k")
+
+    with pytest.raises(StoreError) as info:
+        await db.transact(read_back)
+    assert info.value.code == ACCESSED_UNREADABLE
+
+    async def short(tr):
+        tr.set_versionstamped_value(prefix + b"k", b"\x00" * 13)
+
+    async def past_end(tr):
+        tr.set_versionstamped_value(prefix + b"k", b"\x00" * 12 + (4).to_bytes(4, "little"))
+
+    for bad in (short, past_end):
+        with pytest.raises(StoreError):
+            await db.transact(bad)
+
+
 async def test_versionstamp_of_read_only_transaction_fails(db, prefix):
     """A read-only transaction has no commit version (2021)."""
 

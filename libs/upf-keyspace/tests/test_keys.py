@@ -71,7 +71,7 @@ def test_incomplete_keys_have_tuple_layer_layout(topic, uv):
 def test_ranges_do_not_collide_across_kinds(topic):
     """A constant level before every variable one: Q of one topic never overlaps another kind."""
     qb, qe = keys.queue_range(topic)
-    for other in (keys.affinity_range(topic), keys.inbox_range(topic, 0), keys.idem_range(topic, "")):
+    for other in (keys.affinity_range(topic), keys.inbox_range(topic, 0), keys.idem_range(topic, ""), keys.time_index_range(topic)):
         assert qe <= other[0] or other[1] <= qb
 
 
@@ -112,6 +112,11 @@ def test_fast_encoders_equal_the_tuple_layer(topic, stamp, expiry, idem, uv, sha
     assert keys.expiry_key_incomplete(expiry, topic, uv) == fdbtuple.pack_with_versionstamp(root + ("X", expiry, topic, inc))
     assert keys.inbox_key_incomplete(topic, shard, uv) == fdbtuple.pack_with_versionstamp(root + ("IN", topic, shard, inc))
     assert keys.idem_key_incomplete(topic, idem, uv) == fdbtuple.pack_with_versionstamp(root + ("ID", topic, idem, inc))
+    assert keys.time_index_key(topic, expiry) == fdbtuple.pack(root + ("QT", topic, expiry))
+    assert keys.unpack_time_index_key(keys.time_index_key(topic, expiry)) == (topic, expiry)
+    tb, te = keys.time_index_before(topic, expiry)
+    assert tb <= keys.time_index_key(topic, max(0, expiry - 1)) < te or expiry == 0
+    assert keys.time_index_value_incomplete(uv) == fdbtuple.pack_with_versionstamp((inc,))[1:-4] + bytes(4)  # offset 0
     b, e = keys.expiry_range(expiry)
     assert b == fdbtuple.pack(root + ("X",)) and e == fdbtuple.pack(root + ("X", expiry))
 

@@ -11,7 +11,7 @@ from typing import NamedTuple
 
 import msgspec
 
-__all__ = ["ErrorBody", "NtfyError", "Problem", "STORE_UNAVAILABLE", "error_body"]
+__all__ = ["ErrorBody", "NtfyError", "Problem", "STORE_UNAVAILABLE", "INSUFFICIENT_STORAGE", "error_body"]
 
 
 class ErrorBody(msgspec.Struct, frozen=True, omit_defaults=True):
@@ -73,3 +73,7 @@ def error_body(problem: Problem) -> bytes:
 
 STORE_UNAVAILABLE = Problem(50301, 503, "service unavailable: store not responding")
 """UPF's: the store did not answer (publishers retry a 5xx; health reports it)."""
+
+INSUFFICIENT_STORAGE = Problem(50702, 507, "insufficient storage: the store is full")
+"""UPF's: the store refused the write for lack of space (ntfy's 50701 is its other 507, "no rate
+visitor"); answered at once, since retrying a full disk cannot help."""

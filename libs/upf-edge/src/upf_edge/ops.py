@@ -15,6 +15,7 @@ import logging
 from collections.abc import Awaitable, Callable, Sequence
 
 import msgspec
+from upf_keyspace.errors import STORAGE, StorageHealth
 
 from .errors import STORE_UNAVAILABLE, Problem
 from .handler import NO_BODY, Reply
@@ -25,6 +26,8 @@ __all__ = [
     "HEALTH_BODY",
     "LBHEARTBEAT_BODY",
     "HEARTBEAT_OK_BODY",
+    "HEALTH_STORAGE_FULL_BODY",
+    "HEARTBEAT_STORAGE_FULL_BODY",
     "HEARTBEAT_TIMEOUT_SECS",
     "STORE_UNAVAILABLE",
     "version_body",
@@ -35,6 +38,8 @@ log = logging.getLogger("upf_edge.ops")
 HEALTH_BODY = b'{"healthy":true}\n'
 LBHEARTBEAT_BODY = b"{}\n"
 HEARTBEAT_OK_BODY = b'{"status":"ok","store":"ok"}\n'
+HEALTH_STORAGE_FULL_BODY = b'{"healthy":false,"storage":"full"}\n'
+HEARTBEAT_STORAGE_FULL_BODY = b'{"status":"degraded","store":"ok","storage":"full"}\n'
 HEARTBEAT_TIMEOUT_SECS = 2.0
 METHOD_NOT_ALLOWED = Problem(40501, 405, "method not allowed")
 PATHS = frozenset({"/v1/health", "/__lbheartbeat__", "/__heartbeat__", "/__version__", "/metrics"})
@@ -54,9 +59,11 @@ def version_body(name: str, version: str) -> bytes:
 
 class OpsRoutes:
     """The ops endpoints of one role. ``probe`` reads the store (raising, or returning False, when it
-    cannot); ``metrics`` renders the process's metrics as ``metrics_content_type`` text."""
+    cannot); ``metrics`` renders the process's metrics as ``metrics_content_type`` text. While the
+    store refuses writes for lack of space (``storage``, the process's, set by the store driver) both
+    health endpoints answer 503 saying so: reads still work, so the read probe alone would say ok."""
 
-    __slots__ = ("_version", "_probe", "_metrics", "_metrics_type", "_timeout")
+    __slots__ = ("_version", "_probe", "_metrics", "_metrics_type", "_timeout", "_storage")
 
     def __init__(
         self,
@@ -66,12 +73,14 @@ class OpsRoutes:
         metrics: Callable[[], bytes],
         metrics_content_type: str,
         heartbeat_timeout: float = HEARTBEAT_TIMEOUT_SECS,
+        storage: StorageHealth = STORAGE,
     ) -> None:
         self._version = version_body(name, version)
         self._probe = probe
         self._metrics = metrics
         self._metrics_type = metrics_content_type.encode("ascii")
         self._timeout = heartbeat_timeout
+        self._storage = storage
 
     def wants(self, method: str, path: str) -> bool:
         return path in PATHS
@@ -91,6 +100,8 @@ class OpsRoutes:
         if method != "GET" and method != "HEAD":
             return Reply(405, METHOD_NOT_ALLOWED.body(), _ALLOW)
         if topic == "v1/health":
+            if self._storage.degraded():
+                return Reply(503, HEALTH_STORAGE_FULL_BODY)
             return Reply(200, HEALTH_BODY)
         if topic == "__lbheartbeat__":
             return Reply(200, LBHEARTBEAT_BODY)
@@ -109,4 +120,6 @@ class OpsRoutes:
             ok = False
         if ok is False:
             return Reply(503, STORE_UNAVAILABLE.body())
+        if self._storage.degraded():
+            return Reply(503, HEARTBEAT_STORAGE_FULL_BODY)
         return Reply(200, HEARTBEAT_OK_BODY)

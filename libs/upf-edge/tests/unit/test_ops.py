@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
@@ -52,3 +53,23 @@ async def test_other_methods_are_405() -> None:
     reply = await call(routes(), "POST", "/v1/health")
     assert reply.status == 405 and json.loads(reply.body)["code"] == 40501
     assert reply.headers == ((b"allow", b"GET, HEAD"),)
+
+
+async def test_full_storage_degrades_both_health_endpoints_for_a_window() -> None:
+    """A refused write makes /v1/health and /__heartbeat__ 503 saying storage, until the window has
+    passed without another refusal."""
+    from upf_keyspace.errors import StorageHealth
+
+    storage = StorageHealth(window_secs=0.3)
+    r = OpsRoutes("upf-test", "1.2.3", lambda: _none(), lambda: b"", "text/plain", storage=storage)
+    assert (await call(r, "GET", "/v1/health")).status == 200
+    storage.write_refused()
+    health, heartbeat = await call(r, "GET", "/v1/health"), await call(r, "GET", "/__heartbeat__")
+    assert (health.status, json.loads(health.body)) == (503, {"healthy": False, "storage": "full"})
+    assert (heartbeat.status, json.loads(heartbeat.body)) == (503, {"status": "degraded", "store": "ok", "storage": "full"})
+    await asyncio.sleep(0.35)
+    assert (await call(r, "GET", "/v1/health")).status == 200 and (await call(r, "GET", "/__heartbeat__")).status == 200
+
+
+async def _none() -> None:
+    return None

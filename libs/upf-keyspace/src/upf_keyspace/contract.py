@@ -11,6 +11,8 @@ Semantics every driver keeps (and the contract tests check):
   little-endian offset to it (the tuple layer's ``pack_with_versionstamp``); at commit the placeholder
   becomes the commit's 10-byte stamp (8-byte big-endian commit version + 2-byte batch order), the same
   for every versionstamped op of the transaction. Reading such a key back before commit is refused.
+- ``set_versionstamped_value``: the same, for the value (its last 4 bytes are the offset); the key is
+  then unreadable in the transaction. A blind write: it adds no read conflict.
 - ``add``: 64-bit little-endian two's-complement add, missing values count as zero.
 - ``watch``: created in a transaction, armed at commit; fires once the key's committed value differs
   from the value the transaction saw. It may miss an A->B->A change. Always await it with a timeout.
@@ -65,6 +67,8 @@ class Transaction(Protocol):
     def add(self, key: bytes, param: bytes) -> None: ...
 
     def set_versionstamped_key(self, key: bytes, value: bytes) -> None: ...
+
+    def set_versionstamped_value(self, key: bytes, value: bytes) -> None: ...
 
     def add_read_conflict_range(self, begin: bytes, end: bytes) -> None: ...
 

@@ -3,6 +3,10 @@ both drivers alike; messages are static and details go in attributes."""
 
 from __future__ import annotations
 
+import contextlib
+import os
+import time
+
 __all__ = [
     "StoreError",
     "NOT_COMMITTED",
@@ -20,6 +24,9 @@ __all__ = [
     "TRANSACTION_TOO_LARGE",
     "CLIENT_INVALID_OPERATION",
     "DATABASE_LOCKED",
+    "STORAGE_FULL",
+    "StorageHealth",
+    "STORAGE",
     "FormatVersionError",
 ]
 
@@ -38,6 +45,10 @@ CLIENT_INVALID_OPERATION = 2000
 TRANSACTION_TOO_LARGE = 2101
 KEY_TOO_LARGE = 2102
 VALUE_TOO_LARGE = 2103
+STORAGE_FULL = 9507
+"""UPF's own code (FoundationDB has none: a cluster short of space throttles commits, which then end
+in ``transaction_timed_out`` 1031 at the 5 s timeout). The embedded driver raises it when SQLite
+says SQLITE_FULL or the OS says ENOSPC. Not retryable: retrying a full disk only delays the answer."""
 
 _RETRYABLE = frozenset({NOT_COMMITTED, COMMIT_UNKNOWN_RESULT, TRANSACTION_TOO_OLD, FUTURE_VERSION, DATABASE_LOCKED})
 
@@ -57,6 +68,7 @@ _DESCRIPTIONS = {
     TRANSACTION_TOO_LARGE: "transaction exceeds byte limit",
     KEY_TOO_LARGE: "key length exceeds limit",
     VALUE_TOO_LARGE: "value length exceeds limit",
+    STORAGE_FULL: "storage is full: the write was refused",
 }
 
 
@@ -73,11 +85,56 @@ class StoreError(Exception):
         return self.code in _RETRYABLE
 
     @property
+    def storage_full(self) -> bool:
+        return self.code == STORAGE_FULL
+
+    @property
     def maybe_committed(self) -> bool:
         return self.code == COMMIT_UNKNOWN_RESULT
 
     def __repr__(self) -> str:
         return f"StoreError({self.code}, {self.detail!r})"
+
+
+class StorageHealth:
+    """Whether writes are being refused for lack of space, for the health endpoints: degraded until
+    ``window_secs`` have passed without a refusal. Not cleared by the next successful write: on a
+    nearly full store small writes still fit while publishes do not, and health must not flap with
+    them. The window also lets a node a load balancer took out of rotation back in to try again (its
+    next refused write re-detects a full disk at once). Drivers report from any thread.
+
+    ``share(marker)``: refusals also touch ``marker``'s mtime (no new blocks needed, so it works on a
+    full disk), and every process that shares it sees them: the embedded store's processes on one
+    host (the all-in-one's workers, or a writer and a pusher) answer health alike."""
+
+    def __init__(self, window_secs: float = 10.0) -> None:
+        self.window_secs = window_secs
+        self._refused_at: float | None = None
+        self._marker: str | None = None
+
+    def share(self, marker: str) -> None:
+        self._marker = marker
+
+    def write_refused(self) -> None:
+        self._refused_at = time.monotonic()
+        if self._marker is not None:
+            with contextlib.suppress(OSError):
+                os.utime(self._marker)
+
+    def degraded(self) -> bool:
+        refused_at = self._refused_at
+        if refused_at is not None and time.monotonic() - refused_at < self.window_secs:
+            return True
+        if self._marker is not None:
+            try:
+                return abs(time.time() - os.stat(self._marker).st_mtime) < self.window_secs
+            except OSError:
+                return False
+        return False
+
+
+STORAGE = StorageHealth()
+"""The process's one: a role process has one store."""
 
 
 class FormatVersionError(RuntimeError):

@@ -7,6 +7,7 @@ of key can never collide::
     ("upf",)
     ├── "META" / "format"                              -> FormatVersion (LE i64)
     ├── "Q"   / topic:str / stamp:Versionstamp          -> Envelope (msgpack)     durable queue, source of truth
+    ├── "QT"  / topic:str / second:int                  -> stamp (12 bytes)       time index: the topic's last message of that second
     ├── "X"   / expiry:int / topic:str / stamp:Versionstamp -> idem key (utf-8) TTL index, janitor scans it
     ├── "C"   / topic:str / node:str                    -> ""                     affinity (soft): node holds topic
     ├── "CN"  / node:str / topic:str                    -> ""                     reverse affinity, for dead-node sweeps
@@ -29,6 +30,13 @@ of key can never collide::
 
 Stamps are 12 bytes: 10 commit bytes assigned at commit plus a 2-byte user version, so one
 transaction's Q, X, IN and ID entries of one message share one stamp: one message, one id.
+
+QT makes ``since=<time>`` two reads at most: every publish sets (topic, its second) to its own stamp
+with a versionstamped value, a blind write (no read, so publishes never conflict on it; the last
+commit of the second wins, which is the entry's meaning), and the newest entry before a time is the
+cursor for that time. The janitor clears an entry with the message it names. A topic with no entry
+before the time (rows written before the index existed) is scanned instead, one bounded batch per
+transaction (``ops.read.scan_time``); those rows age out with their TTL.
 """
 
 from __future__ import annotations
@@ -53,6 +61,11 @@ __all__ = [
     "queue_range",
     "queue_after",
     "unpack_queue_key",
+    "time_index_key",
+    "time_index_value_incomplete",
+    "time_index_before",
+    "time_index_range",
+    "unpack_time_index_key",
     "expiry_key_incomplete",
     "expiry_range",
     "unpack_expiry_key",
@@ -145,6 +158,7 @@ class Prefix(str, enum.Enum):
 
     META = "META"
     QUEUE = "Q"
+    TIME_INDEX = "QT"
     EXPIRY = "X"
     AFFINITY = "C"
     AFFINITY_BY_NODE = "CN"
@@ -288,6 +302,30 @@ def queue_after(topic: str, stamp: bytes | None) -> tuple[bytes, bytes]:
 def unpack_queue_key(key: bytes) -> tuple[str, bytes]:
     topic, vs = _unpack(key, Prefix.QUEUE, 2)
     return topic, stamp_of(vs)
+
+
+# --- QT ---------------------------------------------------------------------------------------------
+def time_index_key(topic: str, second: int) -> bytes:
+    return _prefix(Prefix.TIME_INDEX.value, topic) + _enc(second)
+
+
+def time_index_value_incomplete(user_version: int) -> bytes:
+    """A versionstamped value: the placeholder, the user version, then the offset (0) of the placeholder."""
+    return _PLACEHOLDER + user_version.to_bytes(2, "big") + b"\x00\x00\x00\x00"
+
+
+def time_index_range(topic: str) -> tuple[bytes, bytes]:
+    return _range(Prefix.TIME_INDEX.value, topic)
+
+
+def time_index_before(topic: str, second: int) -> tuple[bytes, bytes]:
+    """A topic's time-index entries of seconds strictly before ``second``."""
+    return time_index_range(topic)[0], time_index_key(topic, second)
+
+
+def unpack_time_index_key(key: bytes) -> tuple[str, int]:
+    topic, second = _unpack(key, Prefix.TIME_INDEX, 2)
+    return topic, second
 
 
 # --- X ----------------------------------------------------------------------------------------------

@@ -6,6 +6,7 @@ file), checks the format version, and keeps retry policy in one place (the drive
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping, Sequence
 
 import msgspec
@@ -14,6 +15,7 @@ from . import keys, ops
 from .auth import AuthState, Permission, Token, User
 from .contract import Database, Watch
 from .envelope import Envelope
+from .errors import StoreError
 from .limits import Lease
 from .msgid import encode_id
 from .ops.inbox import Drained
@@ -109,7 +111,15 @@ class Store:
             ops.affinity.hold(tr, topics, node)
             return await ops.read.positions(tr, topics, since)
 
-        return await self.db.transact(body)
+        try:
+            found = await self.db.transact(body)
+        except StoreError as exc:
+            if not exc.storage_full:
+                raise
+            # The store refuses writes: stream without the affinity, read-only. Nothing can be
+            # published meanwhile; the safety poll delivers what is published once space returns.
+            found = await self.db.transact(ops.read.positions, topics, since)
+        return await self._resumed(found, since)
 
     async def subscribe_live(
         self, topics: Sequence[str], node: str, since: Since
@@ -153,7 +163,18 @@ class Store:
 
     async def positions(self, topics: Sequence[str], since: Since) -> dict[str, bytes | None]:
         """Resolve ``since`` without holding the topics (``poll=1`` reads and leaves)."""
-        return await self.db.transact(ops.read.positions, topics, since)
+        return await self._resumed(await self.db.transact(ops.read.positions, topics, since), since)
+
+    async def _resumed(self, found: Mapping[str, bytes | None | ops.read.Resume], since: Since) -> dict[str, bytes | None]:
+        """Finish the time positions that need an unindexed queue scanned: one bounded batch per
+        transaction, yielding to the event loop between them (the embedded driver's reads do not)."""
+        out: dict[str, bytes | None] = {}
+        for topic, cursor in found.items():
+            while isinstance(cursor, ops.read.Resume):
+                await asyncio.sleep(0)
+                cursor = await self.db.transact(ops.read.scan_time, topic, since.time, cursor.after)
+            out[topic] = cursor
+        return out
 
     async def hold(self, topics: Sequence[str], node: str) -> None:
         async def body(tr):  # type: ignore[no-untyped-def]

@@ -28,7 +28,7 @@ import time
 from collections.abc import Coroutine, Iterable
 from typing import TYPE_CHECKING, Any
 
-from upf_keyspace import Message, Settings, Since, Store, Watch, message_from_envelope
+from upf_keyspace import Message, Settings, Since, Store, StoreError, Watch, message_from_envelope
 from upf_keyspace import telemetry as tm
 
 from .release import release_loop
@@ -621,6 +621,8 @@ class Hub:
                     await self.safety_pass()
             except asyncio.CancelledError:
                 raise
+            except StoreError as exc:  # its code says it all (a full store, a timeout): no traceback
+                log.warning("heartbeat failed: store error", extra={"node": self.node, "store_code": exc.code})
             except Exception:
                 log.warning("heartbeat failed", extra={"node": self.node}, exc_info=True)
 
@@ -654,9 +656,10 @@ class Hub:
                     applied = want
                 except asyncio.CancelledError:
                     raise
-                except Exception:
+                except Exception as exc:
                     failures += 1
-                    log.warning("affinity update failed", extra={"hold": want}, exc_info=True)
+                    # A store error's code says it all (a full store, a timeout): no traceback.
+                    log.warning("affinity update failed", extra={"hold": want}, exc_info=not isinstance(exc, StoreError))
                     if failures >= 5:
                         return  # stale affinity only costs pokes; the heartbeat's re-hold covers a lost hold
                     await asyncio.sleep(0.1 * 2**failures)

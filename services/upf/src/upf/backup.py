@@ -54,6 +54,7 @@ KEPT = (
     keys.Prefix.AUTH_ACCESS,
     keys.Prefix.AUTH_VERSION,
     keys.Prefix.QUEUE,
+    keys.Prefix.TIME_INDEX,
     keys.Prefix.EXPIRY,
     keys.Prefix.IDEMPOTENCY,
     keys.Prefix.SCHEDULED,

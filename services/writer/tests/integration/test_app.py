@@ -224,9 +224,13 @@ class BrokenStore:
         return 0, asyncio.get_running_loop().create_future()  # a watch that never fires
 
 
-@pytest.mark.parametrize("exc,http,code", [(StoreError(1031), 503, 50301), (RuntimeError("boom"), 500, 50001)])
+@pytest.mark.parametrize(
+    "exc,http,code",
+    [(StoreError(1031), 503, 50301), (StoreError(9507), 507, 50702), (RuntimeError("boom"), 500, 50001)],
+)
 async def test_store_failures(settings: Settings, exc: Exception, http: int, code: int) -> None:
-    """A store error is 503 (publishers retry), a bug is 500; both as ntfy JSON; heartbeat is 503."""
+    """A store error is 503 (publishers retry), a full store 507, a bug is 500; all as ntfy JSON;
+    heartbeat is 503."""
     app = create_app(settings, BrokenStore(exc))  # type: ignore[arg-type]
     async with in_process(app) as c:
         assert_ntfy_error(await c.post("/t", content=b"x"), http, code)

@@ -26,12 +26,17 @@ How it keeps FoundationDB's meaning:
   ``_wake``), read by the event loop, so nothing runs while nothing commits. A 1 s poll of the commit
   counter, only while watches exist, is the backstop for a lost datagram: it costs latency, never a
   missed watch. The check compares only the watched keys the new commits wrote.
+- A full disk (SQLITE_FULL, ENOSPC) fails a commit with STORAGE_FULL, not retried, logged once a
+  minute, and reported to the process's ``errors.STORAGE`` for the health endpoints.
+  ``UPF_EMBEDDED_MAX_BYTES`` (default 0, none) caps the file's size the same way (SQLite's
+  ``max_page_count``): a quota, and how the tests fill a "disk" without root.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 import os
 import queue
@@ -64,6 +69,12 @@ _SCHEMA = (
 )
 _CHANGED = object()  # a watched value no committed value equals: the watch fires when armed
 _WLOG_KEEP_SECS = 10.0
+_WLOG_CACHE_ENTRIES = 65_536
+_WLOG_CACHE_BYTES = 32 << 20
+"""The in-memory copy of the write log is bounded by size too, not only by commits: one commit can
+write thousands of keys (a many-topic subscribe), so 65,536 of them were gigabytes. 32 MiB holds the
+10 s the log is kept at ~4,000 publishes/s (~800 bytes of write set each); an evicted entry costs one
+read of the ``wlog`` table, never a wrong answer."""
 _MAX_BATCH = 2048
 _MAX_WATCHES = 10_000
 _RETRY_LIMIT = 100
@@ -76,11 +87,12 @@ SQLite read is cheaper than the scan (1,000 topics published round-robin made it
 _RANGE_CACHE_ROWS = 4  # only results this small are kept (affinity reads: 0 or 1 row) ...
 _RANGE_CACHE_BYTES = 1024  # ... and this many key and value bytes, so the cache stays under ~1 MB
 _I64 = struct.Struct("<q")
+_FULL_LOG_SECS = 60.0  # a full disk is logged once a minute (with the count refused since), not per commit
 _BATCH_SIZE = _metrics.COMMIT_BATCH.cell("embedded")
 _COMMIT_DURATION = _metrics.COMMIT_DURATION.cell("embedded")
 
 # Mutation kinds, in a transaction's ordered mutation list.
-_SET, _CLEAR, _CLEAR_RANGE, _ADD, _VS_KEY = range(5)
+_SET, _CLEAR, _CLEAR_RANGE, _ADD, _VS_KEY, _VS_VALUE = range(6)
 
 
 def _connect(path: str, *, busy_timeout_ms: int = 30_000) -> sqlite3.Connection:
@@ -88,7 +100,19 @@ def _connect(path: str, *, busy_timeout_ms: int = 30_000) -> sqlite3.Connection:
     conn.execute(f"PRAGMA busy_timeout = {busy_timeout_ms}")
     conn.execute("PRAGMA synchronous = FULL")
     conn.execute(f"PRAGMA mmap_size = {os.environ.get('UPF_EMBEDDED_MMAP', 1 << 28)}")
+    quota = _quota_bytes()
+    if quota > 0:
+        # A size quota on the file: writes past it fail with SQLITE_FULL, exactly as on a full disk.
+        page = conn.execute("PRAGMA page_size").fetchone()[0]
+        conn.execute(f"PRAGMA max_page_count = {max(1, quota // page)}")
     return conn
+
+
+def _quota_bytes() -> int:
+    raw = os.environ.get("UPF_EMBEDDED_MAX_BYTES", "").strip() or "0"
+    if not raw.isdigit() or len(raw) > 20:
+        raise RuntimeError("UPF_EMBEDDED_MAX_BYTES must be a whole number of bytes (0: no quota)")
+    return int(raw)
 
 
 def _add_le(base: bytes | None, param: bytes) -> bytes:
@@ -122,6 +146,16 @@ def _begin_write(conn: sqlite3.Connection) -> None:
                 raise
             time.sleep(pause)
             pause = min(pause * 1.5, 0.002)
+
+
+def _is_full(exc: BaseException) -> bool:
+    """SQLite's SQLITE_FULL ("database or disk is full") or the OS's ENOSPC, however it surfaced."""
+    if isinstance(exc, sqlite3.Error):
+        code = getattr(exc, "sqlite_errorcode", None)
+        if code is not None and code & 0xFF == sqlite3.SQLITE_FULL:
+            return True
+        return "database or disk is full" in str(exc)
+    return isinstance(exc, OSError) and exc.errno == errno.ENOSPC
 
 
 class _Applier:
@@ -172,6 +206,52 @@ class _Applier:
         self.conn.execute("DELETE FROM kv WHERE k >= ? AND k < ?", (begin, end))
         for k in [k for k in self.added if begin <= k < end]:
             self.added[k] = None
+
+
+def _set_bytes(s: IntervalSet) -> int:
+    """Roughly what an IntervalSet holds in memory: its keys plus two bytes objects and two list
+    slots per interval."""
+    return sum(map(len, s.begins)) + sum(map(len, s.ends)) + 82 * len(s.begins) + 120
+
+
+class _WriteSetCache:
+    """Recent commits' write sets by version, bounded by entries and by bytes; the oldest inserted
+    goes first. Written by the committer thread and the loop thread (under a lock), read lock-free."""
+
+    __slots__ = ("_sets", "_sizes", "bytes", "max_bytes", "max_entries", "_lock")
+
+    def __init__(self, max_bytes: int, max_entries: int) -> None:
+        self._sets: dict[int, IntervalSet] = {}
+        self._sizes: dict[int, int] = {}
+        self.bytes = 0
+        self.max_bytes = max_bytes
+        self.max_entries = max_entries
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._sets)
+
+    def get(self, version: int) -> IntervalSet | None:
+        return self._sets.get(version)
+
+    def put(self, version: int, s: IntervalSet) -> None:
+        size = _set_bytes(s)
+        if size > self.max_bytes:
+            return  # larger than the whole budget: read from the file when needed
+        with self._lock:
+            if version in self._sets:
+                return
+            self._sets[version] = s
+            self._sizes[version] = size
+            self.bytes += size
+            while self.bytes > self.max_bytes or len(self._sets) > self.max_entries:
+                oldest = next(iter(self._sets))
+                del self._sets[oldest]
+                self.bytes -= self._sizes.pop(oldest)
+
+    def update(self, sets: dict[int, IntervalSet]) -> None:
+        for version, s in sets.items():
+            self.put(version, s)
 
 
 class _Watch:
@@ -402,6 +482,19 @@ class EmbeddedTransaction:
         prefix = key[:offset]
         self._unreadable.append((prefix, prefix + b"\xff" * 11))
 
+    def set_versionstamped_value(self, key: bytes, value: bytes) -> None:
+        if len(value) < 14:
+            raise errors.StoreError(errors.CLIENT_INVALID_OPERATION, "versionstamped value shorter than 14 bytes")
+        offset = int.from_bytes(value[-4:], "little")
+        if offset + 10 > len(value) - 4:
+            raise errors.StoreError(errors.CLIENT_INVALID_OPERATION, "versionstamp offset past the value")
+        self._check_write(key, value[:-4])
+        self._mutations.append((_VS_VALUE, key, value))
+        self._writes.append(point(key))
+        self._overlay.pop(key, None)
+        self._adds.pop(key, None)
+        self._unreadable.append(point(key))
+
     def add_read_conflict_range(self, begin: bytes, end: bytes) -> None:
         self._reads.append((begin, end))
 
@@ -481,13 +574,15 @@ class EmbeddedDatabase:
         self._reader = _connect(path)
         self._grv: int | None = None
         self._watches: dict[bytes, set[_Watch]] = {}
-        self._wlog_cache: dict[int, IntervalSet] = {}
+        self._wlog_cache = _WriteSetCache(_WLOG_CACHE_BYTES, _WLOG_CACHE_ENTRIES)
         self._queue: queue.SimpleQueue[_Pending | None] = queue.SimpleQueue()
         self._closed = False
         self._check_scheduled = False
         self._watch_version = self._committed_version()
         self._range_cache: dict[tuple[bytes, bytes, int, bool], tuple[int, list[tuple[bytes, bytes]]]] = {}
         self._last_prune = 0.0
+        self._full_logged = -_FULL_LOG_SECS
+        self._full_refused = 0
         self.fallback_poll_secs = _FALLBACK_POLL_SECS
         self._fallback: asyncio.TimerHandle | None = None
         self._inbox: Inbox | None = None
@@ -636,18 +731,32 @@ class EmbeddedDatabase:
                     _COMMIT_DURATION.record(time.perf_counter() - started)
                     _BATCH_SIZE.record(len(batch))
                 except Exception as exc:  # a failed physical commit fails every transaction in it
-                    log.exception("embedded commit failed")
                     with contextlib.suppress(sqlite3.Error):
                         conn.execute("ROLLBACK")
+                    if _is_full(exc):
+                        # Not retryable: each caller learns at once, and the log gets one line a minute.
+                        failure = errors.StoreError(errors.STORAGE_FULL, type(exc).__name__)
+                        self._log_full(len(batch))
+                    else:
+                        log.exception("embedded commit failed")
+                        failure = errors.StoreError(errors.NOT_COMMITTED, type(exc).__name__)
                     for p in batch:
                         if p.stamp is None or isinstance(p.stamp, bytes):
-                            p.stamp = errors.StoreError(errors.NOT_COMMITTED, type(exc).__name__)
+                            p.stamp = failure
                 try:
                     self._loop.call_soon_threadsafe(self._resolve, batch)
                 except RuntimeError:  # the loop is gone: nobody is waiting any more
                     return
         finally:
             conn.close()
+
+    def _log_full(self, refused: int) -> None:
+        self._full_refused += refused
+        now = time.monotonic()
+        if now - self._full_logged >= _FULL_LOG_SECS:
+            log.error("embedded store full: writes refused", extra={"refused_transactions": self._full_refused})
+            self._full_logged = now
+            self._full_refused = 0
 
     def _ring(self) -> None:
         try:
@@ -691,15 +800,12 @@ class EmbeddedDatabase:
             wall = time.time()
             written = in_batch.to_set()
             conn.execute("UPDATE meta SET version = ?", (new_version,))
-            conn.execute("INSERT INTO wlog VALUES (?, ?, ?)", (new_version, wall, written.encode()))
-            if wall - self._last_prune > 1.0:
+            if wall - self._last_prune > 1.0:  # before the insert, so a full file can reuse the space
                 self._last_prune = wall
                 conn.execute("DELETE FROM wlog WHERE t < ?", (wall - _WLOG_KEEP_SECS,))
+            conn.execute("INSERT INTO wlog VALUES (?, ?, ?)", (new_version, wall, written.encode()))
             conn.execute("COMMIT")
-            self._wlog_cache[new_version] = written
-            if len(self._wlog_cache) > 65536:
-                for v in sorted(self._wlog_cache)[:32768]:
-                    self._wlog_cache.pop(v, None)
+            self._wlog_cache.put(new_version, written)
             return True
         conn.execute("ROLLBACK")
         return False
@@ -714,6 +820,8 @@ class EmbeddedDatabase:
                 stamped.append(point(key))
             elif kind == _SET:
                 applier.put(a, b)
+            elif kind == _VS_VALUE:
+                applier.put(a, _stamp_key(b, stamp))
             elif kind == _ADD:
                 applier.add(a, b)
             elif kind == _CLEAR:
@@ -725,6 +833,8 @@ class EmbeddedDatabase:
     def _resolve(self, batch: list[_Pending]) -> None:
         self._grv = None  # what starts after these acknowledgements reads past them
         for p in batch:
+            if isinstance(p.stamp, errors.StoreError) and p.stamp.storage_full:
+                errors.STORAGE.write_refused()
             if p.future.done():
                 continue
             if isinstance(p.stamp, BaseException):
@@ -851,6 +961,7 @@ async def open_embedded(path: str) -> EmbeddedDatabase:
         conn.execute("COMMIT")
     finally:
         conn.close()
+    errors.STORAGE.share(_health_marker(path))
     return EmbeddedDatabase(path, asyncio.get_running_loop())
 
 
@@ -869,3 +980,14 @@ def raise_version_floor(path: str, floor: int) -> int:
         return version
     finally:
         conn.close()
+
+
+def _health_marker(path: str) -> str:
+    """``<store>-full``: its mtime is the last refused write of any process on the file (see
+    ``errors.StorageHealth``); created with an mtime long past, so a new one says healthy."""
+    marker = path + "-full"
+    if not os.path.exists(marker):
+        with contextlib.suppress(OSError):  # a disk too full for it: this process still reports its own
+            create_private_file(marker)
+            os.utime(marker, (0, 0))
+    return marker

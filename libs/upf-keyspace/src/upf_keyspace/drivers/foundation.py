@@ -152,6 +152,9 @@ class FoundationTransaction:
     def set_versionstamped_key(self, key: bytes, value: bytes) -> None:
         self._tr.set_versionstamped_key(key, value)
 
+    def set_versionstamped_value(self, key: bytes, value: bytes) -> None:
+        self._tr.set_versionstamped_value(key, value)
+
     def add_read_conflict_range(self, begin: bytes, end: bytes) -> None:
         self._tr.add_read_conflict_range(begin, end)
 

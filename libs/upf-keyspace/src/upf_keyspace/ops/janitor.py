@@ -2,15 +2,18 @@ from __future__ import annotations
 
 from .. import keys
 from ..contract import Transaction
+from ..envelope import decode_envelope
 from ..msgid import decode_id
 from .publish import RELEASED_MARK
 
 
 async def expire(tr: Transaction, now: int, limit: int) -> int:
-    """Delete up to ``limit`` messages whose expiry is at or before ``now``, with their X and ID (or SR) entries."""
+    """Delete up to ``limit`` messages whose expiry is at or before ``now``, with their X and ID (or SR)
+    entries and the time-index entry that names them."""
     rows = await tr.get_range(*keys.expiry_range(now + 1), limit=limit)
     for key, idem in rows:
         _, topic, stamp = keys.unpack_expiry_key(key)
+        await _unindex_time(tr, topic, stamp)
         tr.clear(keys.queue_key(topic, stamp))
         tr.clear(key)
         if idem.startswith(RELEASED_MARK):
@@ -20,6 +23,20 @@ async def expire(tr: Transaction, now: int, limit: int) -> int:
         elif idem:
             tr.clear(keys.idem_key(topic, idem.decode(), stamp))
     return len(rows)
+
+
+async def _unindex_time(tr: Transaction, topic: str, stamp: bytes) -> None:
+    """Clear the topic's time-index entry of this message's second if it names this message (a later
+    message of the same second owns it otherwise). Not a snapshot read: a publish of that second
+    committing meanwhile makes this transaction retry rather than clear the newer entry. An entry
+    that outlives its message is harmless (a cursor need not exist); a second whose entry went while
+    longer-lived messages of it remain is found through an earlier entry: more messages, never fewer."""
+    raw = await tr.get(keys.queue_key(topic, stamp), snapshot=True)
+    if raw is None:
+        return
+    index = keys.time_index_key(topic, decode_envelope(raw).time)
+    if await tr.get(index) == stamp:
+        tr.clear(index)
 
 
 async def dead_nodes(tr: Transaction, now: int, max_age: int) -> list[str]:

@@ -60,6 +60,7 @@ async def publish(
         tr.set_versionstamped_key(keys.push_topic_key_incomplete(topic, env.push_topic, uv), b"")
     x_value = RELEASED_MARK + encode_id(origin).encode() if origin else idem.encode()
     tr.set_versionstamped_key(keys.expiry_key_incomplete(env.expires, topic, uv), x_value)
+    index_time(tr, topic, env.time, uv)
     if count:
         count_message(tr, topic)
     if idem:
@@ -93,3 +94,9 @@ async def replace_push_topic(tr: Transaction, topic: str, push_topic: str) -> in
             replaced += 1
         tr.clear(marker)
     return replaced
+
+
+def index_time(tr: Transaction, topic: str, second: int, user_version: int) -> None:
+    """Point the topic's entry for ``second`` at this message (see keys, QT): a blind versionstamped
+    write, so concurrent publishes never conflict on it and the last to commit wins."""
+    tr.set_versionstamped_value(keys.time_index_key(topic, second), keys.time_index_value_incomplete(user_version))

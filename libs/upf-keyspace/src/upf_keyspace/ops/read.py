@@ -41,8 +41,21 @@ async def read_many(tr: Transaction, wants: Sequence[tuple[str, bytes | None, in
     return [await read_after(tr, topic, after, limit) for topic, after, limit in wants]
 
 
-async def position(tr: Transaction, topic: str, since: Since) -> bytes | None:
-    """The cursor (read strictly after it; None = from the start) that ``since`` means for ``topic``."""
+class Resume(msgspec.Struct, frozen=True):
+    """``since=<time>`` needs more of an unindexed queue scanned: continue after ``after`` (see
+    ``scan_time``) in another transaction, so no transaction reads more than one batch."""
+
+    after: bytes | None
+
+
+_TIME_MAX = (1 << 63) - 1
+
+
+async def position(tr: Transaction, topic: str, since: Since) -> bytes | None | Resume:
+    """The cursor (read strictly after it; None = from the start) that ``since`` means for ``topic``.
+    A time is resolved from the time index in one read; only a topic without index entries before
+    the time (rows written before the index existed) is scanned, one bounded batch here, and the
+    caller resumes a ``Resume`` with ``scan_time``."""
     if since.kind == "all":
         return None
     if since.kind == "stamp":
@@ -59,20 +72,37 @@ async def position(tr: Transaction, topic: str, since: Since) -> bytes | None:
             return None
         return keys.unpack_queue_key(newest[skip][0])[1]
     if since.kind == "time":
-        cursor: bytes | None = None
-        while True:
-            rows = await tr.get_range(begin, end, limit=_SCAN_BATCH, snapshot=True)
-            for k, v in rows:
-                if decode_envelope(v).time >= since.time:
-                    return cursor
-                cursor = keys.unpack_queue_key(k)[1]
-            if len(rows) < _SCAN_BATCH:
-                return cursor
-            begin = rows[-1][0] + b"\x00"
+        second = max(min(since.time, _TIME_MAX), -_TIME_MAX)
+        # The last message of the newest second before the time: everything after it is at or after
+        # the time (as far as writers' clocks agree). Snapshot, like every read of a time position.
+        entry = await tr.get_range(*keys.time_index_before(topic, second), limit=1, reverse=True, snapshot=True)
+        if entry:
+            return entry[0][1][:12]
+        # No entry before the time: the usual reason is that the topic starts at or after it (one
+        # more key read); otherwise its older rows predate the index and are scanned.
+        first = await tr.get_range(begin, end, limit=1, snapshot=True)
+        if not first or decode_envelope(first[0][1]).time >= second:
+            return None
+        return await scan_time(tr, topic, second, None)
     raise ValueError("unknown since kind")
 
 
-async def positions(tr: Transaction, topics: Sequence[str], since: Since) -> dict[str, bytes | None]:
+async def scan_time(tr: Transaction, topic: str, second: int, after: bytes | None) -> bytes | None | Resume:
+    """One batch of the fallback for queues without index entries before ``second``: the cursor
+    before the first message at or after ``second``, or where to resume. Indexed topics end here in
+    one read (their first message is already at or after the time)."""
+    rows = await tr.get_range(*keys.queue_after(topic, after), limit=_SCAN_BATCH, snapshot=True)
+    cursor = after
+    for k, v in rows:
+        if decode_envelope(v).time >= second:
+            return cursor
+        cursor = keys.unpack_queue_key(k)[1]
+    if len(rows) < _SCAN_BATCH:
+        return cursor
+    return Resume(cursor)
+
+
+async def positions(tr: Transaction, topics: Sequence[str], since: Since) -> dict[str, bytes | None | Resume]:
     return {t: await position(tr, t, since) for t in topics}
 
 

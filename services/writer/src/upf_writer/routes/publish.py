@@ -16,6 +16,7 @@ from collections.abc import Mapping
 import msgspec
 from litestar import Request, Response, get, route
 from litestar.types import ControllerRouterHandler
+from upf_edge.errors import INSUFFICIENT_STORAGE
 from upf_keyspace import Published, Store, StoreError, message_from_envelope
 from upf_keyspace import telemetry as tm
 
@@ -107,7 +108,10 @@ async def _publish_traced(
 
 def failure_problem(exc: BaseException, route_name: str) -> ingest.Problem:
     """Log an unexpected failure (never the topic: a UnifiedPush topic is a capability) and pick the
-    answer: 503 for a store error (publishers retry), 500 for anything else."""
+    answer: 507 for a full store (logged by the store, once a minute), 503 for another store error
+    (publishers retry), 500 for anything else."""
+    if isinstance(exc, StoreError) and exc.storage_full:
+        return INSUFFICIENT_STORAGE
     if isinstance(exc, StoreError):
         log.warning("publish failed: store error", extra={"route": route_name, "store_code": exc.code})
         return ingest.STORE_UNAVAILABLE
@@ -120,7 +124,7 @@ def _count_rejection(ctx: WriterContext, exc: BaseException) -> None:
     if isinstance(exc, PublishError):
         ctx.metrics.rejected(exc.problem.code)
     elif isinstance(exc, StoreError):
-        ctx.metrics.rejected(ingest.STORE_UNAVAILABLE.code)
+        ctx.metrics.rejected((INSUFFICIENT_STORAGE if exc.storage_full else ingest.STORE_UNAVAILABLE).code)
     elif isinstance(exc, Exception):
         ctx.metrics.rejected(ingest.INTERNAL_ERROR.code)
 

@@ -1,0 +1,107 @@
+"""A full store (SQLite's SQLITE_FULL, made real with a file-size quota): the commit fails at once
+with STORAGE_FULL, not retried; reads still work; the process's storage health says degraded."""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+import time
+
+import pytest
+
+from upf_keyspace import errors, keys
+from upf_keyspace.drivers.embedded import _is_full, open_embedded
+
+
+@pytest.fixture
+async def full_db(tmp_path, monkeypatch):
+    monkeypatch.setenv("UPF_EMBEDDED_MAX_BYTES", str(256 * 1024))
+    monkeypatch.setattr(errors, "STORAGE", errors.StorageHealth())
+    db = await open_embedded(str(tmp_path / "store.db"))
+    yield db
+    await db.close()
+
+
+async def put(db, key: bytes, size: int = 3000) -> None:
+    async def body(tr):
+        tr.set(key, b"x" * size)
+
+    await db.transact(body)
+
+
+async def test_full_store_fails_fast_not_retried_and_recovers(full_db, caplog):
+    written = []
+    with caplog.at_level(logging.ERROR, logger="upf.store.embedded"):
+        with pytest.raises(errors.StoreError) as info:
+            for i in range(1000):
+                await put(full_db, b"k%04d" % i)
+                written.append(b"k%04d" % i)
+        started = time.monotonic()
+        for i in range(20):  # each refusal is immediate
+            with pytest.raises(errors.StoreError):
+                await put(full_db, b"more%02d" % i)
+        assert time.monotonic() - started < 2.0
+    assert info.value.code == errors.STORAGE_FULL and not info.value.retryable
+    assert 10 < len(written) < 1000 and errors.STORAGE.degraded()
+    # One log line for all 21 refusals, no traceback.
+    full_lines = [r for r in caplog.records if r.getMessage() == "embedded store full: writes refused"]
+    assert len(full_lines) == 1 and full_lines[0].exc_info is None
+
+    async def read_all(tr):
+        return await tr.get_range(b"k", b"l")
+
+    assert [k for k, _ in await full_db.transact(read_all)] == written  # nothing acknowledged lost
+
+    async def free(tr):
+        tr.clear_range(b"k", b"l")
+
+    await full_db.transact(free)
+    await put(full_db, b"after")
+    errors.STORAGE.window_secs = 0.0  # degraded for a window after the last refusal, then healthy
+    assert not errors.STORAGE.degraded()
+
+
+def test_full_is_recognised_however_it_surfaces():
+    assert _is_full(sqlite3.OperationalError("database or disk is full"))
+    assert _is_full(OSError(28, "No space left on device"))
+    assert not _is_full(sqlite3.OperationalError("database is locked"))
+    assert not _is_full(OSError(5, "Input/output error"))
+
+
+@pytest.mark.parametrize("bad", ["lots", "-5", "1e6", "9" * 30])
+async def test_bad_quota_is_refused_at_open_with_its_name(tmp_path, monkeypatch, bad):
+    monkeypatch.setenv("UPF_EMBEDDED_MAX_BYTES", bad)
+    with pytest.raises(RuntimeError, match="UPF_EMBEDDED_MAX_BYTES"):
+        await open_embedded(str(tmp_path / "store.db"))
+
+
+async def test_subscribe_on_a_full_store_still_resolves_its_cursors(full_db):
+    """The affinity write is refused: the subscribe still answers (read-only), so the stream opens."""
+    from upf_keyspace import SINCE_ALL, SINCE_NONE, Envelope, Store
+
+    store = Store(full_db, shard_count=8)
+    first = await store.publish("t", Envelope(time=1, expires=2**40, message="m"))
+    for size in (3000, 300, 30, 1):  # until not even a tiny write fits
+        with pytest.raises(errors.StoreError):
+            for i in range(100_000):
+                await put(full_db, b"k%d-%06d" % (size, i), size)
+    assert await store.subscribe(["t"], "n1", SINCE_ALL) == {"t": None}
+    assert await store.subscribe(["t"], "n1", SINCE_NONE) == {"t": first.stamp}
+
+    async def held(tr):
+        return await tr.get_range(*keys.affinity_range("t"))
+
+    assert await full_db.transact(held) == []  # the hold was refused: the read-only path answered
+
+
+async def test_refusals_are_seen_by_every_process_on_the_file(tmp_path, monkeypatch):
+    """Two processes (two health trackers) on one store: a refusal in one degrades both."""
+    monkeypatch.setattr(errors, "STORAGE", errors.StorageHealth())
+    db = await open_embedded(str(tmp_path / "store.db"))
+    await db.close()
+    marker = str(tmp_path / "store.db-full")
+    other = errors.StorageHealth()
+    other.share(marker)
+    assert not errors.STORAGE.degraded() and not other.degraded()
+    errors.STORAGE.write_refused()
+    assert other.degraded()

@@ -1,0 +1,49 @@
+"""The embedded store's in-memory write log is bounded by bytes, not only by commits: large write
+sets (a many-topic subscribe writes thousands of keys) cannot grow it past its budget, and an evicted
+entry is read back from the file, so conflicts are still caught."""
+
+from __future__ import annotations
+
+import pytest
+
+from upf_keyspace.drivers import embedded
+from upf_keyspace.errors import NOT_COMMITTED, StoreError
+
+BUDGET = 1 << 20
+
+
+@pytest.fixture
+async def db(tmp_path, monkeypatch):
+    monkeypatch.setattr(embedded, "_WLOG_CACHE_BYTES", BUDGET)
+    database = await embedded.open_embedded(str(tmp_path / "store.db"))
+    yield database
+    await database.close()
+
+
+async def big_commit(db, n: int) -> None:
+    async def body(tr):
+        for i in range(1000):
+            tr.set(b"affinity/%06d/topic-%04d/%s" % (n, i, b"n" * 60), b"")
+
+    await db.transact(body)
+
+
+async def test_write_log_cache_stays_within_its_byte_budget(db):
+    """40 commits of 1,000 keys (~11 MB of write sets, far under 65,536 commits): within 1 MiB."""
+    for n in range(40):
+        await big_commit(db, n)
+    cache = db._wlog_cache
+    held = sum(embedded._set_bytes(cache.get(v)) for v in range(1, 60) if cache.get(v) is not None)
+    assert 0 < held == cache.bytes <= BUDGET
+    assert len(cache) < 40
+
+
+async def test_evicted_write_sets_still_catch_conflicts(db):
+    tr = db.create_transaction()
+    await tr.get(b"affinity/000003/topic-0005/" + b"n" * 60)  # read version before every big commit
+    for n in range(40):
+        await big_commit(db, n)
+    tr.set(b"elsewhere", b"x")
+    with pytest.raises(StoreError) as info:
+        await tr.commit()
+    assert info.value.code == NOT_COMMITTED
