@@ -282,9 +282,9 @@ def lg_common(shape: Shape, topics: int, secs: float) -> list[str]:
 
 def summarize_run(r: dict[str, Any], cls: type[RunSummary] = RunSummary, **extra: Any) -> Any:
     """The figures the bench keeps from one loadgen JSON report (loadgen's own schema, read as JSON),
-    as ``cls`` (RunSummary or a subclass, whose extra fields come in ``extra``)."""
+    as ``cls`` (RunSummary or a subclass, whose extra fields come in ``extra``), type-checked here."""
     th, lat, v = r["throughput"], r["latency"], r["violations"]
-    return cls(
+    return msgspec.convert(dict(
         rate=r["scenario"]["rate"],
         verdict=r["verdict"],
         offered=th["offered"],
@@ -308,7 +308,7 @@ def summarize_run(r: dict[str, Any], cls: type[RunSummary] = RunSummary, **extra
         loadgen_cpu_pct=r["cpu"]["pct_of_wall"],
         loadgen_saturated=r["cpu"]["saturated"],
         **extra,
-    )
+    ), cls)
 
 
 def price(acc: int, dlv: int, cpu: dict[str, float]) -> Price:

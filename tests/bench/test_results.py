@@ -167,3 +167,14 @@ def test_quick_is_full_made_shorter():
                                    "fixed_secs", "topics_large", "topics_secs", "topics_rounds", "idle_kinds", "idle_rounds",
                                    "idle_max_n", "idle_cpu_secs", "idle_cpu_n", "pd_secs", "pp_channels", "pp_streams", "pp_rate"}
     assert quick["rounds"] == 1 and max(quick["sweep_rates"]) == 4000
+
+
+def test_a_loadgen_report_of_the_wrong_shape_fails_at_the_producer():
+    bad = _loadgen_report()
+    bad["latency"]["p99_ms"] = "9.5 ms"
+    with pytest.raises(msgspec.ValidationError, match="p99_ms"):
+        harness.summarize_run(bad)
+    with pytest.raises(msgspec.ValidationError, match="subs_per_topic"):
+        harness.summarize_run(_loadgen_report(), schema.FanoutRun, topics=10)  # the fan-out's own field missing
+    fan = harness.summarize_run(_loadgen_report(rate=100), schema.FanoutRun, subs_per_topic=100, topics=10)
+    assert fan.rate == 100.0 and isinstance(fan.rate, float) and fan.subs_per_topic == 100
