@@ -17,7 +17,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 
@@ -30,6 +30,7 @@ LOADGEN = str(Path(PY).parent / "upf-loadgen")
 IDLE_MEMORY = REPO / "services" / "pusher" / "bench" / "idle_memory.py"
 SERVER_CPUS = {0}
 DRIVER_CPUS = {1}
+R = TypeVar("R", bound=RunSummary)
 BODY = 100  # bytes of every published body (loadgen --message-size, pubdrive --body-size)
 
 
@@ -280,7 +281,7 @@ def lg_common(shape: Shape, topics: int, secs: float) -> list[str]:
             "--message-size", str(BODY), "--transport", "ws", "--drain-timeout", "60"]
 
 
-def summarize_run(r: dict[str, Any], cls: type[RunSummary] = RunSummary, **extra: Any) -> Any:
+def summarize_run(r: dict[str, Any], cls: type[R], **extra: Any) -> R:
     """The figures the bench keeps from one loadgen JSON report (loadgen's own schema, read as JSON),
     as ``cls`` (RunSummary or a subclass, whose extra fields come in ``extra``), type-checked here."""
     th, lat, v = r["throughput"], r["latency"], r["violations"]

@@ -132,7 +132,10 @@ def main() -> int:
     ap.add_argument("--render", metavar="RESULTS_JSON", help="only re-render summary.md from a results.json")
     a = ap.parse_args()
     if a.render:
-        print(render_file(Path(a.render)))
+        try:
+            print(render_file(Path(a.render)))
+        except (OSError, msgspec.DecodeError) as exc:  # ValidationError is a DecodeError: it names the bad field
+            ap.error(f"--render {a.render}: {exc}")
         return 0
     cfg = QUICK if a.quick else FULL
     if a.rounds:

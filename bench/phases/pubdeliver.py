@@ -20,7 +20,7 @@ def phase_pubdeliver(cfg: Config, work: Path) -> PubDeliver:
             rep = lg.wait(timeout=cfg.pd_secs + 180)
             th1, wk1 = shape.thread_cpu(), shape.worker_cpu()
             shape.check_alive()
-            s: PubDeliverRun = summarize_run(rep, PubDeliverRun)
+            s = summarize_run(rep, PubDeliverRun)
             price_run(s, lg.events, {k: lg.cpu1[k] - lg.cpu0[k] for k in lg.cpu0})
             st = s.steady
             both = min(st.accepted, st.delivered) if st else 0

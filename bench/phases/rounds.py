@@ -14,7 +14,7 @@ import procs
 import pushpin_peer
 from harness import DRIVER_CPUS, SERVER_CPUS, LoadgenRun, Shape, lg_common, loadavg, log, price_run, pubdrive, summarize_run
 from procs import tree_cpu, tree_rss_kb
-from schema import Broadcast, Config, Drive, FanoutRun, FixedRates, FixedRound, Pushpin, Round
+from schema import Broadcast, Config, Drive, FanoutRun, FixedRates, FixedRound, Pushpin, Round, RunSummary
 
 
 def phase_rounds(cfg: Config, work: Path, payload: int, fixed_rates: dict[str, FixedRates], pushpin: bool) -> list[Round]:
@@ -88,7 +88,7 @@ def fixed_round(kind: str, cfg: Config, work: Path, half: float, double: float) 
             lg = LoadgenRun(argv, shape)
             rep = lg.wait(timeout=cfg.fixed_secs + 180)
             shape.check_alive()
-            s = summarize_run(rep)
+            s = summarize_run(rep, RunSummary)
             price_run(s, lg.events, {k: lg.cpu1[k] - lg.cpu0[k] for k in lg.cpu0})
             s.rss_kb = shape.rss_kb()
             runs[label] = s
@@ -108,7 +108,7 @@ def fanout_round(cfg: Config, work: Path) -> FanoutRun:
         lg = LoadgenRun(argv, shape)
         rep = lg.wait(timeout=cfg.fixed_secs + 180)
         shape.check_alive()
-        s: FanoutRun = summarize_run(rep, FanoutRun, subs_per_topic=cfg.fanout_subs, topics=cfg.fanout_topics)
+        s = summarize_run(rep, FanoutRun, subs_per_topic=cfg.fanout_subs, topics=cfg.fanout_topics)
         price_run(s, lg.events, {k: lg.cpu1[k] - lg.cpu0[k] for k in lg.cpu0})
         s.rss_kb = shape.rss_kb()
         return s

@@ -31,7 +31,7 @@ def phase_sweep(kind: str, cfg: Config, work: Path, out: Path, n: int = 1) -> Sw
                 windows.append((i, j))
         rows: list[RunSummary] = []
         for step, run in enumerate(rep.get("runs", [])):
-            s = summarize_run(run)
+            s = summarize_run(run, RunSummary)
             if step < len(windows):
                 i, j = windows[step]
                 cpu = {k: lg.events[j]["cpu"][k] - lg.events[i]["cpu"][k] for k in lg.events[i]["cpu"]}

@@ -121,7 +121,7 @@ def _loadgen_report(rate=1000.0, accepted=4000, delivered=3990):
 
 
 def test_summarize_run_and_prices():
-    s = harness.summarize_run(_loadgen_report())
+    s = harness.summarize_run(_loadgen_report(), schema.RunSummary)
     assert isinstance(s, schema.RunSummary) and s.violations_total == 1 and s.expected == 4000
     live = [{"kind": "live", "phase": "load", "lt": t, "accepted": 1000, "delivered": 1000,
              "cpu": {"writer": 0.1 * t, "pusher": 0.05 * t}} for t in (1.0, 2.0, 3.0)]
@@ -135,7 +135,7 @@ def test_summarize_run_and_prices():
 
 
 def test_a_run_with_no_priced_window_renders_dashes():
-    s = harness.summarize_run(_loadgen_report(accepted=0, delivered=0))
+    s = harness.summarize_run(_loadgen_report(accepted=0, delivered=0), schema.RunSummary)
     harness.price_run(s, [], {"upf": 0.0})
     assert s.steady == schema.Price() and s.whole.cpu_us_per_publish_total is None
     sweep = schema.Sweep(shape="allinone", rates=[1000], plot="", idle_rss_kb={}, end_rss_kb={}, peak_rss_kb={}, steps=[s])
@@ -173,7 +173,7 @@ def test_a_loadgen_report_of_the_wrong_shape_fails_at_the_producer():
     bad = _loadgen_report()
     bad["latency"]["p99_ms"] = "9.5 ms"
     with pytest.raises(msgspec.ValidationError, match="p99_ms"):
-        harness.summarize_run(bad)
+        harness.summarize_run(bad, schema.RunSummary)
     with pytest.raises(msgspec.ValidationError, match="subs_per_topic"):
         harness.summarize_run(_loadgen_report(), schema.FanoutRun, topics=10)  # the fan-out's own field missing
     fan = harness.summarize_run(_loadgen_report(rate=100), schema.FanoutRun, subs_per_topic=100, topics=10)
