@@ -7,9 +7,11 @@ it is skipped with exactly that reason (there is no container engine to start on
 from __future__ import annotations
 
 import os
+import struct
 import uuid
 
 import pytest
+from fdb.tuple import Versionstamp
 
 from upf_keyspace.drivers.embedded import open_embedded
 
@@ -63,3 +65,22 @@ async def pair(tmp_path):
 def prefix() -> bytes:
     """A fresh key prefix, so FoundationDB runs never see another run's keys."""
     return b"\x01test-" + uuid.uuid4().hex.encode() + b"/"
+
+
+class PackableStamp(Versionstamp):
+    """fdb.tuple's Versionstamp, packable without libfdb_c, so fdb.tuple.pack and pack_with_versionstamp
+    (their framing, 0x33 code and offset) can be the tests' reference on the embedded store. The
+    bindings' ``to_bytes`` first checks ``fdb.impl.Value``, which exists only once libfdb_c is loaded
+    (fdb-facts.md section 1); this one writes the same documented 12 bytes: the 10-byte transaction
+    version (10 x 0xFF while incomplete), then the user version big-endian. test_keys checks them
+    against ``Versionstamp.from_bytes``, which needs no library."""
+
+    def to_bytes(self) -> bytes:
+        tr = self.tr_version if self.is_complete() else b"\xff" * 10
+        return struct.pack(">10sH", tr, self.user_version)
+
+
+@pytest.fixture(scope="session")
+def stamp() -> type[PackableStamp]:
+    """The packable Versionstamp class (a session fixture, so hypothesis tests may use it)."""
+    return PackableStamp

@@ -7,9 +7,6 @@ import struct
 
 import fdb.tuple as fdbtuple
 import pytest
-from fdb.tuple import Versionstamp
-
-from upf_keyspace import keys  # noqa: F401 - installs the tuple layer's versionstamp shim
 from upf_keyspace.errors import (
     ACCESSED_UNREADABLE,
     KEY_TOO_LARGE,
@@ -127,7 +124,7 @@ async def test_atomic_add_little_endian_semantics(db, prefix):
     assert await read(db, prefix + b"t") == b"\x03"
 
 
-async def test_versionstamped_keys_share_one_stamp_and_increase(db, prefix):
+async def test_versionstamped_keys_share_one_stamp_and_increase(db, prefix, stamp):
     """Every versionstamped op of a transaction gets the same 10 bytes, the committed stamp; later
     commits get larger stamps; user versions tell the entries apart."""
     stamps = []
@@ -136,7 +133,7 @@ async def test_versionstamped_keys_share_one_stamp_and_increase(db, prefix):
         async def body(tr):
             for uv in (0, 1):
                 tr.set_versionstamped_key(
-                    fdbtuple.pack_with_versionstamp(("q", Versionstamp.incomplete(uv)), prefix=prefix), b"v"
+                    fdbtuple.pack_with_versionstamp(("q", stamp(user_version=uv)), prefix=prefix), b"v"
                 )
             return tr.get_versionstamp()
 
@@ -152,11 +149,11 @@ async def test_versionstamped_keys_share_one_stamp_and_increase(db, prefix):
     assert [(v.tr_version, v.user_version) for v in found] == [(s, uv) for s in stamps for uv in (0, 1)]
 
 
-async def test_versionstamped_key_unreadable_before_commit(db, prefix):
+async def test_versionstamped_key_unreadable_before_commit(db, prefix, stamp):
     """Reading the range a versionstamped key will land in, in the same transaction, is refused."""
 
     async def body(tr):
-        tr.set_versionstamped_key(fdbtuple.pack_with_versionstamp(("q", Versionstamp.incomplete(0)), prefix=prefix), b"")
+        tr.set_versionstamped_key(fdbtuple.pack_with_versionstamp(("q", stamp(user_version=0)), prefix=prefix), b"")
         await tr.get_range(prefix, prefix + b"\xff")
 
     with pytest.raises(StoreError) as info:

@@ -43,10 +43,10 @@ def test_queue_byte_order_is_stamp_order(topic, stamp_list):
 
 
 @given(st.lists(st.tuples(topics, stamps), min_size=2, max_size=20, unique=True))
-def test_byte_order_equals_tuple_order(items):
+def test_byte_order_equals_tuple_order(stamp, items):
     """Byte order of packed keys equals the tuple layer's order of (topic, versionstamp)."""
     packed = sorted(items, key=lambda it: keys.queue_key(*it))
-    by_tuple = sorted(items, key=lambda it: fdbtuple.pack((it[0], keys._vs(it[1]))))
+    by_tuple = sorted(items, key=lambda it: fdbtuple.pack((it[0], stamp(it[1][:10], keys._vs(it[1]).user_version))))
     assert [keys.queue_key(*i) for i in packed] == [keys.queue_key(*i) for i in by_tuple]
     assert [(t, s) for t, s in packed] == sorted(items, key=lambda it: (it[0].encode(), it[1]))
 
@@ -98,14 +98,17 @@ any_text = st.text(max_size=30)  # includes NULs and non-ASCII: the escaping mus
 
 
 @given(any_text, stamps, st.integers(min_value=0, max_value=2**63), any_text, st.integers(0, 0xFFFF), st.integers(0, 4095))
-def test_fast_encoders_equal_the_tuple_layer(topic, stamp, expiry, idem, uv, shard):
-    """The hand-written hot-path encoders produce exactly fdb.tuple's bytes."""
+def test_fast_encoders_equal_the_tuple_layer(stamp, topic, raw, expiry, idem, uv, shard):
+    """The hand-written hot-path encoders produce exactly fdb.tuple's bytes (and decode back through it)."""
     root = ("upf",)
-    vs = keys._vs(stamp)
-    inc = fdbtuple.Versionstamp.incomplete(uv)
-    assert keys.queue_key(topic, stamp) == fdbtuple.pack(root + ("Q", topic, vs))
-    assert keys.expiry_key(expiry, topic, stamp) == fdbtuple.pack(root + ("X", expiry, topic, vs))
-    assert keys.idem_key(topic, idem, stamp) == fdbtuple.pack(root + ("ID", topic, idem, vs))
+    real = keys._vs(raw)
+    vs = stamp(real.tr_version, real.user_version)
+    inc = stamp(user_version=uv)
+    assert fdbtuple.unpack(keys.queue_key(topic, raw)) == root + ("Q", topic, real)
+    assert fdbtuple.unpack(keys.queue_key_incomplete(topic, uv)[:-4]) == root + ("Q", topic, fdbtuple.Versionstamp.incomplete(uv))
+    assert keys.queue_key(topic, raw) == fdbtuple.pack(root + ("Q", topic, vs))
+    assert keys.expiry_key(expiry, topic, raw) == fdbtuple.pack(root + ("X", expiry, topic, vs))
+    assert keys.idem_key(topic, idem, raw) == fdbtuple.pack(root + ("ID", topic, idem, vs))
     assert keys.affinity_key(topic, idem) == fdbtuple.pack(root + ("C", topic, idem))
     assert keys.bell_key(topic, shard) == fdbtuple.pack(root + ("SIG", topic, shard))
     assert keys.queue_key_incomplete(topic, uv) == fdbtuple.pack_with_versionstamp(root + ("Q", topic, inc))
@@ -122,13 +125,14 @@ def test_fast_encoders_equal_the_tuple_layer(topic, stamp, expiry, idem, uv, sha
 
 
 @given(any_text, any_text, stamps, st.integers(0, 0xFFFF))
-def test_web_push_keys_equal_the_tuple_layer_and_round_trip(topic, push_topic, stamp, uv):
+def test_web_push_keys_equal_the_tuple_layer_and_round_trip(stamp, topic, push_topic, raw_stamp, uv):
     root = ("upf",)
-    inc = fdbtuple.Versionstamp.incomplete(uv)
+    inc = stamp(user_version=uv)
     raw = keys.push_topic_key_incomplete(topic, push_topic, uv)
     assert raw == fdbtuple.pack_with_versionstamp(root + ("WT", topic, push_topic, inc))
-    complete = fdbtuple.pack(root + ("WT", topic, push_topic, keys._vs(stamp)))
-    assert keys.unpack_push_topic_key(complete) == (topic, push_topic, stamp)
+    real = keys._vs(raw_stamp)
+    complete = fdbtuple.pack(root + ("WT", topic, push_topic, stamp(real.tr_version, real.user_version)))
+    assert keys.unpack_push_topic_key(complete) == (topic, push_topic, raw_stamp)
     b, e = keys.push_topic_range(topic, push_topic)
     assert b < complete < e
     assert keys.vapid_binding_key(topic) == fdbtuple.pack(root + ("VK", topic))
@@ -143,3 +147,11 @@ def test_every_prefix_is_distinct_and_documented():
     assert len(values) == len(set(values))
     for value in values:
         assert f'"{value}"' in (keys.__doc__ or ""), value
+@given(st.one_of(st.none(), st.binary(min_size=10, max_size=10)), st.integers(0, 0xFFFF))
+def test_packable_stamp_writes_the_bindings_bytes(stamp, tr_version, uv):
+    """The tests' reference stamp writes what the bindings decode back (no libfdb_c needed to decode)."""
+    if tr_version == b"\xff" * 10:
+        tr_version = None  # the placeholder itself means incomplete
+    raw = stamp(tr_version, uv).to_bytes()
+    assert len(raw) == 12
+    assert fdbtuple.Versionstamp.from_bytes(raw) == fdbtuple.Versionstamp(tr_version, uv)

@@ -46,9 +46,7 @@ import functools
 import importlib.util
 import struct
 import sys
-import types
 
-import fdb
 import fdb.tuple as fdbtuple
 from fdb.tuple import Versionstamp
 
@@ -129,16 +127,16 @@ __all__ = [
     "stamp_of",
 ]
 
-# The tuple layer packs a Versionstamp through fdb.impl.Value, which only exists once libfdb_c is
-# loaded. With no library (the embedded store), a stand-in class is enough; a later successful
-# fdb.api_version() replaces it with the real module (fdb-facts.md §1).
-if not hasattr(fdb, "impl"):
-    fdb.impl = types.SimpleNamespace(Value=type("_NoValue", (), {}))  # type: ignore[attr-defined]
+# Versionstamps are encoded here, by the tuple layer's documented type code 0x33 (_pack_stamped,
+# _pack_vs), never through fdb.tuple: its Versionstamp.to_bytes needs fdb.impl, which exists only once
+# libfdb_c is loaded (fdb-facts.md section 1). The property tests check the bytes against fdb.tuple.
 
 
 def _modernise_six_importer() -> None:
-    """fdb vendors an old ``six`` whose meta-path importer lacks ``find_spec``; tools that call it
-    directly (pytest's importlib mode) then fail. Give it the spec-based method Python falls back to."""
+    """fdb 7.3 vendors ``six`` 1.11, whose meta-path importer lacks ``find_spec`` (six added it in 1.16,
+    benjaminp/six#352); pytest's importlib mode, this repo's import mode, calls ``find_spec`` on every
+    meta-path entry and fails collecting tests/e2e without it. The pinned bindings ship no newer six and
+    pytest has no option around it, so this stays (for the tool): it adds the method six itself added."""
     for imp in sys.meta_path:
         if type(imp).__name__ == "_SixMetaPathImporter" and not hasattr(imp, "find_spec"):
 

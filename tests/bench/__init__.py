@@ -1,0 +1,1 @@
+"""The bench's pure parts: its typed results and their rendering."""
