@@ -18,7 +18,11 @@ of key can never collide::
     ├── "AT"  / user:str / digest:str                   -> auth.Token (msgpack)   access tokens, by SHA-256 digest
     ├── "AA"  / user:str / pattern:str                  -> auth.Access (msgpack)  ACL entries ("*" = everyone)
     ├── "AV"                                            -> counter (LE i64)       auth version, bumped by every change
-    └── "RL"  / visitor:str                             -> limits.Bucket (msgpack) a visitor's request token bucket
+    ├── "RL"  / visitor:str                             -> limits.Bucket (msgpack) a visitor's request token bucket
+    ├── "RF"  / visitor:str                             -> limits.Bucket (msgpack) a visitor's failed-login bucket
+    ├── "RM"  / day:int / visitor:str                   -> count (LE i64)         messages a visitor published that UTC day
+    ├── "RS"  / visitor:str / node:str                  -> count (LE i64)         a visitor's open subscriptions on a node
+    └── "RSN" / node:str / visitor:str                  -> ""                     reverse of RS, for dead-node sweeps
 
 Stamps are 12 bytes: 10 commit bytes assigned at commit plus a 2-byte user version, so one
 transaction's Q, X, IN and ID entries of one message share one stamp: one message, one id.
@@ -81,6 +85,17 @@ __all__ = [
     "bucket_key",
     "bucket_range",
     "unpack_bucket_key",
+    "auth_bucket_key",
+    "auth_bucket_range",
+    "daily_key",
+    "daily_range",
+    "unpack_daily_key",
+    "subscription_key",
+    "subscription_range",
+    "unpack_subscription_key",
+    "node_subscription_key",
+    "node_subscription_range",
+    "unpack_node_subscription_key",
     "shard_of",
     "pack_i64",
     "unpack_i64",
@@ -129,6 +144,10 @@ class Prefix(str, enum.Enum):
     AUTH_ACCESS = "AA"
     AUTH_VERSION = "AV"
     RATE_BUCKET = "RL"
+    AUTH_FAILURES = "RF"
+    DAILY_MESSAGES = "RM"
+    SUBSCRIPTIONS = "RS"
+    SUBSCRIPTIONS_BY_NODE = "RSN"
 
 
 ROOT = fdbtuple.pack(("upf",))
@@ -413,3 +432,57 @@ def bucket_range() -> tuple[bytes, bytes]:
 def unpack_bucket_key(key: bytes) -> str:
     (visitor,) = _unpack(key, Prefix.RATE_BUCKET, 1)
     return visitor
+
+
+# --- RF / RM / RS / RSN -------------------------------------------------------------------------------
+def auth_bucket_key(visitor: str) -> bytes:
+    return _pack(Prefix.AUTH_FAILURES.value, visitor)
+
+
+def auth_bucket_range() -> tuple[bytes, bytes]:
+    return _range(Prefix.AUTH_FAILURES.value)
+
+
+def daily_key(day: int, visitor: str) -> bytes:
+    return _pack(Prefix.DAILY_MESSAGES.value, day, visitor)
+
+
+def daily_range(before: int | None = None) -> tuple[bytes, bytes]:
+    """Every daily count, or those of days before ``before``."""
+    if before is None:
+        return _range(Prefix.DAILY_MESSAGES.value)
+    return _prefix(Prefix.DAILY_MESSAGES.value) + b"\x00", _prefix(Prefix.DAILY_MESSAGES.value) + _enc(before)
+
+
+def unpack_daily_key(key: bytes) -> tuple[int, str]:
+    day, visitor = _unpack(key, Prefix.DAILY_MESSAGES, 2)
+    return day, visitor
+
+
+def subscription_key(visitor: str, node: str) -> bytes:
+    return _pack(Prefix.SUBSCRIPTIONS.value, visitor, node)
+
+
+def subscription_range(visitor: str) -> tuple[bytes, bytes]:
+    return _range(Prefix.SUBSCRIPTIONS.value, visitor)
+
+
+def unpack_subscription_key(key: bytes) -> tuple[str, str]:
+    visitor, node = _unpack(key, Prefix.SUBSCRIPTIONS, 2)
+    return visitor, node
+
+
+def node_subscription_key(node: str, visitor: str) -> bytes:
+    return _pack(Prefix.SUBSCRIPTIONS_BY_NODE.value, node, visitor)
+
+
+def node_subscription_range(node: str | None = None) -> tuple[bytes, bytes]:
+    """Every node's reverse entries, or one node's."""
+    if node is None:
+        return _range(Prefix.SUBSCRIPTIONS_BY_NODE.value)
+    return _range(Prefix.SUBSCRIPTIONS_BY_NODE.value, node)
+
+
+def unpack_node_subscription_key(key: bytes) -> tuple[str, str]:
+    node, visitor = _unpack(key, Prefix.SUBSCRIPTIONS_BY_NODE, 2)
+    return node, visitor

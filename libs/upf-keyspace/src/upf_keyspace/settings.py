@@ -61,6 +61,13 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     proxy_trusted: tuple[str, ...] = ()
     """Proxies (CIDR) whose forwarded header names the client; from anyone else it is ignored."""
     proxy_forwarded_header: str = "X-Forwarded-For"
+    limit_auth_failure_burst: int = 30
+    """Failed logins a visitor may have before 429 42909 (ntfy's visitor-auth-failure-limit-burst)."""
+    limit_auth_failure_refill_secs: float = 60.0
+    limit_messages_daily: int = 0
+    """Messages a visitor may publish per UTC day (42908); 0 is ntfy's default: a day of request refills."""
+    limit_subscriptions: int = 30
+    """Open subscriptions a visitor may hold across the fleet (42903)."""
 
 
 DEFAULT_ACCESS = ("read-write", "read-only", "write-only", "deny-all")
@@ -180,5 +187,9 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         visitor_prefix_bits_ipv6=_int(env, "UPF_VISITOR_PREFIX_BITS_IPV6", 64, 1, 128),
         proxy_trusted=_networks(env, "UPF_PROXY_TRUSTED", ""),
         proxy_forwarded_header=forwarded,
+        limit_auth_failure_burst=_int(env, "UPF_LIMIT_AUTH_FAILURE_BURST", 30, 1, 1_000_000),
+        limit_auth_failure_refill_secs=_float(env, "UPF_LIMIT_AUTH_FAILURE_REFILL_SECS", 60.0, 0.0001, 86400),
+        limit_messages_daily=_int(env, "UPF_LIMIT_MESSAGES_DAILY", 0, 0, 1_000_000_000),
+        limit_subscriptions=_int(env, "UPF_LIMIT_SUBSCRIPTIONS", 30, 1, 1_000_000),
     )
     return settings

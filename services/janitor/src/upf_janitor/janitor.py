@@ -1,6 +1,9 @@
 """The janitor's passes: expire TTL'd messages through the X index in bounded batches, sweep nodes
 whose heartbeat is older than a few heartbeat intervals, then clear request buckets that have refilled
 (a full bucket is the same as none: without this, every visitor ever seen would stay in the store).
+The other limits' state goes the same way: the subscription counts of a node whose heartbeat is
+stale or gone (a pusher that died cannot uncount its subscriptions), refilled failed-login buckets,
+and the daily message counts of days past.
 
 Bounded batches keep each transaction far below FoundationDB's 5 s / 10 MB limits and let writers
 and pushers interleave; several janitors may run at once (their transactions conflict and retry,
@@ -18,6 +21,7 @@ import msgspec
 
 from upf_keyspace import Settings, Store, StoreError
 from upf_keyspace import telemetry as tm
+from upf_keyspace.limits import day_of
 
 __all__ = ["Janitor", "JanitorMetrics", "PassResult", "DEAD_AFTER_HEARTBEATS"]
 
@@ -35,6 +39,7 @@ class PassResult(msgspec.Struct):
     swept_nodes: list[str] = msgspec.field(default_factory=list)
     cleared_affinities: int = 0
     cleared_buckets: int = 0
+    cleared_subscriptions: int = 0
 
 
 class JanitorMetrics:
@@ -64,6 +69,8 @@ class Janitor:
         self.dead_after = max(1, int(round(settings.heartbeat_secs * DEAD_AFTER_HEARTBEATS)))
         self.burst = settings.limit_request_burst
         self.refill_secs = settings.limit_request_refill_secs
+        self.auth_burst = settings.limit_auth_failure_burst
+        self.auth_refill_secs = settings.limit_auth_failure_refill_secs
         self.passes = 0
         self.last: PassResult | None = None
 
@@ -77,6 +84,14 @@ class Janitor:
             metrics.expired.add(n)
             if n < EXPIRE_BATCH:
                 break
+        for node in await self.store.stale_subscription_nodes(now, self.dead_after):
+            while True:
+                n = await self.store.reset_node_subscriptions(node, SWEEP_BATCH, now, self.dead_after)
+                if n is None:  # it came back to life meanwhile
+                    break
+                result.cleared_subscriptions += n
+                if n < SWEEP_BATCH:
+                    break
         for node in await self.store.dead_nodes(now, self.dead_after):
             while True:
                 cleared = await self.store.sweep_node(node, now, self.dead_after, SWEEP_BATCH)
@@ -95,14 +110,23 @@ class Janitor:
             metrics.cleared_buckets.add(cleared)
             if after is None:
                 break
+        after = None
+        while True:
+            cleared, after = await self.store.sweep_auth_buckets(now, self.auth_burst, self.auth_refill_secs, after, BUCKET_BATCH)
+            result.cleared_buckets += cleared
+            metrics.cleared_buckets.add(cleared)
+            if after is None:
+                break
+        await self.store.sweep_days(day_of(now))
         self.passes += 1
         metrics.passes.add()
         self.last = result
-        if result.expired or result.swept_nodes or result.cleared_buckets:
+        if result.expired or result.swept_nodes or result.cleared_buckets or result.cleared_subscriptions:
             log.info(
                 "janitor pass",
                 extra={"expired": result.expired, "swept_nodes": len(result.swept_nodes),
-                       "cleared_affinities": result.cleared_affinities, "cleared_buckets": result.cleared_buckets},
+                       "cleared_affinities": result.cleared_affinities, "cleared_buckets": result.cleared_buckets,
+                       "cleared_subscriptions": result.cleared_subscriptions},
             )
         return result
 

@@ -74,8 +74,9 @@ class WriterFront:
             if method == "GET" or method == "HEAD":
                 decoded, params = decode_headers(headers), decode_query(query)
                 ctx = self.ctx
-                who = ctx.require_gate().identify(decoded.get("authorization"), auth_param(params))
-                await ctx.admit(who.user, client, decoded.get(self._forwarded))
+                forwarded = decoded.get(self._forwarded)
+                who = await ctx.identify(decoded.get("authorization"), auth_param(params), client, forwarded)
+                await ctx.admit(who.user, client, forwarded)
                 ingest.validate_topic(topic)
                 if not ingest.unifiedpush_requested(decoded, params):
                     raise PublishError(ingest.NOT_FOUND)
@@ -99,8 +100,9 @@ class WriterFront:
             headers = decode_headers(raw_headers)
             params = decode_query(query)
             gate = ctx.require_gate()
-            who = gate.identify(headers.get("authorization"), auth_param(params))  # 401 before anything else
-            await ctx.admit(who.user, client, headers.get(self._forwarded))
+            forwarded = headers.get(self._forwarded)
+            who = await ctx.identify(headers.get("authorization"), auth_param(params), client, forwarded)  # 401/42909 first
+            visitor = await ctx.admit(who.user, client, forwarded)
             if topic:
                 ingest.validate_topic(topic)
                 limit, too_large = self._max, ingest.MESSAGE_TOO_LARGE
@@ -114,6 +116,7 @@ class WriterFront:
             else:
                 ingested = ingest.ingest_json(headers, params, body, now=ctx.clock(), limits=ctx.limits)
             gate.authorize(who, (ingested.topic,), write=True)  # a JSON publish names its topic in the body
+            await ctx.limiter.message(visitor)  # type: ignore[union-attr]  # admit() checked it; 42908 after the ACL
             payload, replayed = await publish_one(ctx, ingested, headers, len(body), start_ns, route)
         except PublishError as exc:
             ctx.metrics.rejected(exc.problem.code)
@@ -122,4 +125,5 @@ class WriterFront:
             problem = failure_problem(exc, route)
             ctx.metrics.rejected(problem.code)
             return problem_reply(problem)
-        return Reply(200, payload, _REPLAYED if replayed else ())
+        rate = ctx.limiter.headers(visitor)  # type: ignore[union-attr]  # the draft's headers, as on a 429
+        return Reply(200, payload, _REPLAYED + rate if replayed else rate)

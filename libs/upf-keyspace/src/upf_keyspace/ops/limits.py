@@ -9,9 +9,20 @@ from __future__ import annotations
 
 from .. import keys
 from ..contract import Transaction
-from ..limits import Lease, decode_bucket, encode_bucket, is_full, take
+from ..limits import Failure, Lease, decode_bucket, encode_bucket, fail, is_full, take, take_count
 
-__all__ = ["lease", "sweep"]
+__all__ = [
+    "lease",
+    "sweep",
+    "auth_failure",
+    "sweep_auth",
+    "lease_messages",
+    "sweep_days",
+    "open_subscription",
+    "close_subscription",
+    "reset_node_subscriptions",
+    "stale_subscription_nodes",
+]
 
 
 async def lease(tr: Transaction, visitor: str, want: int, now: float, burst: int, refill_secs: float) -> Lease:
@@ -32,7 +43,13 @@ async def sweep(
     (a full bucket is the same as none), so a visitor seen once does not stay in the store. Returns
     how many were cleared and the key to continue after (None: the end). The reads are not snapshot
     reads: a lease committing meanwhile makes this transaction retry instead of losing its take."""
-    begin, end = keys.bucket_range()
+    return await _sweep_buckets(tr, keys.bucket_range(), now, burst, refill_secs, after, limit)
+
+
+async def _sweep_buckets(
+    tr: Transaction, span: tuple[bytes, bytes], now: float, burst: int, refill_secs: float, after: bytes | None, limit: int
+) -> tuple[int, bytes | None]:
+    begin, end = span
     if after is not None:
         begin = after + b"\x00"
     rows = await tr.get_range(begin, end, limit=limit)
@@ -42,3 +59,97 @@ async def sweep(
             tr.clear(key)
             cleared += 1
     return cleared, rows[-1][0] if len(rows) == limit else None
+
+
+async def auth_failure(tr: Transaction, visitor: str, now: float, burst: int, refill_secs: float) -> Failure:
+    """Charge one failed login to ``visitor``'s fleet-wide failure bucket (nothing is written when it
+    is blocked already)."""
+    key = keys.auth_bucket_key(visitor)
+    raw = await tr.get(key)
+    bucket, failure = fail(None if raw is None else decode_bucket(raw), now, burst, refill_secs)
+    if bucket is not None:
+        tr.set(key, encode_bucket(bucket))
+    return failure
+
+
+async def sweep_auth(
+    tr: Transaction, now: float, burst: int, refill_secs: float, after: bytes | None, limit: int
+) -> tuple[int, bytes | None]:
+    """``sweep`` for the failed-login buckets."""
+    return await _sweep_buckets(tr, keys.auth_bucket_range(), now, burst, refill_secs, after, limit)
+
+
+async def lease_messages(tr: Transaction, visitor: str, day: int, want: int, limit: int) -> int:
+    """Take up to ``want`` of ``visitor``'s messages of UTC ``day`` (at most ``limit`` a day); how many."""
+    key = keys.daily_key(day, visitor)
+    count = keys.unpack_i64(await tr.get(key))
+    granted = take_count(count, want, limit)
+    if granted:
+        tr.set(key, keys.pack_i64(count + granted))
+    return granted
+
+
+async def sweep_days(tr: Transaction, today: int) -> None:
+    """Clear the daily counts of days before ``today`` (one range clear)."""
+    tr.clear_range(*keys.daily_range(today))
+
+
+async def open_subscription(tr: Transaction, visitor: str, node: str, limit: int) -> int | None:
+    """Count one more open subscription of ``visitor`` on ``node`` unless the fleet's total is at
+    ``limit`` (None). The read of every node's count makes two nodes admitting the visitor's last
+    slot at once conflict: one of them retries and sees the other's."""
+    rows = await tr.get_range(*keys.subscription_range(visitor))
+    total = sum(keys.unpack_i64(v) for _, v in rows)
+    if total >= limit:
+        return None
+    key = keys.subscription_key(visitor, node)
+    mine = keys.unpack_i64(await tr.get(key))
+    tr.set(key, keys.pack_i64(mine + 1))
+    if mine == 0:
+        tr.set(keys.node_subscription_key(node, visitor), b"")
+    return total + 1
+
+
+async def close_subscription(tr: Transaction, visitor: str, node: str) -> None:
+    """One subscription of ``visitor`` on ``node`` ended (a count swept meanwhile stays gone)."""
+    key = keys.subscription_key(visitor, node)
+    mine = keys.unpack_i64(await tr.get(key))
+    if mine <= 1:
+        tr.clear(key)
+        tr.clear(keys.node_subscription_key(node, visitor))
+    else:
+        tr.set(key, keys.pack_i64(mine - 1))
+
+
+async def reset_node_subscriptions(
+    tr: Transaction, node: str, limit: int, now: int | None = None, max_age: int = 0
+) -> int | None:
+    """Clear up to ``limit`` of ``node``'s counts (a dead node's, or a node's own at start: a fresh
+    process holds none). Returns how many visitors' counts were cleared; with ``now``, None (nothing
+    cleared) when the node's heartbeat is fresh again, so a node that came back keeps its counts."""
+    if now is not None:
+        beat = await tr.get(keys.liveness_key(node))
+        if beat is not None and now - keys.unpack_i64(beat) <= max_age:
+            return None
+    rows = await tr.get_range(*keys.node_subscription_range(node), limit=limit)
+    for key, _ in rows:
+        _, visitor = keys.unpack_node_subscription_key(key)
+        tr.clear(keys.subscription_key(visitor, node))
+        tr.clear(key)
+    return len(rows)
+
+
+async def stale_subscription_nodes(tr: Transaction, now: int, max_age: int) -> list[str]:
+    """The nodes holding subscription counts whose heartbeat is missing or older than ``max_age``
+    (one small read per node: the scan jumps from node to node)."""
+    begin, end = keys.node_subscription_range()
+    stale: list[str] = []
+    while True:
+        rows = await tr.get_range(begin, end, limit=1, snapshot=True)
+        if not rows:
+            return stale
+        node, _ = keys.unpack_node_subscription_key(rows[0][0])
+        beat = await tr.get(keys.liveness_key(node), snapshot=True)
+        if beat is None or now - keys.unpack_i64(beat) > max_age:
+            stale.append(node)
+        begin = keys.node_subscription_range(node)[1]

@@ -136,9 +136,10 @@ def build(ctx: WriterContext) -> list[ControllerRouterHandler]:
         try:
             headers = decode_headers(request.scope["headers"])
             gate = ctx.require_gate()  # a homeserver sends no credentials: the topic's anonymous write access
-            who = gate.identify(headers.get("authorization"), None)
             client = request.client.host if request.client else ""
-            await ctx.admit(who.user, client, headers.get(ctx.settings.proxy_forwarded_header.lower()))
+            forwarded = headers.get(ctx.settings.proxy_forwarded_header.lower())
+            who = await ctx.identify(headers.get("authorization"), None, client, forwarded)
+            visitor = await ctx.admit(who.user, client, forwarded)
             limit = limits.max_message_bytes - 1  # ntfy: 4096 bytes or more is too large
             ingest.check_content_length(headers, limit, ingest.MATRIX_TOO_LARGE)
             body = await read_body(request.receive, limit)
@@ -149,6 +150,7 @@ def build(ctx: WriterContext) -> list[ControllerRouterHandler]:
                 log.info("matrix pushkey rejected", extra={"reason": "not this server or no valid topic"})
                 return Response(schemas.encode(schemas.MatrixResponse((outcome.pushkey,))), media_type=_JSON)
             gate.authorize(who, (outcome.ingested.topic,), write=True)
+            await ctx.limiter.message(visitor)  # type: ignore[union-attr]  # admit() checked it
             await publish_one(ctx, outcome.ingested, headers, len(body), start_ns, "matrix")
         except ClientGone:
             raise
