@@ -150,3 +150,36 @@ def test_open_subscriptions_are_limited_across_pushers_and_a_killed_pushers_are_
         assert _until(lambda: _subscribe(again, a.base, "upSubs000006").status_code == 200)
         assert _subscribe(again, a.base, "upSubs000007").status_code == 200
         assert _subscribe(again, a.base, "upSubs000008").status_code == 200
+
+
+def test_subscriber_based_limiting_charges_a_unifiedpush_topics_subscriber_and_507s_without_one(fleet) -> None:
+    """ntfy's visitor-subscriber-rate-limiting: app servers share one IP; a UnifiedPush topic's
+    publishes are charged to the phone that subscribed to it, and a UnifiedPush publish to a topic no
+    one subscribed to is 507 50701 (a 5xx, so Mastodon keeps the subscription)."""
+    upf = fleet.start(
+        "upf", node="uprate", UPF_LIMIT_SUBSCRIBER_RATE="true",
+        **{**LIMITED, "UPF_LIMIT_REQUEST_BURST": "3", "UPF_LIMIT_REQUEST_REFILL_SECS": "600"},
+    )
+
+    def from_(source: str) -> httpx.Client:
+        return httpx.Client(base_url=upf.base, timeout=10, transport=httpx.HTTPTransport(local_address=source))
+
+    with from_("127.0.0.2") as phone, from_("127.0.0.3") as app_server, from_("127.0.0.4") as other_server:
+        r = app_server.post("/upRate00000001", content="early", params={"up": "1"})
+        assert r.status_code == 507, r.text
+        assert error_body(r) == {
+            "code": 50701, "http": 507,
+            "error": "cannot publish to UnifiedPush topic without previously active subscriber",
+        }
+        assert app_server.post("/upRate00000001", content="plain").status_code == 200  # no up=1: no 507
+        assert phone.get("/upRate00000001/json", params={"poll": "1"}).status_code == 200  # the phone: 2 left
+        assert app_server.post("/upRate00000001", content="a", params={"up": "1"}).status_code == 200
+        assert other_server.post("/upRate00000001", content="b", params={"up": "1"}).status_code == 200
+        r = app_server.post("/upRate00000001", content="c", params={"up": "1"})
+        assert r.status_code == 429 and error_body(r)["code"] == 42901  # the phone's budget is spent
+        r = phone.get("/upRate00000001/json", params={"poll": "1"})
+        assert r.status_code == 429  # the phone's own requests draw on the same bucket
+        # another topic, not UnifiedPush-shaped: each app server's own budget (app_server spent 1 above)
+        assert app_server.post("/not-up-shaped", content="x").status_code == 200
+        assert app_server.post("/not-up-shaped", content="x").status_code == 429
+    assert stored(upf.base, "upRate00000001") == ["plain", "a", "b"]

@@ -127,3 +127,17 @@ async def test_token_changes_and_ntfys_cap_of_60_tokens(two_stores):
     assert changed is not None and (changed.label, changed.expires) == ("phone", 5)
     assert await a.change_token("phil", "nope", "x", None) is None
     assert await a.change_token("nobody", "d061", "x", None) is None
+
+
+async def test_a_rate_visitor_holds_a_day_after_its_subscribe_or_while_a_node_holds_the_topic(two_stores):
+    a, b = two_stores
+    assert await a.rate_visitor("upRateTopic001", 1000.0) is None
+    await a.set_rate_visitors(["upRateTopic001", "upRateTopic002"], "ip:192.0.2.1", 1000.0)
+    await b.set_rate_visitors(["upRateTopic002"], "user:phil", 1001.0)  # the last subscriber wins
+    assert await b.rate_visitor("upRateTopic001", 1000.0 + 86_400) == "ip:192.0.2.1"
+    assert await b.rate_visitor("upRateTopic002", 1000.0) == "user:phil"
+    assert await a.rate_visitor("upRateTopic001", 1001.0 + 86_400) is None  # a day on, nobody holds it
+    await a.hold(["upRateTopic002"], "n1")
+    assert await a.rate_visitor("upRateTopic002", 1002.0 + 86_400) == "user:phil"  # held: still its
+    assert await a.sweep_rate_visitors(1002.0 + 86_400) == (1, None)  # only the unheld one goes
+    assert await a.rate_visitor("upRateTopic002", 1002.0 + 86_400) == "user:phil"

@@ -23,7 +23,7 @@ import logging
 import math
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from upf_keyspace import Settings, Store
 from upf_keyspace.limits import day_of, secs_to_next_day
@@ -32,6 +32,7 @@ from .access import ANONYMOUS, UNAUTHORIZED, Identity
 from .errors import STORE_UNAVAILABLE, NtfyError
 from .gate import AccessGate
 from .limits import (
+    NO_SUBSCRIBER,
     TOO_MANY_AUTH_FAILURES,
     TOO_MANY_MESSAGES,
     TOO_MANY_SUBSCRIPTIONS,
@@ -40,6 +41,7 @@ from .limits import (
     in_networks,
     limited,
     parse_address,
+    rate_topic,
     refusal,
     success_headers,
     visitor_key,
@@ -53,6 +55,12 @@ IDLE_SECS = 60.0
 """A visitor's leased tokens unused this long are dropped (bounds the memory of many visitors)."""
 
 _MAX_CACHED_PEERS = 4096
+RATE_CACHE_SECS = 5.0
+"""How long a UnifiedPush topic's rate visitor (or its absence) is believed without asking the store."""
+RATE_REFRESH_SECS = 3600.0
+"""A node writes a topic's rate visitor again only when it changed or is this old (one write per
+subscribe would make reconnect storms write storms)."""
+_MAX_CACHED_TOPICS = 65_536
 
 _SHARED: weakref.WeakKeyDictionary[Store, RequestLimiter] = weakref.WeakKeyDictionary()
 
@@ -71,7 +79,7 @@ def presents_credentials(authorization: str | None, auth_param: str | None) -> b
 class RequestLimiter:
     __slots__ = (
         "store", "config", "header", "clock", "_local", "_refused", "_pending", "_waiting", "_exempt_peers", "_swept",
-        "_left", "_blocked", "_messages", "_no_messages", "_tasks", "__weakref__",
+        "_left", "_blocked", "_messages", "_no_messages", "_tasks", "_rates", "_rates_set", "__weakref__",
     )
 
     def __init__(self, store: Store, config: LimitConfig, clock: Callable[[], float] = time.time) -> None:
@@ -91,6 +99,8 @@ class RequestLimiter:
         self._messages: dict[str, list[int]] = {}  # visitor -> [daily messages leased and unspent, day]
         self._no_messages: dict[str, float] = {}  # visitor -> when its daily quota is back (42908)
         self._tasks: set[asyncio.Task[None]] = set()
+        self._rates: dict[str, tuple[str | None, float]] = {}  # topic -> (its rate visitor, when read)
+        self._rates_set: dict[str, tuple[str, float]] = {}  # topic -> (rate visitor this node wrote, when)
 
     @classmethod
     def shared(cls, store: Store, settings: Settings) -> RequestLimiter:
@@ -204,6 +214,8 @@ class RequestLimiter:
             del self._messages[v]
         for v in [v for v, until in self._no_messages.items() if until <= now]:
             del self._no_messages[v]
+        for t in [t for t, (_, at) in self._rates.items() if now - at >= RATE_CACHE_SECS]:
+            del self._rates[t]
 
     # --- RateLimit headers on admitted requests ---------------------------------------------------------
     def headers(self, visitor: str | None) -> tuple[tuple[bytes, bytes], ...]:
@@ -316,6 +328,78 @@ class RequestLimiter:
             await self.store.close_subscription(visitor, node)
         except Exception:
             log.warning("subscription uncount failed", exc_info=True)
+
+    # --- subscriber-based limiting for UnifiedPush topics (ntfy's visitor-subscriber-rate-limiting) --------
+    def wants_rates(self, topics: Sequence[str]) -> bool:
+        """Whether subscribing to ``topics`` sets rate visitors (the mode is on and one is UnifiedPush's)."""
+        return self.config.subscriber_rate and any(rate_topic(t) for t in topics)
+
+    def visitor_of(self, user: str | None, peer: str, forwarded: str | None) -> str | None:
+        """The visitor of a request whether or not it is exempt (a subscriber becomes a topic's rate
+        visitor either way, as in ntfy); None for a peer that is no IP."""
+        addr = parse_address(peer)
+        if addr is None:
+            return None
+        config = self.config
+        return visitor_key(user, client_address(addr, forwarded, config.trusted), config.prefix4, config.prefix6)
+
+    async def set_rate_visitors(self, topics: Sequence[str], visitor: str | None) -> None:
+        """``visitor`` subscribed to ``topics`` (already filtered to those it may write, as ntfy
+        requires): charge their publishes to it from now on. A store failure is logged, not fatal:
+        the subscribe itself is fine."""
+        if visitor is None:
+            return
+        now = self.clock()
+        fresh = []
+        for t in topics:
+            if not rate_topic(t):
+                continue
+            done = self._rates_set.get(t)
+            if done is None or done[0] != visitor or now - done[1] > RATE_REFRESH_SECS:
+                fresh.append(t)
+        if not fresh:
+            return
+        try:
+            await self.store.set_rate_visitors(fresh, visitor, now)
+        except Exception:
+            log.warning("rate visitor not recorded", exc_info=True)
+            return
+        if len(self._rates_set) >= _MAX_CACHED_TOPICS:
+            self._rates_set.clear()
+        for t in fresh:
+            self._rates_set[t] = (visitor, now)
+            self._rates[t] = (visitor, now)
+
+    async def rate_visitor(self, topic: str) -> str | None:
+        """``topic``'s rate visitor (cached for ``RATE_CACHE_SECS``); None when the mode is off, the
+        topic is not UnifiedPush's, or nobody subscribed to it."""
+        if not self.config.subscriber_rate or not rate_topic(topic):
+            return None
+        now = self.clock()
+        cached = self._rates.get(topic)
+        if cached is not None and now - cached[1] < RATE_CACHE_SECS:
+            return cached[0]
+        try:
+            found = await self.store.rate_visitor(topic, now)
+        except Exception:
+            log.warning("rate visitor lookup failed", exc_info=True)
+            raise NtfyError(STORE_UNAVAILABLE) from None
+        if len(self._rates) >= _MAX_CACHED_TOPICS:
+            self._rates.clear()
+        self._rates[topic] = (found, now)
+        return found
+
+    async def publisher(self, visitor: str | None, topic: str) -> str | None:
+        """The visitor a publish to ``topic`` by ``visitor`` is charged to: the topic's rate visitor when
+        there is one, else the publisher (None, exempt, stays exempt: ntfy exempts by the publisher)."""
+        if visitor is None or not self.config.subscriber_rate:
+            return visitor
+        return await self.rate_visitor(topic) or visitor
+
+    async def require_subscriber(self, topic: str, unifiedpush: bool) -> None:
+        """ntfy's 507 50701: a UnifiedPush publish to a topic nobody has subscribed to, with the mode on."""
+        if unifiedpush and self.config.subscriber_rate and rate_topic(topic) and await self.rate_visitor(topic) is None:
+            raise NtfyError(NO_SUBSCRIBER)
 
     async def reset_node(self, node: str) -> None:
         """Clear ``node``'s subscription counts (a process starting holds none; a node id reused across

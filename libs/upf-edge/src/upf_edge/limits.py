@@ -27,6 +27,8 @@ __all__ = [
     "TOO_MANY_MESSAGES",
     "TOO_MANY_AUTH_FAILURES",
     "success_headers",
+    "NO_SUBSCRIBER",
+    "rate_topic",
     "Network",
     "LimitConfig",
     "parse_address",
@@ -41,6 +43,8 @@ TOO_MANY_REQUESTS = Problem(42901, 429, "limit reached: too many requests")
 TOO_MANY_SUBSCRIPTIONS = Problem(42903, 429, "limit reached: too many active subscriptions")
 TOO_MANY_MESSAGES = Problem(42908, 429, "limit reached: daily message quota reached")
 TOO_MANY_AUTH_FAILURES = Problem(42909, 429, "limit reached: too many auth failures")
+NO_SUBSCRIBER = Problem(50701, 507, "cannot publish to UnifiedPush topic without previously active subscriber")
+"""ntfy's 5xx for a UnifiedPush publish nobody subscribed to: Mastodon drops a subscription on most 4xx."""
 
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -64,6 +68,8 @@ class LimitConfig(NamedTuple):
     messages_daily: int = 0
     """0: ntfy's default, a day's worth of request refills (86,400 / refill_secs)."""
     subscriptions: int = 30
+    subscriber_rate: bool = False
+    """ntfy's visitor-subscriber-rate-limiting (see :func:`rate_topic`)."""
 
     @classmethod
     def from_settings(cls, settings: Settings) -> LimitConfig:
@@ -79,6 +85,7 @@ class LimitConfig(NamedTuple):
             auth_refill_secs=settings.limit_auth_failure_refill_secs,
             messages_daily=settings.limit_messages_daily,
             subscriptions=settings.limit_subscriptions,
+            subscriber_rate=settings.limit_subscriber_rate,
         )
 
     @property
@@ -144,6 +151,11 @@ def visitor_key(user: str | None, addr: Address, prefix4: int = 32, prefix6: int
         return "user:" + user
     bits = prefix4 if addr.version == 4 else prefix6
     return "ip:" + str(ipaddress.ip_network((addr, bits), strict=False).network_address)
+
+
+def rate_topic(topic: str) -> bool:
+    """A topic subscriber-based limiting applies to: ntfy's UnifiedPush shape, ``up`` + 12 characters."""
+    return len(topic) == 14 and topic.startswith("up")
 
 
 def success_headers(config: LimitConfig, remaining: int) -> tuple[tuple[bytes, bytes], ...]:

@@ -18,6 +18,7 @@ from upf_edge.errors import NtfyError
 from upf_edge.gate import AccessGate
 from upf_edge.limiter import RequestLimiter, presents_credentials
 from upf_edge.limits import (
+    NO_SUBSCRIBER,
     TOO_MANY_AUTH_FAILURES,
     TOO_MANY_MESSAGES,
     TOO_MANY_SUBSCRIPTIONS,
@@ -183,3 +184,50 @@ async def test_an_admitted_request_carries_what_its_bucket_holds():
     assert dict(lim.headers("ip:192.0.2.1"))[b"ratelimit"] == b"limit=20, remaining=18, reset=10"
     assert dict(success_headers(LimitConfig(burst=60), 99))[b"ratelimit"] == b"limit=60, remaining=60, reset=0"
 
+
+
+class RateStore(FakeStore):
+    def __init__(self) -> None:
+        super().__init__()
+        self.rates: dict[str, str] = {}
+        self.reads = self.writes = 0
+
+    async def set_rate_visitors(self, topics: list[str], visitor: str, now: float) -> None:
+        self.writes += 1
+        self.rates.update(dict.fromkeys(topics, visitor))
+
+    async def rate_visitor(self, topic: str, now: float) -> str | None:
+        self.reads += 1
+        return self.rates.get(topic)
+
+
+async def test_a_unifiedpush_topics_publishes_are_charged_to_its_subscriber():
+    store, clock = RateStore(), Clock()
+    lim = RequestLimiter(store, LimitConfig(subscriber_rate=True), clock)  # type: ignore[arg-type]
+    with pytest.raises(NtfyError) as info:
+        await lim.require_subscriber("upRateTopic001", True)
+    assert info.value.problem == NO_SUBSCRIBER and info.value.http == 507
+    await lim.require_subscriber("upRateTopic001", False)  # not a UnifiedPush publish
+    await lim.require_subscriber("upRateTopic01", True)  # not UnifiedPush's shape (13 characters)
+    assert lim.wants_rates(["x", "upRateTopic001"]) and not lim.wants_rates(["upShort"])
+    clock.now += 10  # past the cached absence
+    await lim.set_rate_visitors(["upRateTopic001", "news"], "ip:192.0.2.1")
+    assert store.rates == {"upRateTopic001": "ip:192.0.2.1"}
+    await lim.set_rate_visitors(["upRateTopic001"], "ip:192.0.2.1")
+    assert store.writes == 1  # the same subscriber again: no rewrite
+    assert await lim.publisher("ip:203.0.113.9", "upRateTopic001") == "ip:192.0.2.1"
+    assert await lim.publisher("ip:203.0.113.9", "news") == "ip:203.0.113.9"
+    assert await lim.publisher(None, "upRateTopic001") is None  # an exempt publisher stays exempt
+    await lim.require_subscriber("upRateTopic001", True)
+    reads = store.reads
+    for _ in range(10):
+        await lim.publisher("ip:203.0.113.9", "upRateTopic001")
+    assert store.reads == reads  # cached
+
+
+async def test_with_the_mode_off_nothing_changes_and_nothing_is_read():
+    store, clock = RateStore(), Clock()
+    lim = RequestLimiter(store, LimitConfig(), clock)  # type: ignore[arg-type]
+    await lim.require_subscriber("upRateTopic001", True)
+    assert await lim.publisher("ip:203.0.113.9", "upRateTopic001") == "ip:203.0.113.9"
+    assert not lim.wants_rates(["upRateTopic001"]) and store.reads == 0

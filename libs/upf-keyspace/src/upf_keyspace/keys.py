@@ -22,7 +22,8 @@ of key can never collide::
     ├── "RF"  / visitor:str                             -> limits.Bucket (msgpack) a visitor's failed-login bucket
     ├── "RM"  / day:int / visitor:str                   -> count (LE i64)         messages a visitor published that UTC day
     ├── "RS"  / visitor:str / node:str                  -> count (LE i64)         a visitor's open subscriptions on a node
-    └── "RSN" / node:str / visitor:str                  -> ""                     reverse of RS, for dead-node sweeps
+    ├── "RSN" / node:str / visitor:str                  -> ""                     reverse of RS, for dead-node sweeps
+    └── "RV"  / topic:str                               -> limits.RateVisitor (msgpack) a UnifiedPush topic's subscriber
 
 Stamps are 12 bytes: 10 commit bytes assigned at commit plus a 2-byte user version, so one
 transaction's Q, X, IN and ID entries of one message share one stamp: one message, one id.
@@ -96,6 +97,9 @@ __all__ = [
     "node_subscription_key",
     "node_subscription_range",
     "unpack_node_subscription_key",
+    "rate_visitor_key",
+    "rate_visitor_range",
+    "unpack_rate_visitor_key",
     "shard_of",
     "pack_i64",
     "unpack_i64",
@@ -148,6 +152,7 @@ class Prefix(str, enum.Enum):
     DAILY_MESSAGES = "RM"
     SUBSCRIPTIONS = "RS"
     SUBSCRIPTIONS_BY_NODE = "RSN"
+    RATE_VISITOR = "RV"
 
 
 ROOT = fdbtuple.pack(("upf",))
@@ -486,3 +491,16 @@ def node_subscription_range(node: str | None = None) -> tuple[bytes, bytes]:
 def unpack_node_subscription_key(key: bytes) -> tuple[str, str]:
     node, visitor = _unpack(key, Prefix.SUBSCRIPTIONS_BY_NODE, 2)
     return node, visitor
+
+
+def rate_visitor_key(topic: str) -> bytes:
+    return _pack(Prefix.RATE_VISITOR.value, topic)
+
+
+def rate_visitor_range() -> tuple[bytes, bytes]:
+    return _range(Prefix.RATE_VISITOR.value)
+
+
+def unpack_rate_visitor_key(key: bytes) -> str:
+    (topic,) = _unpack(key, Prefix.RATE_VISITOR, 1)
+    return topic

@@ -25,6 +25,10 @@ __all__ = [
     "day_of",
     "secs_to_next_day",
     "take_count",
+    "RateVisitor",
+    "RATE_VISITOR_SECS",
+    "encode_rate_visitor",
+    "decode_rate_visitor",
 ]
 
 _EPSILON = 1e-9
@@ -128,3 +132,26 @@ def secs_to_next_day(now: float) -> int:
 def take_count(count: int, want: int, limit: int) -> int:
     """How many of ``want`` a counter at ``count`` may still grant under ``limit``."""
     return max(0, min(want, limit - count))
+
+
+RATE_VISITOR_SECS = 86_400
+"""How long a UnifiedPush topic's subscriber stays its rate visitor once no node holds the topic
+(ntfy forgets a visitor unseen for a day)."""
+
+
+class RateVisitor(msgspec.Struct, frozen=True, array_like=True):
+    """The visitor that last subscribed to a UnifiedPush topic, and when (unix seconds)."""
+
+    visitor: str
+    at: float
+
+
+_RV_DECODER = msgspec.msgpack.Decoder(RateVisitor)
+
+
+def encode_rate_visitor(rv: RateVisitor) -> bytes:
+    return _ENCODER.encode(rv)
+
+
+def decode_rate_visitor(raw: bytes) -> RateVisitor:
+    return _RV_DECODER.decode(raw)

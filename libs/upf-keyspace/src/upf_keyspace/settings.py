@@ -68,6 +68,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     """Messages a visitor may publish per UTC day (42908); 0 is ntfy's default: a day of request refills."""
     limit_subscriptions: int = 30
     """Open subscriptions a visitor may hold across the fleet (42903)."""
+    limit_subscriber_rate: bool = False
+    """ntfy's visitor-subscriber-rate-limiting: a UnifiedPush topic's publishes are charged to its
+    subscriber; a UnifiedPush publish to a topic nobody subscribed to gets 507 50701."""
 
 
 DEFAULT_ACCESS = ("read-write", "read-only", "write-only", "deny-all")
@@ -106,6 +109,18 @@ def _float(env: Mapping[str, str], name: str, default: float, lo: float, hi: flo
     if not lo <= value <= hi:
         raise SettingsError(f"{name} must be between {lo} and {hi}, got {value}")
     return value
+
+
+def _bool(env: Mapping[str, str], name: str, default: bool) -> bool:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default
+    value = raw.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise SettingsError(f"{name} must be true or false, got {raw!r}")
 
 
 DEFAULT_EXEMPT = "127.0.0.0/8,::1"
@@ -191,5 +206,6 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         limit_auth_failure_refill_secs=_float(env, "UPF_LIMIT_AUTH_FAILURE_REFILL_SECS", 60.0, 0.0001, 86400),
         limit_messages_daily=_int(env, "UPF_LIMIT_MESSAGES_DAILY", 0, 0, 1_000_000_000),
         limit_subscriptions=_int(env, "UPF_LIMIT_SUBSCRIPTIONS", 30, 1, 1_000_000),
+        limit_subscriber_rate=_bool(env, "UPF_LIMIT_SUBSCRIBER_RATE", False),
     )
     return settings

@@ -180,6 +180,16 @@ class Store:
     async def stale_subscription_nodes(self, now: int, max_age: int) -> list[str]:
         return await self.db.transact(ops.limits.stale_subscription_nodes, now, max_age)
 
+    async def set_rate_visitors(self, topics: list[str], visitor: str, now: float) -> None:
+        await self.db.transact(ops.limits.set_rate_visitors, topics, visitor, now)
+
+    async def rate_visitor(self, topic: str, now: float) -> str | None:
+        """The subscriber a UnifiedPush publish to ``topic`` is charged to (see ``ops.limits``)."""
+        return await self.db.transact(ops.limits.rate_visitor, topic, now)
+
+    async def sweep_rate_visitors(self, now: float, after: bytes | None = None, limit: int = 500) -> tuple[int, bytes | None]:
+        return await self.db.transact(ops.limits.sweep_rate_visitors, now, after, limit)
+
     # --- auth (users, tokens, ACL); roles cache auth_state() and reload when watch_auth() fires -------
     async def auth_state(self) -> AuthState:
         return await self.db.transact(ops.auth.load_state)

@@ -289,7 +289,7 @@ class HttpProtocol(asyncio.Protocol):
         # one denied topic fails them all). A subscribe is a request: it spends a token.
         try:
             forwarded = headers.get(p.limiter.header)
-            if p.limiter.visitor(None, self.client, forwarded) is not None:  # not exempt: limits apply
+            if p.limiter.visitor(None, self.client, forwarded) is not None or p.limiter.wants_rates(req.topics):
                 self.busy = True  # parsing waits while the store is asked (leases, failed logins, counts)
                 p._spawn(self._subscribe_limited(head, req, transport_name, headers, query, forwarded))
                 return True
@@ -315,6 +315,9 @@ class HttpProtocol(asyncio.Protocol):
             visitor = limiter.visitor(who.user, self.client, forwarded)
             await limiter.check(visitor)
             p.gate.authorize(who, req.topics, write=False)
+            if limiter.wants_rates(req.topics):  # ntfy: only on topics the subscriber may write
+                writable = [t for t in req.topics if p.gate.open or p.gate.authorizer.permission(who, t).write]
+                await limiter.set_rate_visitors(writable, limiter.visitor_of(who.user, self.client, forwarded))
             if req.poll:
                 visitor = None
             else:

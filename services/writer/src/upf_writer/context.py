@@ -91,14 +91,18 @@ class WriterContext:
             raise PublishError(STORE_UNAVAILABLE)
         return gate
 
-    async def admit(self, user: str | None, client: str, forwarded: str | None) -> str | None:
+    async def admit(self, user: str | None, client: str, forwarded: str | None, topic: str = "") -> str | None:
         """Spend one request of the visitor (``user``, else ``client``'s address, or the address a
         trusted proxy forwarded) or raise the 429; called after authentication, before the ACL.
-        Returns the visitor (None: exempt), for the daily quota and the RateLimit headers."""
+        A publish to ``topic`` is charged to the topic's subscriber instead when subscriber-based
+        limiting applies to it. Returns the visitor charged (None: exempt), for the daily quota and
+        the RateLimit headers."""
         limiter = self.limiter
         if limiter is None:
             raise PublishError(STORE_UNAVAILABLE)
         visitor = limiter.visitor(user, client, forwarded)
+        if topic:
+            visitor = await limiter.publisher(visitor, topic)
         await limiter.check(visitor)
         return visitor
 

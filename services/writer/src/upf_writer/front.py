@@ -102,7 +102,7 @@ class WriterFront:
             gate = ctx.require_gate()
             forwarded = headers.get(self._forwarded)
             who = await ctx.identify(headers.get("authorization"), auth_param(params), client, forwarded)  # 401/42909 first
-            visitor = await ctx.admit(who.user, client, forwarded)
+            visitor = await ctx.admit(who.user, client, forwarded, topic)
             if topic:
                 ingest.validate_topic(topic)
                 limit, too_large = self._max, ingest.MESSAGE_TOO_LARGE
@@ -116,7 +116,10 @@ class WriterFront:
             else:
                 ingested = ingest.ingest_json(headers, params, body, now=ctx.clock(), limits=ctx.limits)
             gate.authorize(who, (ingested.topic,), write=True)  # a JSON publish names its topic in the body
-            await ctx.limiter.message(visitor)  # type: ignore[union-attr]  # admit() checked it; 42908 after the ACL
+            limiter = ctx.limiter
+            assert limiter is not None  # admit() checked it
+            await limiter.require_subscriber(ingested.topic, ingest.unifiedpush_requested(headers, params))  # 507
+            await limiter.message(visitor)  # 42908, after the ACL as in ntfy
             payload, replayed = await publish_one(ctx, ingested, headers, len(body), start_ns, route)
         except PublishError as exc:
             ctx.metrics.rejected(exc.problem.code)

@@ -9,7 +9,20 @@ from __future__ import annotations
 
 from .. import keys
 from ..contract import Transaction
-from ..limits import Failure, Lease, decode_bucket, encode_bucket, fail, is_full, take, take_count
+from ..limits import (
+    RATE_VISITOR_SECS,
+    Failure,
+    Lease,
+    RateVisitor,
+    decode_bucket,
+    decode_rate_visitor,
+    encode_bucket,
+    encode_rate_visitor,
+    fail,
+    is_full,
+    take,
+    take_count,
+)
 
 __all__ = [
     "lease",
@@ -22,6 +35,9 @@ __all__ = [
     "close_subscription",
     "reset_node_subscriptions",
     "stale_subscription_nodes",
+    "set_rate_visitors",
+    "rate_visitor",
+    "sweep_rate_visitors",
 ]
 
 
@@ -153,3 +169,39 @@ async def stale_subscription_nodes(tr: Transaction, now: int, max_age: int) -> l
         if beat is None or now - keys.unpack_i64(beat) > max_age:
             stale.append(node)
         begin = keys.node_subscription_range(node)[1]
+
+
+async def set_rate_visitors(tr: Transaction, topics: list[str], visitor: str, now: float) -> None:
+    """``visitor`` subscribed to these UnifiedPush topics: their publishes are charged to it (blind
+    writes: the last subscriber wins, as in ntfy)."""
+    raw = encode_rate_visitor(RateVisitor(visitor, now))
+    for topic in topics:
+        tr.set(keys.rate_visitor_key(topic), raw)
+
+
+async def rate_visitor(tr: Transaction, topic: str, now: float) -> str | None:
+    """The visitor a publish to ``topic`` is charged to: its last subscriber, while a node holds the
+    topic or for ``RATE_VISITOR_SECS`` after that subscribe; else None (snapshot reads: a cache fill)."""
+    raw = await tr.get(keys.rate_visitor_key(topic), snapshot=True)
+    if raw is None:
+        return None
+    rv = decode_rate_visitor(raw)
+    if now - rv.at <= RATE_VISITOR_SECS or await tr.get_range(*keys.affinity_range(topic), limit=1, snapshot=True):
+        return rv.visitor
+    return None
+
+
+async def sweep_rate_visitors(tr: Transaction, now: float, after: bytes | None, limit: int) -> tuple[int, bytes | None]:
+    """Clear rate visitors past ``RATE_VISITOR_SECS`` whose topic no node holds, ``limit`` per batch."""
+    begin, end = keys.rate_visitor_range()
+    if after is not None:
+        begin = after + b"\x00"
+    rows = await tr.get_range(begin, end, limit=limit)
+    cleared = 0
+    for key, raw in rows:
+        if now - decode_rate_visitor(raw).at > RATE_VISITOR_SECS:
+            topic = keys.unpack_rate_visitor_key(key)
+            if not await tr.get_range(*keys.affinity_range(topic), limit=1):
+                tr.clear(key)
+                cleared += 1
+    return cleared, rows[-1][0] if len(rows) == limit else None
