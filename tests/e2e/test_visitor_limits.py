@@ -183,3 +183,24 @@ def test_subscriber_based_limiting_charges_a_unifiedpush_topics_subscriber_and_5
         assert app_server.post("/not-up-shaped", content="x").status_code == 200
         assert app_server.post("/not-up-shaped", content="x").status_code == 429
     assert stored(upf.base, "upRate00000001") == ["plain", "a", "b"]
+
+
+def test_the_fleets_total_topics_cap_refuses_a_new_topic_with_42904_and_keeps_the_known_ones(fleet) -> None:
+    env = {**LIMITED, "UPF_LIMIT_TOTAL_TOPICS": "3"}
+    upf = fleet.start("upf", node="topics", **env)
+    writer = fleet.start("upf_writer", node="topicsw", **env)
+    with httpx.Client(base_url=upf.base, timeout=10) as c, httpx.Client(base_url=writer.base, timeout=10) as w:
+        assert c.post("/upTopicCap01", content="x").status_code == 200
+        assert w.post("/upTopicCap02", content="x").status_code == 200
+        assert c.get("/upTopicCap03/json", params={"poll": "1"}).status_code == 200  # a subscribe makes one too
+        for client, r in ((w, w.post("/upTopicCap04", content="x")), (c, c.get("/upTopicCap05/json", params={"poll": "1"}))):
+            assert r.status_code == 429, r.text
+            assert error_body(r) == {
+                "code": 42904, "http": 429,
+                "error": "limit reached: the total number of topics on the server has been reached, please contact the admin",
+            }
+        assert w.post("/upTopicCap01", content="y").status_code == 200  # a known topic, on the other process
+        assert c.post("/upTopicCap03", content="z").status_code == 200
+    local = fleet.start("upf", node="topics-local", UPF_WORKERS="1", UPF_LIMIT_TOTAL_TOPICS="3")  # loopback exempt
+    assert stored(local.base, "upTopicCap04") == []  # the exempt are neither refused nor counted
+    assert stored(local.base, "upTopicCap01") == ["x", "y"]

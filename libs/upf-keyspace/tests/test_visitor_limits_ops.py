@@ -141,3 +141,16 @@ async def test_a_rate_visitor_holds_a_day_after_its_subscribe_or_while_a_node_ho
     assert await a.rate_visitor("upRateTopic002", 1002.0 + 86_400) == "user:phil"  # held: still its
     assert await a.sweep_rate_visitors(1002.0 + 86_400) == (1, None)  # only the unheld one goes
     assert await a.rate_visitor("upRateTopic002", 1002.0 + 86_400) == "user:phil"
+
+
+async def test_active_topics_are_counted_once_capped_and_expunged_after_16_hours_unless_held(two_stores):
+    a, b = two_stores
+    assert await a.touch_topics(["t1", "t2"], 1000, 3)
+    assert await b.touch_topics(["t2", "t3"], 1000, 3)  # t2 again: counted once
+    assert await a.topic_count() == 3
+    assert not await b.touch_topics(["t1", "t4"], 1001, 3)  # a new one past the cap: nothing written
+    assert await a.topic_count() == 3
+    assert await b.touch_topics(["t1"], 5000, 3)  # a known one is fine (and its last use moves)
+    await a.hold(["t2"], "n1")
+    assert await a.sweep_topics(1000 + 16 * 3600 + 1) == (1, None)  # t3 only: t1 used since, t2 held
+    assert await a.topic_count() == 2 and await b.touch_topics(["t4"], 60_000, 3)

@@ -36,6 +36,7 @@ from .limits import (
     TOO_MANY_AUTH_FAILURES,
     TOO_MANY_MESSAGES,
     TOO_MANY_SUBSCRIPTIONS,
+    TOO_MANY_TOPICS,
     LimitConfig,
     client_address,
     in_networks,
@@ -61,6 +62,8 @@ RATE_REFRESH_SECS = 3600.0
 """A node writes a topic's rate visitor again only when it changed or is this old (one write per
 subscribe would make reconnect storms write storms)."""
 _MAX_CACHED_TOPICS = 65_536
+TOPIC_REFRESH_SECS = 3600.0
+"""A process marks a topic it knows active again only this often (the janitor expunges after 16 h)."""
 
 _SHARED: weakref.WeakKeyDictionary[Store, RequestLimiter] = weakref.WeakKeyDictionary()
 
@@ -79,7 +82,8 @@ def presents_credentials(authorization: str | None, auth_param: str | None) -> b
 class RequestLimiter:
     __slots__ = (
         "store", "config", "header", "clock", "_local", "_refused", "_pending", "_waiting", "_exempt_peers", "_swept",
-        "_left", "_blocked", "_messages", "_no_messages", "_tasks", "_rates", "_rates_set", "__weakref__",
+        "_left", "_blocked", "_messages", "_no_messages", "_tasks", "_rates", "_rates_set", "_topics",
+        "__weakref__",
     )
 
     def __init__(self, store: Store, config: LimitConfig, clock: Callable[[], float] = time.time) -> None:
@@ -101,6 +105,7 @@ class RequestLimiter:
         self._tasks: set[asyncio.Task[None]] = set()
         self._rates: dict[str, tuple[str | None, float]] = {}  # topic -> (its rate visitor, when read)
         self._rates_set: dict[str, tuple[str, float]] = {}  # topic -> (rate visitor this node wrote, when)
+        self._topics: dict[str, float] = {}  # topic -> when this process last marked it active
 
     @classmethod
     def shared(cls, store: Store, settings: Settings) -> RequestLimiter:
@@ -400,6 +405,29 @@ class RequestLimiter:
         """ntfy's 507 50701: a UnifiedPush publish to a topic nobody has subscribed to, with the mode on."""
         if unifiedpush and self.config.subscriber_rate and rate_topic(topic) and await self.rate_visitor(topic) is None:
             raise NtfyError(NO_SUBSCRIBER)
+
+    # --- the fleet's active topics (ntfy's 42904) ------------------------------------------------------
+    async def touch_topics(self, topics: Sequence[str], visitor: str | None) -> None:
+        """Count ``topics`` among the fleet's active topics, or raise 42904 when a new one would pass
+        the cap. A topic this process marked within ``TOPIC_REFRESH_SECS`` costs nothing; exempt
+        visitors (None) are not counted."""
+        if visitor is None:
+            return
+        now = self.clock()
+        stale = [t for t in topics if now - self._topics.get(t, -TOPIC_REFRESH_SECS - 1) > TOPIC_REFRESH_SECS]
+        if not stale:
+            return
+        try:
+            ok = await self.store.touch_topics(stale, int(now), self.config.total_topics)
+        except Exception:
+            log.warning("active topics not recorded", exc_info=True)
+            raise NtfyError(STORE_UNAVAILABLE) from None
+        if not ok:
+            raise NtfyError(TOO_MANY_TOPICS)
+        if len(self._topics) >= _MAX_CACHED_TOPICS:
+            self._topics.clear()
+        for t in stale:
+            self._topics[t] = now
 
     async def reset_node(self, node: str) -> None:
         """Clear ``node``'s subscription counts (a process starting holds none; a node id reused across

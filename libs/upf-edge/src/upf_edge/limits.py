@@ -24,6 +24,7 @@ from .errors import NtfyError, Problem
 __all__ = [
     "TOO_MANY_REQUESTS",
     "TOO_MANY_SUBSCRIPTIONS",
+    "TOO_MANY_TOPICS",
     "TOO_MANY_MESSAGES",
     "TOO_MANY_AUTH_FAILURES",
     "success_headers",
@@ -41,6 +42,9 @@ __all__ = [
 
 TOO_MANY_REQUESTS = Problem(42901, 429, "limit reached: too many requests")
 TOO_MANY_SUBSCRIPTIONS = Problem(42903, 429, "limit reached: too many active subscriptions")
+TOO_MANY_TOPICS = Problem(
+    42904, 429, "limit reached: the total number of topics on the server has been reached, please contact the admin"
+)
 TOO_MANY_MESSAGES = Problem(42908, 429, "limit reached: daily message quota reached")
 TOO_MANY_AUTH_FAILURES = Problem(42909, 429, "limit reached: too many auth failures")
 NO_SUBSCRIBER = Problem(50701, 507, "cannot publish to UnifiedPush topic without previously active subscriber")
@@ -70,6 +74,7 @@ class LimitConfig(NamedTuple):
     subscriptions: int = 30
     subscriber_rate: bool = False
     """ntfy's visitor-subscriber-rate-limiting (see :func:`rate_topic`)."""
+    total_topics: int = 15_000
 
     @classmethod
     def from_settings(cls, settings: Settings) -> LimitConfig:
@@ -86,6 +91,7 @@ class LimitConfig(NamedTuple):
             messages_daily=settings.limit_messages_daily,
             subscriptions=settings.limit_subscriptions,
             subscriber_rate=settings.limit_subscriber_rate,
+            total_topics=settings.limit_total_topics,
         )
 
     @property

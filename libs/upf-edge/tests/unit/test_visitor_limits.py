@@ -22,6 +22,7 @@ from upf_edge.limits import (
     TOO_MANY_AUTH_FAILURES,
     TOO_MANY_MESSAGES,
     TOO_MANY_SUBSCRIPTIONS,
+    TOO_MANY_TOPICS,
     LimitConfig,
     success_headers,
 )
@@ -231,3 +232,33 @@ async def test_with_the_mode_off_nothing_changes_and_nothing_is_read():
     await lim.require_subscriber("upRateTopic001", True)
     assert await lim.publisher("ip:203.0.113.9", "upRateTopic001") == "ip:203.0.113.9"
     assert not lim.wants_rates(["upRateTopic001"]) and store.reads == 0
+
+
+class TopicStore(FakeStore):
+    def __init__(self) -> None:
+        super().__init__()
+        self.active: set[str] = set()
+
+    async def touch_topics(self, topics: list[str], now: int, limit: int) -> bool:
+        self.calls += 1
+        new = set(topics) - self.active
+        if new and len(self.active) + len(new) > limit:
+            return False
+        self.active |= new
+        return True
+
+
+async def test_new_topics_past_the_fleets_cap_get_42904_and_known_ones_cost_nothing():
+    store, clock = TopicStore(), Clock()
+    lim = RequestLimiter(store, LimitConfig(total_topics=2), clock)  # type: ignore[arg-type]
+    await lim.touch_topics(["a", "b"], "ip:192.0.2.1")
+    with pytest.raises(NtfyError) as info:
+        await lim.touch_topics(["c"], "ip:192.0.2.1")
+    assert info.value.problem == TOO_MANY_TOPICS and info.value.http == 429
+    calls = store.calls
+    await lim.touch_topics(["a"], "ip:192.0.2.2")
+    await lim.touch_topics(["c"], None)  # exempt: not counted, not refused
+    assert store.calls == calls
+    clock.now += 3601  # known topics are marked active again once an hour
+    await lim.touch_topics(["a"], "ip:192.0.2.2")
+    assert store.calls == calls + 1

@@ -23,7 +23,9 @@ of key can never collide::
     ├── "RM"  / day:int / visitor:str                   -> count (LE i64)         messages a visitor published that UTC day
     ├── "RS"  / visitor:str / node:str                  -> count (LE i64)         a visitor's open subscriptions on a node
     ├── "RSN" / node:str / visitor:str                  -> ""                     reverse of RS, for dead-node sweeps
-    └── "RV"  / topic:str                               -> limits.RateVisitor (msgpack) a UnifiedPush topic's subscriber
+    ├── "RV"  / topic:str                               -> limits.RateVisitor (msgpack) a UnifiedPush topic's subscriber
+    ├── "TA"  / topic:str                               -> last access unix secs (LE i64)  an active topic (total-topics cap)
+    └── "TN"                                            -> counter (LE i64)       how many TA entries there are
 
 Stamps are 12 bytes: 10 commit bytes assigned at commit plus a 2-byte user version, so one
 transaction's Q, X, IN and ID entries of one message share one stamp: one message, one id.
@@ -100,6 +102,10 @@ __all__ = [
     "rate_visitor_key",
     "rate_visitor_range",
     "unpack_rate_visitor_key",
+    "active_topic_key",
+    "active_topic_range",
+    "unpack_active_topic_key",
+    "topic_count_key",
     "shard_of",
     "pack_i64",
     "unpack_i64",
@@ -153,6 +159,8 @@ class Prefix(str, enum.Enum):
     SUBSCRIPTIONS = "RS"
     SUBSCRIPTIONS_BY_NODE = "RSN"
     RATE_VISITOR = "RV"
+    ACTIVE_TOPIC = "TA"
+    TOPIC_COUNT = "TN"
 
 
 ROOT = fdbtuple.pack(("upf",))
@@ -504,3 +512,20 @@ def rate_visitor_range() -> tuple[bytes, bytes]:
 def unpack_rate_visitor_key(key: bytes) -> str:
     (topic,) = _unpack(key, Prefix.RATE_VISITOR, 1)
     return topic
+
+
+def active_topic_key(topic: str) -> bytes:
+    return _pack(Prefix.ACTIVE_TOPIC.value, topic)
+
+
+def active_topic_range() -> tuple[bytes, bytes]:
+    return _range(Prefix.ACTIVE_TOPIC.value)
+
+
+def unpack_active_topic_key(key: bytes) -> str:
+    (topic,) = _unpack(key, Prefix.ACTIVE_TOPIC, 1)
+    return topic
+
+
+def topic_count_key() -> bytes:
+    return _pack(Prefix.TOPIC_COUNT.value)

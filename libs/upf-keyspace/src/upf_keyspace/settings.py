@@ -68,6 +68,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     """Messages a visitor may publish per UTC day (42908); 0 is ntfy's default: a day of request refills."""
     limit_subscriptions: int = 30
     """Open subscriptions a visitor may hold across the fleet (42903)."""
+    limit_total_topics: int = 15_000
+    """Active topics the fleet may have (ntfy's global-topic-limit); a new one past it gets 42904."""
     limit_subscriber_rate: bool = False
     """ntfy's visitor-subscriber-rate-limiting: a UnifiedPush topic's publishes are charged to its
     subscriber; a UnifiedPush publish to a topic nobody subscribed to gets 507 50701."""
@@ -207,5 +209,6 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         limit_messages_daily=_int(env, "UPF_LIMIT_MESSAGES_DAILY", 0, 0, 1_000_000_000),
         limit_subscriptions=_int(env, "UPF_LIMIT_SUBSCRIPTIONS", 30, 1, 1_000_000),
         limit_subscriber_rate=_bool(env, "UPF_LIMIT_SUBSCRIBER_RATE", False),
+        limit_total_topics=_int(env, "UPF_LIMIT_TOTAL_TOPICS", 15_000, 1, 1_000_000_000),
     )
     return settings

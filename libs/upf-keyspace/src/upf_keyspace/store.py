@@ -190,6 +190,19 @@ class Store:
     async def sweep_rate_visitors(self, now: float, after: bytes | None = None, limit: int = 500) -> tuple[int, bytes | None]:
         return await self.db.transact(ops.limits.sweep_rate_visitors, now, after, limit)
 
+    async def touch_topics(self, topics: list[str], now: int, limit: int) -> bool:
+        """Count ``topics`` as active; False when a new one would pass the fleet's ``limit``."""
+        return await self.db.transact(ops.limits.touch_topics, topics, now, limit)
+
+    async def sweep_topics(self, now: int, after: bytes | None = None, limit: int = 500) -> tuple[int, bytes | None]:
+        return await self.db.transact(ops.limits.sweep_topics, now, after, limit)
+
+    async def topic_count(self) -> int:
+        async def body(tr):  # type: ignore[no-untyped-def]
+            return keys.unpack_i64(await tr.get(keys.topic_count_key(), snapshot=True))
+
+        return await self.db.transact(body)
+
     # --- auth (users, tokens, ACL); roles cache auth_state() and reload when watch_auth() fires -------
     async def auth_state(self) -> AuthState:
         return await self.db.transact(ops.auth.load_state)

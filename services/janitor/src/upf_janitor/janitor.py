@@ -3,8 +3,8 @@ whose heartbeat is older than a few heartbeat intervals, then clear request buck
 (a full bucket is the same as none: without this, every visitor ever seen would stay in the store).
 The other limits' state goes the same way: the subscription counts of a node whose heartbeat is
 stale or gone (a pusher that died cannot uncount its subscriptions), refilled failed-login buckets,
-the daily message counts of days past, and UnifiedPush topics' rate visitors a day old whose topic
-no node holds.
+the daily message counts of days past, UnifiedPush topics' rate visitors a day old whose topic
+no node holds, and active topics unused for 16 hours (ntfy's topic expunging, for the 42904 cap).
 
 Bounded batches keep each transaction far below FoundationDB's 5 s / 10 MB limits and let writers
 and pushers interleave; several janitors may run at once (their transactions conflict and retry,
@@ -121,8 +121,12 @@ class Janitor:
         await self.store.sweep_days(day_of(now))
         after = None
         while True:
-            cleared, after = await self.store.sweep_rate_visitors(now, after, BUCKET_BATCH)
-            result.cleared_buckets += cleared
+            _, after = await self.store.sweep_topics(now, after, BUCKET_BATCH)
+            if after is None:
+                break
+        after = None
+        while True:
+            _, after = await self.store.sweep_rate_visitors(now, after, BUCKET_BATCH)
             if after is None:
                 break
         self.passes += 1

@@ -315,6 +315,7 @@ class HttpProtocol(asyncio.Protocol):
             visitor = limiter.visitor(who.user, self.client, forwarded)
             await limiter.check(visitor)
             p.gate.authorize(who, req.topics, write=False)
+            await limiter.touch_topics(req.topics, visitor)  # 42904 (ntfy answers a subscribe 400 40009)
             if limiter.wants_rates(req.topics):  # ntfy: only on topics the subscriber may write
                 writable = [t for t in req.topics if p.gate.open or p.gate.authorizer.permission(who, t).write]
                 await limiter.set_rate_visitors(writable, limiter.visitor_of(who.user, self.client, forwarded))

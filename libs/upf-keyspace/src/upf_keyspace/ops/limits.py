@@ -38,6 +38,9 @@ __all__ = [
     "set_rate_visitors",
     "rate_visitor",
     "sweep_rate_visitors",
+    "TOPIC_EXPUNGE_SECS",
+    "touch_topics",
+    "sweep_topics",
 ]
 
 
@@ -204,4 +207,45 @@ async def sweep_rate_visitors(tr: Transaction, now: float, after: bytes | None, 
             if not await tr.get_range(*keys.affinity_range(topic), limit=1):
                 tr.clear(key)
                 cleared += 1
+    return cleared, rows[-1][0] if len(rows) == limit else None
+
+
+TOPIC_EXPUNGE_SECS = 16 * 3600
+"""ntfy's topicExpungeAfter: a topic nobody subscribes to stops counting this long after its last use."""
+
+
+async def touch_topics(tr: Transaction, topics: list[str], now: int, limit: int) -> bool:
+    """Mark ``topics`` active; False (nothing written) when one is new and the fleet already has
+    ``limit`` active topics. The count is an atomic add read as a snapshot, so new topics created at
+    once do not conflict on it (they may pass the limit by as many as are created concurrently); the
+    topic's own key is read normally, so one topic is never counted twice."""
+    new = [t for t in topics if await tr.get(keys.active_topic_key(t)) is None]
+    if new and keys.unpack_i64(await tr.get(keys.topic_count_key(), snapshot=True)) + len(new) > limit:
+        return False
+    stamp = keys.pack_i64(now)
+    for t in topics:
+        tr.set(keys.active_topic_key(t), stamp)
+    if new:
+        tr.add(keys.topic_count_key(), keys.pack_i64(len(new)))
+    return True
+
+
+async def sweep_topics(tr: Transaction, now: int, after: bytes | None, limit: int) -> tuple[int, bytes | None]:
+    """Stop counting topics unused for ``TOPIC_EXPUNGE_SECS`` that no node holds (no subscriber) and
+    that have no rate visitor, as ntfy's topic pruning; ``limit`` per batch."""
+    begin, end = keys.active_topic_range()
+    if after is not None:
+        begin = after + b"\x00"
+    rows = await tr.get_range(begin, end, limit=limit)
+    cleared = 0
+    for key, raw in rows:
+        if now - keys.unpack_i64(raw) <= TOPIC_EXPUNGE_SECS:
+            continue
+        topic = keys.unpack_active_topic_key(key)
+        if await tr.get_range(*keys.affinity_range(topic), limit=1) or await rate_visitor(tr, topic, now) is not None:
+            continue
+        tr.clear(key)
+        cleared += 1
+    if cleared:
+        tr.add(keys.topic_count_key(), keys.pack_i64(-cleared))
     return cleared, rows[-1][0] if len(rows) == limit else None

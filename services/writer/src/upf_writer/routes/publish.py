@@ -151,6 +151,7 @@ def build(ctx: WriterContext) -> list[ControllerRouterHandler]:
                 return Response(schemas.encode(schemas.MatrixResponse((outcome.pushkey,))), media_type=_JSON)
             gate.authorize(who, (outcome.ingested.topic,), write=True)
             await ctx.limiter.message(visitor)  # type: ignore[union-attr]  # admit() checked it
+            await ctx.limiter.touch_topics((outcome.ingested.topic,), visitor)  # type: ignore[union-attr]
             await publish_one(ctx, outcome.ingested, headers, len(body), start_ns, "matrix")
         except ClientGone:
             raise
