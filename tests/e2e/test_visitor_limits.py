@@ -11,6 +11,8 @@ import time
 from contextlib import ExitStack, closing
 
 import httpx
+import pytest
+import websockets.sync.client
 
 from tests.clients.ntfy import error_body
 from tests.e2e.test_auth import cli
@@ -135,6 +137,10 @@ def test_open_subscriptions_are_limited_across_pushers_and_a_killed_pushers_are_
                 r = _subscribe(refused, base, "upSubs000004")
                 assert r.status_code == 429
                 assert error_body(r) == {"code": 42903, "http": 429, "error": "limit reached: too many active subscriptions"}
+        with pytest.raises(websockets.sync.client.InvalidStatus) as err:  # the ntfy app's /ws: at the handshake
+            with websockets.sync.client.connect(a.base.replace("http://", "ws://") + "/upSubs000004/ws"):
+                pass
+        assert err.value.response.status_code == 429 and b"42903" in err.value.response.body
         r = httpx.get(a.base + "/upSubs000004/json", params={"poll": "1"}, timeout=10)
         assert r.status_code == 200  # a poll holds no subscription
         b.kill9()  # its subscription cannot be uncounted by it: the janitor (in a) sweeps a dead node's
