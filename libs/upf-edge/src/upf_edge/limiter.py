@@ -81,7 +81,7 @@ def presents_credentials(authorization: str | None, auth_param: str | None) -> b
 
 class RequestLimiter:
     __slots__ = (
-        "store", "config", "header", "clock", "_local", "_refused", "_pending", "_waiting", "_exempt_peers", "_swept",
+        "store", "config", "header", "clock", "_local", "_refused", "_pending", "_waiting", "_exempt_peers", "_peer_keys", "_swept",
         "_left", "_blocked", "_messages", "_no_messages", "_tasks", "_rates", "_rates_set", "_topics",
         "_headers", "__weakref__",
     )
@@ -97,6 +97,7 @@ class RequestLimiter:
         self._pending: dict[str, asyncio.Future[None]] = {}  # visitor -> its lease in flight
         self._waiting: dict[str, int] = {}  # visitor -> requests waiting on that lease
         self._exempt_peers: set[str] = set()  # exempt peers, known without parsing them again
+        self._peer_keys: dict[str, str] = {}  # other peers -> their ip: visitor
         self._swept = 0.0
         self._left: dict[str, tuple[int, float]] = {}  # visitor -> (whole tokens its bucket kept, when)
         self._blocked: dict[str, float] = {}  # visitor -> until when its logins are refused (42909)
@@ -121,8 +122,12 @@ class RequestLimiter:
         Unix socket) is local, hence exempt."""
         config = self.config
         by_peer = not config.trusted or not forwarded  # the decision depends on the peer alone
-        if by_peer and peer in self._exempt_peers:
-            return None
+        if by_peer:
+            if peer in self._exempt_peers:
+                return None
+            known = self._peer_keys.get(peer)
+            if known is not None:  # an address seen before: its prefix without parsing it again (~14 us)
+                return known if user is None else "user:" + user
         addr = parse_address(peer)
         if addr is None:
             return None
@@ -133,6 +138,10 @@ class RequestLimiter:
                     self._exempt_peers.clear()
                 self._exempt_peers.add(peer)
             return None
+        if by_peer:
+            if len(self._peer_keys) >= _MAX_CACHED_PEERS:
+                self._peer_keys.clear()
+            self._peer_keys[peer] = visitor_key(None, addr, config.prefix4, config.prefix6)
         return visitor_key(user, addr, config.prefix4, config.prefix6)
 
     def take_local(self, visitor: str | None) -> bool:

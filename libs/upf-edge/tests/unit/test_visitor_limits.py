@@ -262,3 +262,13 @@ async def test_new_topics_past_the_fleets_cap_get_42904_and_known_ones_cost_noth
     clock.now += 3601  # known topics are marked active again once an hour
     await lim.touch_topics(["a"], "ip:192.0.2.2")
     assert store.calls == calls + 1
+
+
+def test_a_known_peers_visitor_comes_from_the_cache_and_matches_a_fresh_one():
+    cached, _, _ = limiter(prefix6=48)
+    for peer in ("192.0.2.7", "2001:db8:1:2::5", "::ffff:198.51.100.1"):
+        for user in (None, "phil", None, "phil"):  # the second round is served from the cache
+            fresh, _, _ = limiter(prefix6=48)
+            assert cached.visitor(user, peer, None) == fresh.visitor(user, peer, None)
+    assert cached.visitor(None, "2001:db8:1:3::9", None) == "ip:2001:db8:1::"
+    assert cached.visitor(None, "not-an-ip", None) is None
