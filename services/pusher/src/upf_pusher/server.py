@@ -480,7 +480,10 @@ class Pusher:
         if self.lifespan is not None:
             await self.lifespan.startup()
         self.gate = await AccessGate.acquire(self.store, self.settings.auth_default_access)
-        await self.limiter.reset_node(self.hub.node)  # this node holds no subscription yet
+        try:
+            await self.limiter.reset_node(self.hub.node)  # this node holds no subscription yet
+        except Exception:  # a store down at start must not keep the pusher down; the janitor sweeps later
+            log.warning("subscription counts not cleared at start", exc_info=True)
         await self.hub.start()
         loop = asyncio.get_running_loop()
         self._sweeper = loop.call_later(SWEEP_SECS, self._sweep)
