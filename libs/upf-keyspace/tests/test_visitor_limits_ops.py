@@ -154,3 +154,31 @@ async def test_active_topics_are_counted_once_capped_and_expunged_after_16_hours
     await a.hold(["t2"], "n1")
     assert await a.sweep_topics(1000 + 16 * 3600 + 1) == (1, None)  # t3 only: t1 used since, t2 held
     assert await a.topic_count() == 2 and await b.touch_topics(["t4"], 60_000, 3)
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("UPF_LIMIT_AUTH_FAILURE_BURST", "0"),
+        ("UPF_LIMIT_AUTH_FAILURE_REFILL_SECS", "-1"),
+        ("UPF_LIMIT_MESSAGES_DAILY", "-5"),
+        ("UPF_LIMIT_MESSAGES_DAILY", "many"),
+        ("UPF_LIMIT_SUBSCRIPTIONS", "0"),
+        ("UPF_LIMIT_TOTAL_TOPICS", "1.5"),
+        ("UPF_LIMIT_SUBSCRIBER_RATE", "maybe"),
+    ],
+)
+def test_bad_limit_settings_stop_the_process_naming_the_variable(name, value):
+    from upf_keyspace.settings import SettingsError, load_settings
+
+    with pytest.raises(SettingsError, match=name):
+        load_settings({name: value})
+
+
+def test_limit_settings_defaults_are_ntfys():
+    from upf_keyspace.settings import load_settings
+
+    s = load_settings({})
+    assert (s.limit_auth_failure_burst, s.limit_auth_failure_refill_secs, s.limit_messages_daily) == (30, 60.0, 0)
+    assert (s.limit_subscriptions, s.limit_total_topics, s.limit_subscriber_rate) == (30, 15_000, False)
+    assert load_settings({"UPF_LIMIT_SUBSCRIBER_RATE": "on"}).limit_subscriber_rate
