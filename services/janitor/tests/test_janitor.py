@@ -69,3 +69,41 @@ async def test_clears_request_buckets_once_they_have_refilled(store, monkeypatch
 
     assert await store.db.transact(left) == ["ip:192.0.2.99"]
     assert (await Janitor(store, Settings(heartbeat_secs=10)).run_once(now + 100)).cleared_buckets == 0
+
+
+async def test_clears_the_other_limits_state_a_dead_node_or_time_leaves_behind(store):
+    """A dead pusher's subscription counts, refilled failed-login buckets, past days' message counts,
+    day-old rate visitors of unheld topics and topics unused for 16 hours go; what is live stays."""
+    from upf_keyspace.limits import day_of
+
+    now = int(time.time())
+    await store.heartbeat("dead", now - 100)
+    await store.heartbeat("live", now)
+    await store.open_subscription("ip:192.0.2.1", "dead", 30)
+    await store.open_subscription("ip:192.0.2.1", "live", 30)
+    await store.auth_failure("ip:192.0.2.1", now - 3600, 30, 60.0)  # refilled since
+    await store.auth_failure("ip:192.0.2.2", now, 30, 60.0)  # not yet
+    await store.lease_messages("ip:192.0.2.1", day_of(now) - 1, 5, 100)
+    await store.lease_messages("ip:192.0.2.1", day_of(now), 5, 100)
+    await store.set_rate_visitors(["upOldTopic0001"], "ip:192.0.2.1", now - 2 * 86_400)
+    await store.touch_topics(["upOldTopic0001", "upNewTopic0001"], now - 17 * 3600, 100)
+    await store.touch_topics(["upNewTopic0001"], now, 100)
+    result = await Janitor(store, Settings(heartbeat_secs=10)).run_once(now)
+    assert result.cleared_subscriptions == 1 and result.cleared_buckets >= 1
+
+    async def left(tr):
+        rs = await tr.get_range(*keys.subscription_range("ip:192.0.2.1"))
+        rf = await tr.get_range(*keys.auth_bucket_range())
+        rm = await tr.get_range(*keys.daily_range())
+        rv = await tr.get_range(*keys.rate_visitor_range())
+        ta = await tr.get_range(*keys.active_topic_range())
+        return (
+            [keys.unpack_subscription_key(k)[1] for k, _ in rs],
+            [k == keys.auth_bucket_key("ip:192.0.2.2") for k, _ in rf],
+            [keys.unpack_daily_key(k)[0] for k, _ in rm],
+            len(rv),
+            [keys.unpack_active_topic_key(k) for k, _ in ta],
+        )
+
+    assert await store.db.transact(left) == (["live"], [True], [day_of(now)], 0, ["upNewTopic0001"])
+    assert await store.topic_count() == 1

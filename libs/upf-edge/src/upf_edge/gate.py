@@ -123,6 +123,11 @@ class AccessGate:
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 5.0)
 
+    @property
+    def open(self) -> bool:
+        """No users, no ACL entries and read-write by default: every request is anonymous and allowed."""
+        return self._open
+
     def identify(self, authorization: str | None, auth_param: str | None) -> Identity:
         """Who the request is (401 NtfyError for bad credentials). ``auth_param`` is ``?auth=``."""
         if self._open:

@@ -13,6 +13,7 @@ the IETF draft's ``RateLimit-Policy``/``RateLimit`` headers, which ntfy users as
 from __future__ import annotations
 
 import ipaddress
+import math
 from collections.abc import Sequence
 from typing import NamedTuple
 
@@ -22,6 +23,13 @@ from .errors import NtfyError, Problem
 
 __all__ = [
     "TOO_MANY_REQUESTS",
+    "TOO_MANY_SUBSCRIPTIONS",
+    "TOO_MANY_TOPICS",
+    "TOO_MANY_MESSAGES",
+    "TOO_MANY_AUTH_FAILURES",
+    "success_headers",
+    "NO_SUBSCRIBER",
+    "rate_topic",
     "Network",
     "LimitConfig",
     "parse_address",
@@ -29,9 +37,18 @@ __all__ = [
     "client_address",
     "visitor_key",
     "refusal",
+    "limited",
 ]
 
 TOO_MANY_REQUESTS = Problem(42901, 429, "limit reached: too many requests")
+TOO_MANY_SUBSCRIPTIONS = Problem(42903, 429, "limit reached: too many active subscriptions")
+TOO_MANY_TOPICS = Problem(
+    42904, 429, "limit reached: the total number of topics on the server has been reached, please contact the admin"
+)
+TOO_MANY_MESSAGES = Problem(42908, 429, "limit reached: daily message quota reached")
+TOO_MANY_AUTH_FAILURES = Problem(42909, 429, "limit reached: too many auth failures")
+NO_SUBSCRIBER = Problem(50701, 507, "cannot publish to UnifiedPush topic without previously active subscriber")
+"""ntfy's 5xx for a UnifiedPush publish nobody subscribed to: Mastodon drops a subscription on most 4xx."""
 
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -50,6 +67,14 @@ class LimitConfig(NamedTuple):
     """The forwarded header's name, lower-case (as the front doors' decoded headers carry it)."""
     prefix4: int = 32
     prefix6: int = 64
+    auth_burst: int = 30
+    auth_refill_secs: float = 60.0
+    messages_daily: int = 0
+    """0: ntfy's default, a day's worth of request refills (86,400 / refill_secs)."""
+    subscriptions: int = 30
+    subscriber_rate: bool = False
+    """ntfy's visitor-subscriber-rate-limiting (see :func:`rate_topic`)."""
+    total_topics: int = 15_000
 
     @classmethod
     def from_settings(cls, settings: Settings) -> LimitConfig:
@@ -61,7 +86,23 @@ class LimitConfig(NamedTuple):
             header=settings.proxy_forwarded_header.lower(),
             prefix4=settings.visitor_prefix_bits_ipv4,
             prefix6=settings.visitor_prefix_bits_ipv6,
+            auth_burst=settings.limit_auth_failure_burst,
+            auth_refill_secs=settings.limit_auth_failure_refill_secs,
+            messages_daily=settings.limit_messages_daily,
+            subscriptions=settings.limit_subscriptions,
+            subscriber_rate=settings.limit_subscriber_rate,
+            total_topics=settings.limit_total_topics,
         )
+
+    @property
+    def message_limit(self) -> int:
+        """Messages per visitor per UTC day, as ntfy derives it when none is configured."""
+        return self.messages_daily or max(1, int(86_400 / self.refill_secs))
+
+    @property
+    def message_lease(self) -> int:
+        """Daily messages a process takes at a time: a hundredth of the day's (1 to 50)."""
+        return max(1, min(50, self.message_limit // 100))
 
     @property
     def lease_size(self) -> int:
@@ -116,6 +157,28 @@ def visitor_key(user: str | None, addr: Address, prefix4: int = 32, prefix6: int
         return "user:" + user
     bits = prefix4 if addr.version == 4 else prefix6
     return "ip:" + str(ipaddress.ip_network((addr, bits), strict=False).network_address)
+
+
+def rate_topic(topic: str) -> bool:
+    """A topic subscriber-based limiting applies to: ntfy's UnifiedPush shape, ``up`` + 12 characters."""
+    return len(topic) == 14 and topic.startswith("up")
+
+
+def success_headers(config: LimitConfig, remaining: int) -> tuple[tuple[bytes, bytes], ...]:
+    """The draft's headers on an admitted request, as the 429 carries them: ``remaining`` is what the
+    visitor's bucket held after this request (as far as this process knows), ``reset`` the seconds
+    until it is full again."""
+    remaining = max(0, min(config.burst, remaining))
+    reset = math.ceil((config.burst - remaining) * config.refill_secs)
+    return (
+        (b"ratelimit-policy", b"%d;w=%d" % (config.burst, config.window_secs)),
+        (b"ratelimit", b"limit=%d, remaining=%d, reset=%d" % (config.burst, remaining, reset)),
+    )
+
+
+def limited(problem: Problem, wait: int) -> NtfyError:
+    """A 429 other than the request limit's: ntfy's body and an honest ``Retry-After``."""
+    return NtfyError(problem, ((b"retry-after", b"%d" % max(1, wait)),))
 
 
 def refusal(config: LimitConfig, wait: int) -> NtfyError:

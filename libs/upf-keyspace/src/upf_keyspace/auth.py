@@ -76,6 +76,8 @@ class Token(msgspec.Struct, frozen=True, kw_only=True):
     hint: str = ""
     """The token's first characters, so a listing can tell tokens apart without holding them."""
     provisioned: bool = False
+    origin: str = ""
+    """The address it was created from through the token API (ntfy's last_origin)."""
 
 
 class Access(msgspec.Struct, frozen=True, kw_only=True):

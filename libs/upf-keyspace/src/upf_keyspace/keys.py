@@ -26,7 +26,14 @@ of key can never collide::
     ├── "ST"  / name:str / slot:int                     -> counter (LE i64)       fleet-wide stats (atomic adds)
     ├── "SH"  / unix:int                                -> counter (LE i64)       samples of the messages counter
     ├── "WT"  / topic:str / push_topic:str / stamp:Versionstamp -> ""             Web Push Topic: its last Q entry
-    └── "VK"  / topic:str                               -> VAPID key (utf-8)      topic bound to a VAPID key
+    ├── "VK"  / topic:str                               -> VAPID key (utf-8)      topic bound to a VAPID key
+    ├── "RF"  / visitor:str                             -> limits.Bucket (msgpack) a visitor's failed-login bucket
+    ├── "RM"  / day:int / visitor:str                   -> count (LE i64)         messages a visitor published that UTC day
+    ├── "RS"  / visitor:str / node:str                  -> count (LE i64)         a visitor's open subscriptions on a node
+    ├── "RSN" / node:str / visitor:str                  -> ""                     reverse of RS, for dead-node sweeps
+    ├── "RV"  / topic:str                               -> limits.RateVisitor (msgpack) a UnifiedPush topic's subscriber
+    ├── "TA"  / topic:str                               -> last access unix secs (LE i64)  an active topic (total-topics cap)
+    └── "TN"                                            -> counter (LE i64)       how many TA entries there are
 
 Stamps are 12 bytes: 10 commit bytes assigned at commit plus a 2-byte user version, so one
 transaction's Q, X, IN and ID entries of one message share one stamp: one message, one id.
@@ -120,6 +127,24 @@ __all__ = [
     "unpack_vapid_binding_key",
     "prefix_range",
     "prefix_of",
+    "auth_bucket_key",
+    "auth_bucket_range",
+    "daily_key",
+    "daily_range",
+    "unpack_daily_key",
+    "subscription_key",
+    "subscription_range",
+    "unpack_subscription_key",
+    "node_subscription_key",
+    "node_subscription_range",
+    "unpack_node_subscription_key",
+    "rate_visitor_key",
+    "rate_visitor_range",
+    "unpack_rate_visitor_key",
+    "active_topic_key",
+    "active_topic_range",
+    "unpack_active_topic_key",
+    "topic_count_key",
     "shard_of",
     "pack_i64",
     "unpack_i64",
@@ -175,6 +200,13 @@ class Prefix(str, enum.Enum):
     STATS_SAMPLE = "SH"
     PUSH_TOPIC = "WT"
     VAPID_BINDING = "VK"
+    AUTH_FAILURES = "RF"
+    DAILY_MESSAGES = "RM"
+    SUBSCRIPTIONS = "RS"
+    SUBSCRIPTIONS_BY_NODE = "RSN"
+    RATE_VISITOR = "RV"
+    ACTIVE_TOPIC = "TA"
+    TOPIC_COUNT = "TN"
 
 
 ROOT = fdbtuple.pack(("upf",))
@@ -586,3 +618,87 @@ def prefix_of(key: bytes) -> Prefix:
     if not key.startswith(ROOT):
         raise ValueError("key is outside the upf root")
     return Prefix(fdbtuple.unpack(key, prefix_len=len(ROOT))[0])
+
+
+# --- RF / RM / RS / RSN -------------------------------------------------------------------------------
+def auth_bucket_key(visitor: str) -> bytes:
+    return _pack(Prefix.AUTH_FAILURES.value, visitor)
+
+
+def auth_bucket_range() -> tuple[bytes, bytes]:
+    return _range(Prefix.AUTH_FAILURES.value)
+
+
+def daily_key(day: int, visitor: str) -> bytes:
+    return _pack(Prefix.DAILY_MESSAGES.value, day, visitor)
+
+
+def daily_range(before: int | None = None) -> tuple[bytes, bytes]:
+    """Every daily count, or those of days before ``before``."""
+    if before is None:
+        return _range(Prefix.DAILY_MESSAGES.value)
+    return _prefix(Prefix.DAILY_MESSAGES.value) + b"\x00", _prefix(Prefix.DAILY_MESSAGES.value) + _enc(before)
+
+
+def unpack_daily_key(key: bytes) -> tuple[int, str]:
+    day, visitor = _unpack(key, Prefix.DAILY_MESSAGES, 2)
+    return day, visitor
+
+
+def subscription_key(visitor: str, node: str) -> bytes:
+    return _pack(Prefix.SUBSCRIPTIONS.value, visitor, node)
+
+
+def subscription_range(visitor: str) -> tuple[bytes, bytes]:
+    return _range(Prefix.SUBSCRIPTIONS.value, visitor)
+
+
+def unpack_subscription_key(key: bytes) -> tuple[str, str]:
+    visitor, node = _unpack(key, Prefix.SUBSCRIPTIONS, 2)
+    return visitor, node
+
+
+def node_subscription_key(node: str, visitor: str) -> bytes:
+    return _pack(Prefix.SUBSCRIPTIONS_BY_NODE.value, node, visitor)
+
+
+def node_subscription_range(node: str | None = None) -> tuple[bytes, bytes]:
+    """Every node's reverse entries, or one node's."""
+    if node is None:
+        return _range(Prefix.SUBSCRIPTIONS_BY_NODE.value)
+    return _range(Prefix.SUBSCRIPTIONS_BY_NODE.value, node)
+
+
+def unpack_node_subscription_key(key: bytes) -> tuple[str, str]:
+    node, visitor = _unpack(key, Prefix.SUBSCRIPTIONS_BY_NODE, 2)
+    return node, visitor
+
+
+def rate_visitor_key(topic: str) -> bytes:
+    return _pack(Prefix.RATE_VISITOR.value, topic)
+
+
+def rate_visitor_range() -> tuple[bytes, bytes]:
+    return _range(Prefix.RATE_VISITOR.value)
+
+
+def unpack_rate_visitor_key(key: bytes) -> str:
+    (topic,) = _unpack(key, Prefix.RATE_VISITOR, 1)
+    return topic
+
+
+def active_topic_key(topic: str) -> bytes:
+    return _pack(Prefix.ACTIVE_TOPIC.value, topic)
+
+
+def active_topic_range() -> tuple[bytes, bytes]:
+    return _range(Prefix.ACTIVE_TOPIC.value)
+
+
+def unpack_active_topic_key(key: bytes) -> str:
+    (topic,) = _unpack(key, Prefix.ACTIVE_TOPIC, 1)
+    return topic
+
+
+def topic_count_key() -> bytes:
+    return _pack(Prefix.TOPIC_COUNT.value)

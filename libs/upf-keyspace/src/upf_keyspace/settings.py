@@ -81,6 +81,18 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     counted (a wrong UPF_PUBLIC_URL must not cut off every app server)."""
     vapid_restrict: bool = False
     """Bind a UnifiedPush topic to the first valid VAPID key that publishes to it; other keys get 401."""
+    limit_auth_failure_burst: int = 30
+    """Failed logins a visitor may have before 429 42909 (ntfy's visitor-auth-failure-limit-burst)."""
+    limit_auth_failure_refill_secs: float = 60.0
+    limit_messages_daily: int = 0
+    """Messages a visitor may publish per UTC day (42908); 0 is ntfy's default: a day of request refills."""
+    limit_subscriptions: int = 30
+    """Open subscriptions a visitor may hold across the fleet (42903)."""
+    limit_total_topics: int = 15_000
+    """Active topics the fleet may have (ntfy's global-topic-limit); a new one past it gets 42904."""
+    limit_subscriber_rate: bool = False
+    """ntfy's visitor-subscriber-rate-limiting: a UnifiedPush topic's publishes are charged to its
+    subscriber; a UnifiedPush publish to a topic nobody subscribed to gets 507 50701."""
 
 
 DEFAULT_ACCESS = ("read-write", "read-only", "write-only", "deny-all")
@@ -119,6 +131,18 @@ def _float(env: Mapping[str, str], name: str, default: float, lo: float, hi: flo
     if not lo <= value <= hi:
         raise SettingsError(f"{name} must be between {lo} and {hi}, got {value}")
     return value
+
+
+def _bool(env: Mapping[str, str], name: str, default: bool) -> bool:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default
+    value = raw.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise SettingsError(f"{name} must be true or false, got {raw!r}")
 
 
 DEFAULT_EXEMPT = "127.0.0.0/8,::1"
@@ -209,6 +233,12 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         max_connections_per_ip=_int(env, "UPF_MAX_CONNECTIONS_PER_IP", 300, 0, 10_000_000),
         vapid_verify=_choice(env, "UPF_VAPID_VERIFY", "0", ("0", "1")) == "1",
         vapid_restrict=_choice(env, "UPF_VAPID_RESTRICT", "0", ("0", "1")) == "1",
+        limit_auth_failure_burst=_int(env, "UPF_LIMIT_AUTH_FAILURE_BURST", 30, 1, 1_000_000),
+        limit_auth_failure_refill_secs=_float(env, "UPF_LIMIT_AUTH_FAILURE_REFILL_SECS", 60.0, 0.0001, 86400),
+        limit_messages_daily=_int(env, "UPF_LIMIT_MESSAGES_DAILY", 0, 0, 1_000_000_000),
+        limit_subscriptions=_int(env, "UPF_LIMIT_SUBSCRIPTIONS", 30, 1, 1_000_000),
+        limit_subscriber_rate=_bool(env, "UPF_LIMIT_SUBSCRIBER_RATE", False),
+        limit_total_topics=_int(env, "UPF_LIMIT_TOTAL_TOPICS", 15_000, 1, 1_000_000_000),
     )
     if settings.delay_min_secs > settings.delay_max_secs:
         raise SettingsError(

@@ -16,7 +16,7 @@ from .auth import AuthState, Permission, Token, User
 from .contract import Database, Watch
 from .envelope import Envelope
 from .errors import StoreError
-from .limits import Lease
+from .limits import Failure, Lease
 from .msgid import encode_id
 from .ops.inbox import Drained
 from .ops.read import Since, Stored
@@ -225,6 +225,60 @@ class Store:
         """Clear refilled request buckets in one batch (see ``ops.limits.sweep``)."""
         return await self.db.transact(ops.limits.sweep, now, burst, refill_secs, after, limit)
 
+    async def auth_failure(self, visitor: str, now: float, burst: int, refill_secs: float) -> Failure:
+        """Charge one failed login to ``visitor``'s fleet-wide bucket (see ``ops.limits.auth_failure``)."""
+        return await self.db.transact(ops.limits.auth_failure, visitor, now, burst, refill_secs)
+
+    async def sweep_auth_buckets(
+        self, now: float, burst: int, refill_secs: float, after: bytes | None = None, limit: int = 500
+    ) -> tuple[int, bytes | None]:
+        return await self.db.transact(ops.limits.sweep_auth, now, burst, refill_secs, after, limit)
+
+    async def lease_messages(self, visitor: str, day: int, want: int, limit: int) -> int:
+        """Up to ``want`` of ``visitor``'s daily messages (see ``ops.limits.lease_messages``)."""
+        return await self.db.transact(ops.limits.lease_messages, visitor, day, want, limit)
+
+    async def sweep_days(self, today: int) -> None:
+        await self.db.transact(ops.limits.sweep_days, today)
+
+    async def open_subscription(self, visitor: str, node: str, limit: int) -> int | None:
+        """Count an open subscription of ``visitor`` on ``node``; None when the fleet's are at ``limit``."""
+        return await self.db.transact(ops.limits.open_subscription, visitor, node, limit)
+
+    async def close_subscription(self, visitor: str, node: str) -> None:
+        await self.db.transact(ops.limits.close_subscription, visitor, node)
+
+    async def reset_node_subscriptions(
+        self, node: str, limit: int = 500, now: int | None = None, max_age: int = 0
+    ) -> int | None:
+        return await self.db.transact(ops.limits.reset_node_subscriptions, node, limit, now, max_age)
+
+    async def stale_subscription_nodes(self, now: int, max_age: int) -> list[str]:
+        return await self.db.transact(ops.limits.stale_subscription_nodes, now, max_age)
+
+    async def set_rate_visitors(self, topics: list[str], visitor: str, now: float) -> None:
+        await self.db.transact(ops.limits.set_rate_visitors, topics, visitor, now)
+
+    async def rate_visitor(self, topic: str, now: float) -> str | None:
+        """The subscriber a UnifiedPush publish to ``topic`` is charged to (see ``ops.limits``)."""
+        return await self.db.transact(ops.limits.rate_visitor, topic, now)
+
+    async def sweep_rate_visitors(self, now: float, after: bytes | None = None, limit: int = 500) -> tuple[int, bytes | None]:
+        return await self.db.transact(ops.limits.sweep_rate_visitors, now, after, limit)
+
+    async def touch_topics(self, topics: list[str], now: int, limit: int) -> bool:
+        """Count ``topics`` as active; False when a new one would pass the fleet's ``limit``."""
+        return await self.db.transact(ops.limits.touch_topics, topics, now, limit)
+
+    async def sweep_topics(self, now: int, after: bytes | None = None, limit: int = 500) -> tuple[int, bytes | None]:
+        return await self.db.transact(ops.limits.sweep_topics, now, after, limit)
+
+    async def topic_count(self) -> int:
+        async def body(tr):  # type: ignore[no-untyped-def]
+            return keys.unpack_i64(await tr.get(keys.topic_count_key(), snapshot=True))
+
+        return await self.db.transact(body)
+
     # --- auth (users, tokens, ACL); roles cache auth_state() and reload when watch_auth() fires -------
     async def auth_state(self) -> AuthState:
         return await self.db.transact(ops.auth.load_state)
@@ -260,6 +314,13 @@ class Store:
 
     async def add_token(self, name: str, digest: str, token: Token) -> None:
         await self.db.transact(ops.auth.add_token, name, digest, token)
+
+    async def create_token(self, name: str, digest: str, token: Token) -> None:
+        """``add_token`` as the token API does it: the user's oldest beyond ntfy's 60 are pruned."""
+        await self.db.transact(ops.auth.add_token, name, digest, token, prune=True)
+
+    async def change_token(self, name: str, digest: str, label: str | None, expires: int | None) -> Token | None:
+        return await self.db.transact(ops.auth.change_token, name, digest, label, expires)
 
     async def list_tokens(self, name: str) -> dict[str, Token]:
         return await self.db.transact(ops.auth.list_tokens, name)

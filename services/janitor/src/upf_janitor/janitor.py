@@ -3,6 +3,10 @@ whose heartbeat is older than a few heartbeat intervals, then clear request buck
 (a full bucket is the same as none: without this, every visitor ever seen would stay in the store), and
 take a sample of the fleet's message counter for ``/v1/stats`` when one is due. ``X-Cache: no``
 messages need nothing special: their X entry is due early (``UPF_NOCACHE_KEEP_SECS``).
+The other limits' state goes the same way: the subscription counts of a node whose heartbeat is
+stale or gone (a pusher that died cannot uncount its subscriptions), refilled failed-login buckets,
+the daily message counts of days past, UnifiedPush topics' rate visitors a day old whose topic
+no node holds, and active topics unused for 16 hours (ntfy's topic expunging, for the 42904 cap).
 
 Bounded batches keep each transaction far below FoundationDB's 5 s / 10 MB limits and let writers
 and pushers interleave; several janitors may run at once (their transactions conflict and retry,
@@ -20,6 +24,7 @@ import msgspec
 
 from upf_keyspace import Settings, Store, StoreError
 from upf_keyspace import telemetry as tm
+from upf_keyspace.limits import day_of
 
 __all__ = ["Janitor", "JanitorMetrics", "PassResult", "DEAD_AFTER_HEARTBEATS"]
 
@@ -39,6 +44,7 @@ class PassResult(msgspec.Struct):
     swept_nodes: list[str] = msgspec.field(default_factory=list)
     cleared_affinities: int = 0
     cleared_buckets: int = 0
+    cleared_subscriptions: int = 0
 
 
 class JanitorMetrics:
@@ -69,6 +75,8 @@ class Janitor:
         self.burst = settings.limit_request_burst
         self.refill_secs = settings.limit_request_refill_secs
         self.stats_every = settings.stats_sample_secs
+        self.auth_burst = settings.limit_auth_failure_burst
+        self.auth_refill_secs = settings.limit_auth_failure_refill_secs
         self.passes = 0
         self.last: PassResult | None = None
 
@@ -82,6 +90,14 @@ class Janitor:
             metrics.expired.add(n)
             if n < EXPIRE_BATCH:
                 break
+        for node in await self.store.stale_subscription_nodes(now, self.dead_after):
+            while True:
+                n = await self.store.reset_node_subscriptions(node, SWEEP_BATCH, now, self.dead_after)
+                if n is None:  # it came back to life meanwhile
+                    break
+                result.cleared_subscriptions += n
+                if n < SWEEP_BATCH:
+                    break
         for node in await self.store.dead_nodes(now, self.dead_after):
             while True:
                 cleared = await self.store.sweep_node(node, now, self.dead_after, SWEEP_BATCH)
@@ -100,15 +116,34 @@ class Janitor:
             metrics.cleared_buckets.add(cleared)
             if after is None:
                 break
+        after = None
+        while True:
+            cleared, after = await self.store.sweep_auth_buckets(now, self.auth_burst, self.auth_refill_secs, after, BUCKET_BATCH)
+            result.cleared_buckets += cleared
+            metrics.cleared_buckets.add(cleared)
+            if after is None:
+                break
+        await self.store.sweep_days(day_of(now))
+        after = None
+        while True:
+            _, after = await self.store.sweep_topics(now, after, BUCKET_BATCH)
+            if after is None:
+                break
+        after = None
+        while True:
+            _, after = await self.store.sweep_rate_visitors(now, after, BUCKET_BATCH)
+            if after is None:
+                break
         await self.store.sample_stats(now, self.stats_every, STATS_SAMPLES)
         self.passes += 1
         metrics.passes.add()
         self.last = result
-        if result.expired or result.swept_nodes or result.cleared_buckets:
+        if result.expired or result.swept_nodes or result.cleared_buckets or result.cleared_subscriptions:
             log.info(
                 "janitor pass",
                 extra={"expired": result.expired, "swept_nodes": len(result.swept_nodes),
-                       "cleared_affinities": result.cleared_affinities, "cleared_buckets": result.cleared_buckets},
+                       "cleared_affinities": result.cleared_affinities, "cleared_buckets": result.cleared_buckets,
+                       "cleared_subscriptions": result.cleared_subscriptions},
             )
         return result
 

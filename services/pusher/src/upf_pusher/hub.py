@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Coroutine, Iterable
+from collections.abc import Callable, Coroutine, Iterable
 from typing import TYPE_CHECKING, Any
 
 from upf_keyspace import Message, Settings, Since, Store, StoreError, Watch, message_from_envelope
@@ -160,6 +160,8 @@ class Hub:
         """The bell loop is poking: it runs the read round itself right after (no task hop)."""
         self._paused: set[Subscriber] = set()
         """Paused connections: between keepalives the sweep only has to look at these."""
+        self._on_close: dict[Subscriber, Callable[[], None]] = {}
+        """What to run when a subscriber is forgotten (its visitor's subscription count)."""
 
     # --- lifecycle ----------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -202,8 +204,11 @@ class Hub:
         return task
 
     # --- subscribers --------------------------------------------------------------------------------
-    def attach(self, sub: Subscriber, since: Since) -> None:
-        """Register ``sub`` locally (so no poke is missed), then resolve its cursors in the store."""
+    def attach(self, sub: Subscriber, since: Since, on_close: Callable[[], None] | None = None) -> None:
+        """Register ``sub`` locally (so no poke is missed), then resolve its cursors in the store.
+        ``on_close`` runs once when the hub forgets it (the request limiter's subscription count)."""
+        if on_close is not None:
+            self._on_close[sub] = on_close
         self.subs.add(sub)
         self.metrics.transports[sub.transport_name].connections.add(1)
         self._subscribing.add(sub)
@@ -250,6 +255,9 @@ class Hub:
         if sub not in self.subs:
             return
         self.subs.discard(sub)
+        on_close = self._on_close.pop(sub, None)
+        if on_close is not None:
+            on_close()
         self._paused.discard(sub)
         self.metrics.transports[sub.transport_name].connections.add(-1)
         if sub.session.poll:

@@ -308,38 +308,59 @@ class HttpProtocol(asyncio.Protocol):
         # ntfy's order: bad credentials (401), then the request limit (429), then a denied topic (403;
         # one denied topic fails them all). A subscribe is a request: it spends a token.
         try:
-            who = p.gate.identify(headers.get("authorization"), auth_param(query))
-            visitor = p.limiter.visitor(who.user, self.client, headers.get(p.limiter.header))
-            if not p.limiter.take_local(visitor):
-                self.busy = True  # parsing waits while the store is asked for a lease
-                p._spawn(self._subscribe_leased(head, req, transport_name, who, visitor))  # type: ignore[arg-type]
+            forwarded = headers.get(p.limiter.header)
+            if p.limiter.visitor(None, self.client, forwarded) is not None or p.limiter.wants_rates(req.topics):
+                self.busy = True  # parsing waits while the store is asked (leases, failed logins, counts)
+                p._spawn(self._subscribe_limited(head, req, transport_name, headers, query, forwarded))
                 return True
+            who = p.gate.identify(headers.get("authorization"), auth_param(query))
             p.gate.authorize(who, req.topics, write=False)
         except NtfyError as e:
             self._reply(head, error_response(e.http, e.code, e.error, keep_alive=keep, extra=e.headers), keep)
             return False
         return self._attach(head, req, transport_name)
 
-    async def _subscribe_leased(
-        self, head: RequestHead, req: Subscribe, transport_name: str, who: Identity, visitor: str
+    async def _subscribe_limited(
+        self, head: RequestHead, req: Subscribe, transport_name: str, headers: Any, query: Any, forwarded: str | None
     ) -> None:
-        """The rest of a subscribe whose visitor had no local token left: lease, then as before."""
+        """A subscribe of a visitor the limits apply to, in ntfy's order: credentials (401, or 42909
+        after too many failures), the request limit (42901), the ACL (403), then the visitor's open
+        subscriptions across the fleet (42903; a poll holds none)."""
         p = self.pusher
         keep = head.keep_alive
+        limiter = p.limiter
+        visitor: str | None = None
         try:
-            await p.limiter.lease(visitor)
+            who: Identity = await limiter.identify(p.gate, headers.get("authorization"), auth_param(query), self.client, forwarded)
+            visitor = limiter.visitor(who.user, self.client, forwarded)
+            await limiter.check(visitor)
             p.gate.authorize(who, req.topics, write=False)
+            await limiter.touch_topics(req.topics, visitor)  # 42904 (ntfy answers a subscribe 400 40009)
+            if limiter.wants_rates(req.topics):  # ntfy: only on topics the subscriber may write
+                writable = [t for t in req.topics if p.gate.open or p.gate.authorizer.permission(who, t).write]
+                await limiter.set_rate_visitors(writable, limiter.visitor_of(who.user, self.client, forwarded))
+            if req.poll:
+                visitor = None
+            else:
+                await limiter.open_subscription(visitor, p.hub.node)
         except NtfyError as e:
             if not self.gone and not self.transport.is_closing():
                 self._reply(head, error_response(e.http, e.code, e.error, keep_alive=keep, extra=e.headers), keep)
                 self._resume()
             return
+        node = p.hub.node
+
+        def uncount() -> None:
+            limiter.close_subscription(visitor, node)
+
         if self.gone or self.transport.is_closing():
+            uncount()
             return
         if p.closing:
+            uncount()
             self._reply(head, error_response(503, 50300, "service unavailable: shutting down"), False)
             return
-        if not self._attach(head, req, transport_name):
+        if not self._attach(head, req, transport_name, uncount if visitor is not None else None):
             self._resume()
 
     def _resume(self) -> None:
@@ -349,8 +370,16 @@ class HttpProtocol(asyncio.Protocol):
             self.transport.resume_reading()
             self._process()
 
-    def _attach(self, head: RequestHead, req: Subscribe, transport_name: str) -> bool:
-        """Hand the admitted subscribe's connection to its transport and the hub (False: refused)."""
+    def _attach(self, head: RequestHead, req: Subscribe, transport_name: str, on_close: Any = None) -> bool:
+        """Hand the admitted subscribe's connection to its transport and the hub (False: refused).
+        ``on_close`` runs once when the subscription ends (or at once, when it is refused here)."""
+        answer, taken = self._attach_sub(head, req, transport_name, on_close)
+        if not taken and on_close is not None:
+            on_close()
+        return answer
+
+    def _attach_sub(self, head: RequestHead, req: Subscribe, transport_name: str, on_close: Any) -> tuple[bool, bool]:
+        """``_attach``'s body: (its answer, whether the hub took the subscriber)."""
         p = self.pusher
         keep = head.keep_alive
         session = Session(req.topics, req.topics_raw, p.hub.config, poll=req.poll)
@@ -359,15 +388,15 @@ class HttpProtocol(asyncio.Protocol):
             if not head.has_token(b"upgrade", b"websocket"):
                 e = QueryError(400, 40016, "invalid request: client not using the websocket protocol")
                 self._reply(head, error_response(e.http, e.code, e.error, keep_alive=keep), keep)
-                return False
+                return False, False
             try:
                 ws, accept = ws_handshake(head)
             except InvalidUpgrade:
                 self._refuse(QueryError(400, 40016, "invalid request: client not using the websocket protocol"))
-                return True
+                return True, False
             except InvalidHandshake:
                 self._refuse(QueryError(400, 40000, "invalid request: bad websocket handshake"))
-                return True
+                return True, False
             sub = WsSubscriber(p.hub, session, self.transport, ws, accept)
         else:
             sub = StreamSubscriber(p.hub, session, self.transport, transport_name, chunked=head.version == "1.1")
@@ -376,10 +405,10 @@ class HttpProtocol(asyncio.Protocol):
         if self.admitted:
             sub.peers, sub.peer = p.peers, self.client  # the subscriber releases the count when it goes
         self.transport.set_protocol(sub)
-        p.hub.attach(sub, req.since)
+        p.hub.attach(sub, req.since, on_close)
         if rest:
             sub.data_received(rest)
-        return True
+        return True, True
 
     def _handover(self) -> None:
         self.gone = True
@@ -475,6 +504,10 @@ class Pusher:
         if self.lifespan is not None:
             await self.lifespan.startup()
         self.gate = await AccessGate.acquire(self.store, self.settings.auth_default_access)
+        try:
+            await self.limiter.reset_node(self.hub.node)  # this node holds no subscription yet
+        except Exception:  # a store down at start must not keep the pusher down; the janitor sweeps later
+            log.warning("subscription counts not cleared at start", exc_info=True)
         await self.hub.start()
         loop = asyncio.get_running_loop()
         self._sweeper = loop.call_later(SWEEP_SECS, self._sweep)
@@ -520,6 +553,10 @@ class Pusher:
             if not proto.busy:
                 proto.transport.close()
         await self.hub.stop()
+        try:
+            await self.limiter.reset_node(self.hub.node)  # its subscriptions are gone: so are their counts
+        except Exception:
+            log.warning("subscription counts not cleared at stop", exc_info=True)
         # let fallback requests in progress finish, then cut whatever remains
         deadline = time.monotonic() + timeout
         while self._tasks and time.monotonic() < deadline:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+from upf_edge.access import Identity
 from upf_edge.gate import AccessGate
 from upf_edge.limiter import RequestLimiter
 from upf_keyspace import Settings, Store
@@ -90,10 +91,26 @@ class WriterContext:
             raise PublishError(STORE_UNAVAILABLE)
         return gate
 
-    async def admit(self, user: str | None, client: str, forwarded: str | None) -> None:
+    async def admit(self, user: str | None, client: str, forwarded: str | None, topic: str = "") -> str | None:
         """Spend one request of the visitor (``user``, else ``client``'s address, or the address a
-        trusted proxy forwarded) or raise the 429; called after authentication, before the ACL."""
+        trusted proxy forwarded) or raise the 429; called after authentication, before the ACL.
+        A publish to ``topic`` is charged to the topic's subscriber instead when subscriber-based
+        limiting applies to it. Returns the visitor charged (None: exempt), for the daily quota and
+        the RateLimit headers."""
         limiter = self.limiter
         if limiter is None:
             raise PublishError(STORE_UNAVAILABLE)
-        await limiter.check(limiter.visitor(user, client, forwarded))
+        visitor = limiter.visitor(user, client, forwarded)
+        if topic:
+            visitor = await limiter.publisher(visitor, topic)
+        await limiter.check(visitor)
+        return visitor
+
+    async def identify(
+        self, authorization: str | None, auth_param: str | None, client: str, forwarded: str | None
+    ) -> Identity:
+        """Who the request is (401), behind ntfy's failed-login limit (42909)."""
+        limiter = self.limiter
+        if limiter is None:
+            raise PublishError(STORE_UNAVAILABLE)
+        return await limiter.identify(self.require_gate(), authorization, auth_param, client, forwarded)

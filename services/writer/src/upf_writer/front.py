@@ -115,8 +115,9 @@ class WriterFront:
             if method == "GET" or method == "HEAD":
                 decoded, params = decode_headers(headers), decode_query(query)
                 ctx = self.ctx
-                who = ctx.require_gate().identify(decoded.get("authorization"), auth_param(params))
-                await ctx.admit(who.user, client, decoded.get(self._forwarded))
+                forwarded = decoded.get(self._forwarded)
+                who = await ctx.identify(decoded.get("authorization"), auth_param(params), client, forwarded)
+                await ctx.admit(who.user, client, forwarded)
                 ingest.validate_topic(topic)
                 if not ingest.unifiedpush_requested(decoded, params):
                     raise PublishError(ingest.NOT_FOUND)
@@ -196,8 +197,9 @@ class WriterFront:
             headers = decode_headers(raw_headers)
             params = decode_query(query)
             gate = ctx.require_gate()
-            who = gate.identify(headers.get("authorization"), auth_param(params))  # 401 before anything else
-            await ctx.admit(who.user, client, headers.get(self._forwarded))
+            forwarded = headers.get(self._forwarded)
+            who = await ctx.identify(headers.get("authorization"), auth_param(params), client, forwarded)  # 401/42909 first
+            visitor = await ctx.admit(who.user, client, forwarded, topic)
             if topic:
                 ingest.validate_topic(topic)
                 limit, too_large = self._max, ingest.MESSAGE_TOO_LARGE
@@ -215,6 +217,11 @@ class WriterFront:
             gate.authorize(who, (ingested.topic,), write=True)  # a JSON publish names its topic in the body
             if ingested.webpush or self._webpush.restrict:  # VAPID: 401 after the ACL's 403
                 await self._webpush.admit(ctx.require_store(), ingested, headers, ctx.clock())
+            limiter = ctx.limiter
+            assert limiter is not None  # admit() checked it
+            await limiter.require_subscriber(ingested.topic, ingest.unifiedpush_requested(headers, params))  # 507
+            await limiter.message(visitor)  # 42908, after the ACL as in ntfy
+            await limiter.touch_topics((ingested.topic,), visitor)  # 42904
             payload, replayed = await publish_one(ctx, ingested, headers, len(body), start_ns, route)
         except PublishError as exc:
             ctx.metrics.rejected(exc.problem.code)
@@ -223,6 +230,8 @@ class WriterFront:
             problem = failure_problem(exc, route)
             ctx.metrics.rejected(problem.code)
             return problem_reply(problem)
+        rate = ctx.limiter.headers(visitor)  # type: ignore[union-attr]  # the draft's headers, as on a 429
+        extra = _REPLAYED + rate if replayed else rate
         if ingested.webpush:
-            return webpush_reply(ctx.limits.public_url, ingested, payload, _REPLAYED if replayed else ())
-        return Reply(200, payload, _REPLAYED if replayed else ())
+            return webpush_reply(ctx.limits.public_url, ingested, payload, extra)
+        return Reply(200, payload, extra)

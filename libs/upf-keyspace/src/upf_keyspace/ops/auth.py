@@ -8,6 +8,8 @@ a user's tokens and ACL entries go with the user, and names must exist before th
 
 from __future__ import annotations
 
+import msgspec
+
 from .. import keys
 from ..auth import (
     EVERYONE,
@@ -36,6 +38,8 @@ __all__ = [
     "add_token",
     "list_tokens",
     "remove_token",
+    "change_token",
+    "MAX_TOKENS",
     "load_state",
     "version",
 ]
@@ -117,11 +121,39 @@ async def reset_access(tr: Transaction, name: str | None = None, pattern: str | 
     return removed
 
 
-async def add_token(tr: Transaction, name: str, digest: str, token: Token) -> None:
-    """Store a token (by its digest) for an existing user."""
+MAX_TOKENS = 60
+"""ntfy keeps at most this many tokens per user: creating one more prunes the oldest."""
+
+
+async def add_token(tr: Transaction, name: str, digest: str, token: Token, *, prune: bool = False) -> None:
+    """Store a token (by its digest) for an existing user. With ``prune`` (the token API), the user's
+    oldest tokens beyond ``MAX_TOKENS`` go, as in ntfy."""
     await _require_user(tr, name)
     tr.set(keys.token_key(name, digest), encode_record(token))
+    if prune:
+        held = [(t.created, d) for d, t in (await list_tokens(tr, name)).items() if d != digest]
+        held.sort()
+        for _, old in held[: max(0, len(held) + 1 - MAX_TOKENS)]:
+            tr.clear(keys.token_key(name, old))
     _bump(tr)
+
+
+async def change_token(
+    tr: Transaction, name: str, digest: str, label: str | None, expires: int | None
+) -> Token | None:
+    """Change a token's label and/or expiry (None: keep it); None when the user has no such token."""
+    key = keys.token_key(name, digest)
+    raw = await tr.get(key)
+    if raw is None:
+        return None
+    token = decode_token(raw)
+    if label is not None:
+        token = msgspec.structs.replace(token, label=label)
+    if expires is not None:
+        token = msgspec.structs.replace(token, expires=expires)
+    tr.set(key, encode_record(token))
+    _bump(tr)
+    return token
 
 
 async def list_tokens(tr: Transaction, name: str) -> dict[str, Token]:

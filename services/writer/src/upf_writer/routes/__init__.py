@@ -6,10 +6,10 @@ from __future__ import annotations
 from litestar.types import ControllerRouterHandler
 
 from ..context import WriterContext
-from . import ops, publish
+from . import account, ops, publish
 
 __all__ = ["build_route_handlers"]
 
 
 def build_route_handlers(ctx: WriterContext) -> list[ControllerRouterHandler]:
-    return [*publish.build(ctx), *ops.build(ctx)]
+    return [*publish.build(ctx), *ops.build(ctx), *account.build(ctx)]

@@ -49,9 +49,10 @@ def build(ctx: WriterContext) -> list[ControllerRouterHandler]:
         """ntfy's check the app makes before subscribing: 200, or 401 (credentials), or 403 (read denied
         on any one of the topics)."""
         gate = ctx.require_gate()
-        who = gate.identify(request.headers.get("authorization"), auth_param(request.query_params))
         client = request.client.host if request.client else ""
-        await ctx.admit(who.user, client, request.headers.get(ctx.settings.proxy_forwarded_header))
+        forwarded = request.headers.get(ctx.settings.proxy_forwarded_header)
+        who = await ctx.identify(request.headers.get("authorization"), auth_param(request.query_params), client, forwarded)
+        await ctx.admit(who.user, client, forwarded)
         gate.authorize(who, ingest.validate_topic_list(topics), write=False)
         return Response(auth_body, media_type=_JSON)
 

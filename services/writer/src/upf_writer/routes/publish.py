@@ -143,9 +143,10 @@ def build(ctx: WriterContext) -> list[ControllerRouterHandler]:
         try:
             headers = decode_headers(request.scope["headers"])
             gate = ctx.require_gate()  # a homeserver sends no credentials: the topic's anonymous write access
-            who = gate.identify(headers.get("authorization"), None)
             client = request.client.host if request.client else ""
-            await ctx.admit(who.user, client, headers.get(ctx.settings.proxy_forwarded_header.lower()))
+            forwarded = headers.get(ctx.settings.proxy_forwarded_header.lower())
+            who = await ctx.identify(headers.get("authorization"), None, client, forwarded)
+            visitor = await ctx.admit(who.user, client, forwarded)
             limit = limits.max_message_bytes - 1  # ntfy: 4096 bytes or more is too large
             ingest.check_content_length(headers, limit, ingest.MATRIX_TOO_LARGE)
             body = await read_body(request.receive, limit)
@@ -160,6 +161,8 @@ def build(ctx: WriterContext) -> list[ControllerRouterHandler]:
                 outcome.ingested.topic, None, bind=False
             ):  # a homeserver carries no VAPID key: a topic bound to one refuses it
                 raise PublishError(ingest.VAPID_KEY_REFUSED)
+            await ctx.limiter.message(visitor)  # type: ignore[union-attr]  # admit() checked it
+            await ctx.limiter.touch_topics((outcome.ingested.topic,), visitor)  # type: ignore[union-attr]
             await publish_one(ctx, outcome.ingested, headers, len(body), start_ns, "matrix")
         except ClientGone:
             raise

@@ -1,0 +1,274 @@
+"""The limiter's other limits over an in-memory store: failed logins (42909: charged only on a 401,
+checked only when credentials are presented, a block remembered locally), the daily message quota
+(42908: leased, honest Retry-After to the next UTC midnight), open subscriptions (42903) and the
+RateLimit headers of an admitted request."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import ipaddress
+
+import pytest
+from upf_keyspace.auth import AuthState, User
+from upf_keyspace.limits import Bucket, Failure, Lease, fail, take, take_count
+
+from upf_edge.access import UNAUTHORIZED, hash_password
+from upf_edge.errors import NtfyError
+from upf_edge.gate import AccessGate
+from upf_edge.limiter import RequestLimiter, presents_credentials
+from upf_edge.limits import (
+    NO_SUBSCRIBER,
+    TOO_MANY_AUTH_FAILURES,
+    TOO_MANY_MESSAGES,
+    TOO_MANY_SUBSCRIPTIONS,
+    TOO_MANY_TOPICS,
+    LimitConfig,
+    success_headers,
+)
+
+
+class FakeStore:
+    """The store's limit transactions on dicts; counts the calls."""
+
+    def __init__(self) -> None:
+        self.buckets: dict[str, Bucket] = {}
+        self.failures: dict[str, Bucket] = {}
+        self.days: dict[tuple[str, int], int] = {}
+        self.subs: dict[tuple[str, str], int] = {}
+        self.calls = 0
+
+    async def lease_tokens(self, visitor: str, want: int, now: float, burst: int, refill_secs: float) -> Lease:
+        bucket, lease = take(self.buckets.get(visitor), want, now, burst, refill_secs)
+        if lease.granted:
+            self.buckets[visitor] = bucket
+        return lease
+
+    async def auth_failure(self, visitor: str, now: float, burst: int, refill_secs: float) -> Failure:
+        self.calls += 1
+        bucket, failure = fail(self.failures.get(visitor), now, burst, refill_secs)
+        if bucket is not None:
+            self.failures[visitor] = bucket
+        return failure
+
+    async def lease_messages(self, visitor: str, day: int, want: int, limit: int) -> int:
+        self.calls += 1
+        granted = take_count(self.days.get((visitor, day), 0), want, limit)
+        self.days[(visitor, day)] = self.days.get((visitor, day), 0) + granted
+        return granted
+
+    async def open_subscription(self, visitor: str, node: str, limit: int) -> int | None:
+        total = sum(n for (v, _), n in self.subs.items() if v == visitor)
+        if total >= limit:
+            return None
+        self.subs[(visitor, node)] = self.subs.get((visitor, node), 0) + 1
+        return total + 1
+
+    async def close_subscription(self, visitor: str, node: str) -> None:
+        self.subs[(visitor, node)] -= 1
+
+
+class Clock:
+    def __init__(self, now: float = 86_400 * 100 + 1000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def limiter(**kw: object) -> tuple[RequestLimiter, FakeStore, Clock]:
+    store, clock = FakeStore(), Clock()
+    return RequestLimiter(store, LimitConfig(**kw), clock), store, clock  # type: ignore[arg-type]
+
+
+def gate_with_phil() -> AccessGate:
+    gate = AccessGate(None)  # type: ignore[arg-type]  # never started: its state is set below
+    gate._install(AuthState(version=1, users={"phil": User(role="user", password_hash=hash_password("pw"))}))
+    return gate
+
+
+def basic(user: str, password: str) -> str:
+    return "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
+
+
+def test_only_basic_bearer_and_auth_param_are_login_attempts():
+    assert presents_credentials("Basic eDp5", None) and presents_credentials("  bearer tk_x", None)
+    assert presents_credentials(None, "QmFzaWM")
+    for header in (None, "", "vapid t=a,k=b", "WebPush abc", "Basicx"):
+        assert not presents_credentials(header, None)
+
+
+async def test_failures_are_charged_then_42909_for_any_login_until_the_wait_is_over():
+    lim, store, clock = limiter(auth_burst=4, auth_refill_secs=60.0)
+    gate = gate_with_phil()
+    for _ in range(3):
+        with pytest.raises(NtfyError) as info:
+            await lim.identify(gate, basic("phil", "nope"), None, "192.0.2.1", None)
+        assert info.value.problem == UNAUTHORIZED
+    assert store.calls == 3
+    for header in (basic("phil", "nope"), basic("phil", "pw")):  # the right password too
+        with pytest.raises(NtfyError) as info:
+            await lim.identify(gate, header, None, "192.0.2.1", None)
+        assert info.value.problem == TOO_MANY_AUTH_FAILURES and dict(info.value.headers)[b"retry-after"] == b"1"
+    assert store.calls == 3  # a known block costs no transaction
+    assert (await lim.identify(gate, None, None, "192.0.2.1", None)).user is None  # anonymous: no login
+    assert (await lim.identify(gate, basic("phil", "pw"), None, "192.0.2.2", None)).user == "phil"  # another visitor
+    clock.now += 1
+    assert (await lim.identify(gate, basic("phil", "pw"), None, "192.0.2.1", None)).user == "phil"  # a success is free
+    assert store.calls == 3
+
+
+async def test_another_processs_block_turns_the_next_failure_into_42909():
+    lim, store, clock = limiter(auth_burst=2)
+    store.failures["ip:192.0.2.1"] = Bucket(0.5, clock.now)
+    with pytest.raises(NtfyError) as info:
+        await lim.identify(gate_with_phil(), basic("phil", "nope"), None, "192.0.2.1", None)
+    assert info.value.problem == TOO_MANY_AUTH_FAILURES and int(dict(info.value.headers)[b"retry-after"]) == 31
+
+
+async def test_exempt_clients_and_an_open_gate_are_never_charged():
+    lim, store, _ = limiter(exempt=(ipaddress.ip_network("127.0.0.0/8"),))
+    with pytest.raises(NtfyError):
+        await lim.identify(gate_with_phil(), basic("phil", "nope"), None, "127.0.0.1", None)
+    open_gate = AccessGate(None, "read-write")  # type: ignore[arg-type]
+    open_gate._install(AuthState())
+    assert (await lim.identify(open_gate, basic("phil", "nope"), None, "192.0.2.1", None)).user is None
+    assert store.calls == 0
+
+
+async def test_the_daily_quota_is_leased_and_refused_until_the_next_utc_midnight():
+    lim, store, clock = limiter(messages_daily=250)  # leases of 2
+    for _ in range(250):
+        await lim.message("ip:192.0.2.1")
+    assert store.calls == 125
+    clock.now += 600
+    with pytest.raises(NtfyError) as info:
+        await lim.message("ip:192.0.2.1")
+    assert info.value.problem == TOO_MANY_MESSAGES
+    assert int(dict(info.value.headers)[b"retry-after"]) == 86_400 - 1600
+    with pytest.raises(NtfyError):
+        await lim.message("ip:192.0.2.1")
+    assert store.calls == 126  # the refusal is remembered
+    await lim.message(None)  # exempt
+    clock.now += 86_400 - 1600  # midnight: a new day's quota
+    await lim.message("ip:192.0.2.1")
+
+
+def test_ntfys_default_daily_quota_is_a_day_of_request_refills():
+    assert LimitConfig().message_limit == 17_280 and LimitConfig().message_lease == 50
+    assert LimitConfig(messages_daily=5).message_limit == 5 and LimitConfig(messages_daily=5).message_lease == 1
+
+
+async def test_subscriptions_are_counted_and_uncounted():
+    lim, store, _ = limiter(subscriptions=2)
+    await lim.open_subscription("ip:192.0.2.1", "n1")
+    await lim.open_subscription("ip:192.0.2.1", "n2")
+    with pytest.raises(NtfyError) as info:
+        await lim.open_subscription("ip:192.0.2.1", "n1")
+    assert info.value.problem == TOO_MANY_SUBSCRIPTIONS and info.value.http == 429
+    lim.close_subscription("ip:192.0.2.1", "n1")
+    await asyncio.sleep(0)
+    await lim.open_subscription("ip:192.0.2.1", "n1")
+    await lim.open_subscription(None, "n1")  # exempt: not counted
+    assert sum(store.subs.values()) == 2
+
+
+async def test_an_admitted_request_carries_what_its_bucket_holds():
+    lim, _, _ = limiter(burst=20, refill_secs=5.0)
+    assert lim.headers(None) == ()
+    await lim.check("ip:192.0.2.1")  # leases 2: one spent, one held, 18 left in the bucket
+    assert dict(lim.headers("ip:192.0.2.1")) == {
+        b"ratelimit-policy": b"20;w=100",
+        b"ratelimit": b"limit=20, remaining=19, reset=5",
+    }
+    await lim.check("ip:192.0.2.1")
+    assert dict(lim.headers("ip:192.0.2.1"))[b"ratelimit"] == b"limit=20, remaining=18, reset=10"
+    assert dict(success_headers(LimitConfig(burst=60), 99))[b"ratelimit"] == b"limit=60, remaining=60, reset=0"
+
+
+
+class RateStore(FakeStore):
+    def __init__(self) -> None:
+        super().__init__()
+        self.rates: dict[str, str] = {}
+        self.reads = self.writes = 0
+
+    async def set_rate_visitors(self, topics: list[str], visitor: str, now: float) -> None:
+        self.writes += 1
+        self.rates.update(dict.fromkeys(topics, visitor))
+
+    async def rate_visitor(self, topic: str, now: float) -> str | None:
+        self.reads += 1
+        return self.rates.get(topic)
+
+
+async def test_a_unifiedpush_topics_publishes_are_charged_to_its_subscriber():
+    store, clock = RateStore(), Clock()
+    lim = RequestLimiter(store, LimitConfig(subscriber_rate=True), clock)  # type: ignore[arg-type]
+    with pytest.raises(NtfyError) as info:
+        await lim.require_subscriber("upRateTopic001", True)
+    assert info.value.problem == NO_SUBSCRIBER and info.value.http == 507
+    await lim.require_subscriber("upRateTopic001", False)  # not a UnifiedPush publish
+    await lim.require_subscriber("upRateTopic01", True)  # not UnifiedPush's shape (13 characters)
+    assert lim.wants_rates(["x", "upRateTopic001"]) and not lim.wants_rates(["upShort"])
+    clock.now += 10  # past the cached absence
+    await lim.set_rate_visitors(["upRateTopic001", "news"], "ip:192.0.2.1")
+    assert store.rates == {"upRateTopic001": "ip:192.0.2.1"}
+    await lim.set_rate_visitors(["upRateTopic001"], "ip:192.0.2.1")
+    assert store.writes == 1  # the same subscriber again: no rewrite
+    assert await lim.publisher("ip:203.0.113.9", "upRateTopic001") == "ip:192.0.2.1"
+    assert await lim.publisher("ip:203.0.113.9", "news") == "ip:203.0.113.9"
+    assert await lim.publisher(None, "upRateTopic001") is None  # an exempt publisher stays exempt
+    await lim.require_subscriber("upRateTopic001", True)
+    reads = store.reads
+    for _ in range(10):
+        await lim.publisher("ip:203.0.113.9", "upRateTopic001")
+    assert store.reads == reads  # cached
+
+
+async def test_with_the_mode_off_nothing_changes_and_nothing_is_read():
+    store, clock = RateStore(), Clock()
+    lim = RequestLimiter(store, LimitConfig(), clock)  # type: ignore[arg-type]
+    await lim.require_subscriber("upRateTopic001", True)
+    assert await lim.publisher("ip:203.0.113.9", "upRateTopic001") == "ip:203.0.113.9"
+    assert not lim.wants_rates(["upRateTopic001"]) and store.reads == 0
+
+
+class TopicStore(FakeStore):
+    def __init__(self) -> None:
+        super().__init__()
+        self.active: set[str] = set()
+
+    async def touch_topics(self, topics: list[str], now: int, limit: int) -> bool:
+        self.calls += 1
+        new = set(topics) - self.active
+        if new and len(self.active) + len(new) > limit:
+            return False
+        self.active |= new
+        return True
+
+
+async def test_new_topics_past_the_fleets_cap_get_42904_and_known_ones_cost_nothing():
+    store, clock = TopicStore(), Clock()
+    lim = RequestLimiter(store, LimitConfig(total_topics=2), clock)  # type: ignore[arg-type]
+    await lim.touch_topics(["a", "b"], "ip:192.0.2.1")
+    with pytest.raises(NtfyError) as info:
+        await lim.touch_topics(["c"], "ip:192.0.2.1")
+    assert info.value.problem == TOO_MANY_TOPICS and info.value.http == 429
+    calls = store.calls
+    await lim.touch_topics(["a"], "ip:192.0.2.2")
+    await lim.touch_topics(["c"], None)  # exempt: not counted, not refused
+    assert store.calls == calls
+    clock.now += 3601  # known topics are marked active again once an hour
+    await lim.touch_topics(["a"], "ip:192.0.2.2")
+    assert store.calls == calls + 1
+
+
+def test_a_known_peers_visitor_comes_from_the_cache_and_matches_a_fresh_one():
+    cached, _, _ = limiter(prefix6=48)
+    for peer in ("192.0.2.7", "2001:db8:1:2::5", "::ffff:198.51.100.1"):
+        for user in (None, "phil", None, "phil"):  # the second round is served from the cache
+            fresh, _, _ = limiter(prefix6=48)
+            assert cached.visitor(user, peer, None) == fresh.visitor(user, peer, None)
+    assert cached.visitor(None, "2001:db8:1:3::9", None) == "ip:2001:db8:1::"
+    assert cached.visitor(None, "not-an-ip", None) is None
