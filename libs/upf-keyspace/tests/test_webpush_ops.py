@@ -67,6 +67,18 @@ async def test_replacing_an_expired_message_just_appends(store):
     assert [keys.unpack_push_topic_key(k)[2] for k, _ in markers] == [new.stamp] and old.stamp != new.stamp
 
 
+async def test_the_janitor_clears_an_expired_messages_topic_marker(store):
+    """A marker names its message's stamp exactly (the key the janitor clears is the one publish wrote)."""
+    from upf_keyspace import ops
+
+    kept = await store.publish("t", env("kept", "stay"))
+    gone = await store.publish("t", env("gone", "once", ttl=-10))
+    assert [keys.unpack_push_topic_key(k)[2] for k, _ in await rows(store, *keys.push_topic_range("t", "once"))] == [gone.stamp]
+    await store.db.transact(ops.janitor.expire, int(time.time()), 100)
+    assert await rows(store, *keys.push_topic_range("t", "once")) == []
+    assert [keys.unpack_push_topic_key(k)[2] for k, _ in await rows(store, *keys.push_topic_range("t", "stay"))] == [kept.stamp]
+
+
 async def test_idempotent_retry_does_not_replace(store):
     first = await store.publish("t", env("one", "n"), idem="r")
     again = await store.publish("t", env("one", "n"), idem="r")

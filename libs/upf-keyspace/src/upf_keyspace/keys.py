@@ -119,6 +119,7 @@ __all__ = [
     "stat_sample_key",
     "stat_sample_range",
     "unpack_stat_sample_key",
+    "push_topic_key",
     "push_topic_key_incomplete",
     "push_topic_range",
     "unpack_push_topic_key",
@@ -579,6 +580,10 @@ def unpack_stat_sample_key(key: bytes) -> int:
 # --- WT / VK ----------------------------------------------------------------------------------------
 def push_topic_key_incomplete(topic: str, push_topic: str, user_version: int) -> bytes:
     return _pack_vs(_prefix(Prefix.PUSH_TOPIC.value, topic) + _enc(push_topic), user_version)
+
+
+def push_topic_key(topic: str, push_topic: str, stamp: bytes) -> bytes:
+    return _pack_stamped(_prefix(Prefix.PUSH_TOPIC.value, topic) + _enc(push_topic), stamp)
 
 
 def push_topic_range(topic: str, push_topic: str) -> tuple[bytes, bytes]:

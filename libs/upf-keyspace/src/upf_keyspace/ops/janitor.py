@@ -9,11 +9,17 @@ from .publish import RELEASED_MARK
 
 async def expire(tr: Transaction, now: int, limit: int) -> int:
     """Delete up to ``limit`` messages whose expiry is at or before ``now``, with their X and ID (or SR)
-    entries and the time-index entry that names them."""
+    entries, the time-index entry that names them and their Web Push Topic marker (else one marker per
+    (topic, Topic) never reused would stay for good)."""
     rows = await tr.get_range(*keys.expiry_range(now + 1), limit=limit)
     for key, idem in rows:
         _, topic, stamp = keys.unpack_expiry_key(key)
-        await _unindex_time(tr, topic, stamp)
+        raw = await tr.get(keys.queue_key(topic, stamp), snapshot=True)
+        if raw is not None:
+            env = decode_envelope(raw)
+            await _unindex_time(tr, topic, stamp, env.time)
+            if env.push_topic:
+                tr.clear(keys.push_topic_key(topic, env.push_topic, stamp))
         tr.clear(keys.queue_key(topic, stamp))
         tr.clear(key)
         if idem.startswith(RELEASED_MARK):
@@ -25,16 +31,13 @@ async def expire(tr: Transaction, now: int, limit: int) -> int:
     return len(rows)
 
 
-async def _unindex_time(tr: Transaction, topic: str, stamp: bytes) -> None:
+async def _unindex_time(tr: Transaction, topic: str, stamp: bytes, second: int) -> None:
     """Clear the topic's time-index entry of this message's second if it names this message (a later
     message of the same second owns it otherwise). Not a snapshot read: a publish of that second
     committing meanwhile makes this transaction retry rather than clear the newer entry. An entry
     that outlives its message is harmless (a cursor need not exist); a second whose entry went while
     longer-lived messages of it remain is found through an earlier entry: more messages, never fewer."""
-    raw = await tr.get(keys.queue_key(topic, stamp), snapshot=True)
-    if raw is None:
-        return
-    index = keys.time_index_key(topic, decode_envelope(raw).time)
+    index = keys.time_index_key(topic, second)
     if await tr.get(index) == stamp:
         tr.clear(index)
 
