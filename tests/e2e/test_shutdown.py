@@ -136,6 +136,8 @@ async def sigterm_under_load(fleet, sub_role: Process, pub_role: Process, stoppe
             reply = await asyncio.wait_for(publish, 20)  # the lock is released: the commit goes through
         assert reply.status_code == 200, reply.text
         assert reply.json()["message"] == "in flight"
+        if pub_role is sub_role:  # the pusher's front door: the connection's last reply says so
+            assert reply.headers.get("connection") == "close", reply.headers
         await asyncio.wait_for(asyncio.gather(*tasks), GRACE * TIMEOUT_FACTOR + 5)
         assert ws.end == "ws 1001", ws.end
         assert js.end == "last chunk", js.end
@@ -233,6 +235,33 @@ async def test_refuses_new_subscribes_while_stopping(fleet):
                     await c.get(pusher.base + "/sdNew2/json?poll=1")
         code, _ = await wait_exit(pusher, GRACE + EXIT_SLACK)
         assert code == 0, pusher.log()
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_stuck_store_still_exits_in_bounded_time(fleet):
+    """The store never answers again (its write lock is held throughout): streams still end at once,
+    and the process is gone within the grace plus the watchdog's slack (exit 70 if the watchdog ended it)."""
+    from upf_edge.lifecycle import EXIT_OVERDUE, WATCHDOG_SLACK_SECS
+
+    upf = start(fleet, "upf", "upf", UPF_NODE_ID="sdStuck", UPF_WORKERS="1")
+    out = Outcome()
+    task = asyncio.create_task(json_stream(upf.base, "sdStuck", out))
+    try:
+        await asyncio.wait_for(out.opened.wait(), 10 * TIMEOUT_FACTOR)
+        async with httpx.AsyncClient(timeout=60) as c:
+            with write_lock(fleet.store):
+                publish = asyncio.create_task(c.post(f"{upf.base}/sdStuck", content=b"stuck"))
+                await asyncio.sleep(0.5)
+                upf.proc.send_signal(signal.SIGTERM)
+                await asyncio.wait_for(task, 2 * TIMEOUT_FACTOR)
+                assert out.end == "last chunk"
+                code, took = await wait_exit(upf, GRACE + WATCHDOG_SLACK_SECS + 2)
+                assert code in (0, EXIT_OVERDUE), upf.log()
+                assert took < (GRACE + WATCHDOG_SLACK_SECS + 2) * TIMEOUT_FACTOR, took
+                with pytest.raises(httpx.HTTPError):
+                    await publish  # never committed, so never answered: cut with the process
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
