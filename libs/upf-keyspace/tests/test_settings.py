@@ -17,16 +17,19 @@ def test_defaults_match_the_design():
     assert (s.safety_poll_secs, s.keepalive_secs, s.heartbeat_secs, s.janitor_interval_secs) == (60, 45, 10, 30)
     assert s.node_id and s.store_path == "data/upf.db" and s.fdb_cluster_file == ""
     assert s.workers == (os.cpu_count() or 1)
+    assert s.shutdown_grace_secs == 10
     assert s.auth_default_access == "read-write"  # no users, no ACL: as open as before auth existed
 
 
 def test_values_are_read():
     s = load_settings({"UPF_BIND": "127.0.0.1:9000", "UPF_ROLES": "pusher, janitor", "UPF_NODE_ID": "p-1",
                        "UPF_SHARD_COUNT": "8", "UPF_KEEPALIVE_SECS": "2.5", "UPF_PUBLIC_URL": "https://x.example/",
-                       "UPF_WORKERS": "3", "UPF_AUTH_DEFAULT_ACCESS": "deny-all"})
+                       "UPF_WORKERS": "3", "UPF_AUTH_DEFAULT_ACCESS": "deny-all",
+                       "UPF_SHUTDOWN_GRACE_SECS": "2.5"})
     assert (s.bind_host, s.bind_port, s.roles, s.node_id) == ("127.0.0.1", 9000, ("pusher", "janitor"), "p-1")
     assert (s.shard_count, s.keepalive_secs, s.public_url, s.workers) == (8, 2.5, "https://x.example", 3)
     assert s.auth_default_access == "deny-all"
+    assert s.shutdown_grace_secs == 2.5
 
 
 @pytest.mark.parametrize(
@@ -45,6 +48,8 @@ def test_values_are_read():
         ("UPF_PUBLIC_URL", "ftp://x"),
         ("UPF_WORKERS", "0"),
         ("UPF_WORKERS", "two"),
+        ("UPF_SHUTDOWN_GRACE_SECS", "0"),
+        ("UPF_SHUTDOWN_GRACE_SECS", "forever"),
         ("UPF_AUTH_DEFAULT_ACCESS", "rw-ish"),
         ("FDB_CLUSTER_FILE", "/nonexistent/fdb.cluster"),
         ("UPF_LIMIT_EXEMPT", "10.0.0.300"),

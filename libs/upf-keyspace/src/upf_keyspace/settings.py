@@ -50,6 +50,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     auth_default_access: str = "read-write"
     """What a request no ACL entry matches may do (ntfy's auth-default-access): read-write keeps a UPF
     with no users as open as before; read-only, write-only or deny-all close it."""
+    shutdown_grace_secs: float = 10.0
+    """After SIGTERM: how long in-flight publishes may take and streams may end cleanly before the process
+    cuts what remains and exits."""
     workers: int = 1
     """Worker processes of the all-in-one with the pusher role, on one port (SO_REUSEPORT); default: the cores."""
     limit_exempt: tuple[str, ...] = ("127.0.0.0/8", "::1/128")
@@ -215,6 +218,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         slow_subscriber_timeout_secs=_float(env, "UPF_SLOW_SUBSCRIBER_TIMEOUT_SECS", 60.0, 0.05, 86400),
         max_topics_per_subscribe=_int(env, "UPF_MAX_TOPICS_PER_SUBSCRIBE", 128, 1, 4096),
         max_field_bytes=_int(env, "UPF_MAX_FIELD_BYTES", 1024, 1, 65536),
+        shutdown_grace_secs=_float(env, "UPF_SHUTDOWN_GRACE_SECS", 10.0, 0.1, 3600),
         workers=_int(env, "UPF_WORKERS", os.cpu_count() or 1, 1, 256),
         auth_default_access=_choice(env, "UPF_AUTH_DEFAULT_ACCESS", "read-write", DEFAULT_ACCESS),
         limit_exempt=_networks(env, "UPF_LIMIT_EXEMPT", DEFAULT_EXEMPT),

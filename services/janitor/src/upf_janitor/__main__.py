@@ -1,4 +1,5 @@
-"""``upf-janitor``: the janitor role on its own (its own image), with ops endpoints on UPF_BIND."""
+"""``upf-janitor``: the janitor role on its own (its own image), with ops endpoints on UPF_BIND; SIGTERM
+ends it after its pass in progress (cut at UPF_SHUTDOWN_GRACE_SECS)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import logging
 import signal
 import sys
 
+from upf_edge.lifecycle import arm_exit_watchdog
 from upf_edge.ops import OpsRoutes
 from upf_edge.serve import serve_handler
 from upf_keyspace import SettingsError, load_settings, open_store
@@ -33,9 +35,22 @@ async def amain(service_name: str = "upf-janitor") -> None:
     ops = OpsRoutes("upf-janitor", __version__, store.ping, lambda: tm.render_metrics(registry), tm.METRICS_CONTENT_TYPE)
     server = await serve_handler(ops, settings.bind_host, settings.bind_port)
     log.info("janitor started", extra={"bind": f"{settings.bind_host}:{settings.bind_port}", "store": store.db.name})
+    run = asyncio.create_task(janitor.run(stop))
+    stopped = asyncio.create_task(stop.wait())
     try:
-        await janitor.run(stop)
+        await asyncio.wait([run, stopped], return_when=asyncio.FIRST_COMPLETED)
+        if not run.done():
+            # A pass in progress finishes within the grace, else it is cancelled: a pass is idempotent
+            # (the next one redoes what this one left).
+            arm_exit_watchdog(settings.shutdown_grace_secs)
+            try:
+                await asyncio.wait_for(run, settings.shutdown_grace_secs)
+            except (asyncio.TimeoutError, TimeoutError):
+                log.warning("janitor pass cut at shutdown")
+        else:
+            run.result()
     finally:
+        stopped.cancel()
         server.close()
         await server.wait_closed()
         await store.close()

@@ -1,4 +1,5 @@
-"""``upf-pusher``: run the pusher role alone, on settings.bind_host:bind_port, until SIGTERM/SIGINT."""
+"""``upf-pusher``: run the pusher role alone, on settings.bind_host:bind_port, until SIGTERM/SIGINT,
+then stop gracefully within UPF_SHUTDOWN_GRACE_SECS (``Pusher.stop``)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import os
 import signal
 import sys
 
+from upf_edge.lifecycle import arm_exit_watchdog
 from upf_edge.limits_os import raise_open_files_limit
 from upf_edge.loop import install_loop_policy
 from upf_edge.provision import load_provisioning
@@ -31,7 +33,7 @@ async def _run() -> None:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
         await stop.wait()
-        log.info("pusher stopping")
+        arm_exit_watchdog(settings.shutdown_grace_secs)
         await pusher.stop()
     finally:
         await store.close()

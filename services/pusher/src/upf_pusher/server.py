@@ -134,6 +134,8 @@ class HandlerCycle:
             limit = self.handler.body_limit(method, topic)
             body = b"" if limit == NO_BODY else raw if raw is not None and len(raw) <= limit else None
             reply = await self.handler(method, topic, head.headers, head.query_string, body, self.owner.client)
+            if self.owner.pusher.closing:
+                self.keep_alive = False  # shutting down: this reply is the connection's last
             if not t.is_closing():
                 t.write(reply_response(reply, keep_alive=self.keep_alive, head_only=method == "HEAD"))
             finished = True
@@ -424,7 +426,7 @@ class HttpProtocol(asyncio.Protocol):
         self.busy = False
         if self.gone or self.transport.is_closing():
             return
-        if not keep_alive:
+        if not keep_alive or self.pusher.closing:
             self.transport.close()
             return
         self.transport.resume_reading()
@@ -540,10 +542,19 @@ class Pusher:
             log.warning("store check failed", exc_info=True)
             return False
 
-    async def stop(self, timeout: float = 5.0) -> None:
+    async def stop(self, timeout: float | None = None) -> None:
+        """Graceful shutdown within ``timeout`` seconds (default: ``shutdown_grace_secs``).
+
+        Stop accepting; close idle keep-alive connections; let publishes whose request has fully arrived
+        finish and get their reply (then the connection closes); end every stream cleanly so its client
+        resumes elsewhere with ``since=``, and release this node's affinity so writers stop ringing it
+        (``Hub.stop``); then cut whatever remains (a request body still arriving, a stuck store call)."""
         if self.closing:
             return
         self.closing = True
+        grace = self.settings.shutdown_grace_secs if timeout is None else timeout
+        deadline = time.monotonic() + grace
+        log.info("pusher stopping", extra={"node": self.settings.node_id, "grace": grace})
         if self._sweeper is not None:
             self._sweeper.cancel()
             self._sweeper = None
@@ -552,13 +563,16 @@ class Pusher:
         for proto in list(self._http):
             if not proto.busy:
                 proto.transport.close()
-        await self.hub.stop()
+        # Streams end first (their clients resume elsewhere at once) and the affinity release gets at
+        # most half the grace; in-flight requests run meanwhile and get the rest of it.
         try:
-            await self.limiter.reset_node(self.hub.node)  # its subscriptions are gone: so are their counts
+            await asyncio.wait_for(self.hub.stop(), grace / 2)
+        except (asyncio.TimeoutError, TimeoutError):
+            log.warning("hub stop outlived half the shutdown grace", extra={"node": self.settings.node_id})
+        try:  # its subscriptions are gone: so are their counts (the janitor sweeps them if this fails)
+            await asyncio.wait_for(self.limiter.reset_node(self.hub.node), max(0.0, deadline - time.monotonic()))
         except Exception:
             log.warning("subscription counts not cleared at stop", exc_info=True)
-        # let fallback requests in progress finish, then cut whatever remains
-        deadline = time.monotonic() + timeout
         while self._tasks and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
         for t in list(self._tasks):

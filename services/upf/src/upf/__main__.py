@@ -19,6 +19,7 @@ import signal
 import socket
 import sys
 
+from upf_edge.lifecycle import arm_exit_watchdog
 from upf_edge.limits_os import raise_open_files_limit
 from upf_edge.loop import install_loop_policy
 from upf_edge.provision import load_provisioning
@@ -66,9 +67,16 @@ async def run_with_pusher(settings: Settings, sock: socket.socket | None = None)
         print(f"upf: {','.join(settings.roles)} on http://{settings.bind_host}:{settings.bind_port} "
               f"(store: {settings.fdb_cluster_file or settings.store_path})", flush=True)
         await stop.wait()
+        # Graceful: in-flight publishes answered, streams ended (ws 1001), affinity released, all
+        # within the grace; the janitor finishes its pass in what is left of it, else is cancelled.
+        arm_exit_watchdog(settings.shutdown_grace_secs)
+        deadline = loop.time() + settings.shutdown_grace_secs
         await pusher.stop()
         if janitor_task is not None:
-            await janitor_task
+            try:
+                await asyncio.wait_for(janitor_task, max(0.1, deadline - loop.time()))
+            except (asyncio.TimeoutError, TimeoutError):
+                log.warning("janitor pass cut at shutdown")
     finally:
         await store.close()
         telemetry.shutdown()
@@ -108,7 +116,9 @@ def main() -> None:
             from upf_writer.__main__ import build_server
 
             # The janitor, when on, runs inside the writer's worker process (upf.asgi), beside it.
-            build_server(settings.bind_host, settings.bind_port, target="upf.asgi:app").serve()
+            build_server(
+                settings.bind_host, settings.bind_port, target="upf.asgi:app", grace_secs=settings.shutdown_grace_secs
+            ).serve()
         else:
             from upf_janitor.__main__ import amain
 

@@ -4,8 +4,9 @@ One Python process uses one core. The supervisor (this module, in the parent) st
 ``python -m upf``; each binds the port with SO_REUSEPORT, so the kernel spreads new connections over
 them, and each is its own pusher node (``<UPF_NODE_ID>-w<i>``) on the shared store: they coordinate
 only through it, exactly as separate pusher hosts do. The janitor runs in worker 0 only. The parent
-restarts a worker that dies (with backoff), forwards SIGTERM/SIGINT, and exits once the workers have
-stopped, killing any that outlive the grace period.
+restarts a worker that dies (with backoff), forwards SIGTERM/SIGINT (each worker then stops gracefully:
+``Pusher.stop``), and exits once the workers have stopped, killing any that outlive
+UPF_SHUTDOWN_GRACE_SECS plus a slack.
 
 The parent holds the port (bound with SO_REUSEPORT, never listening) for its whole life, so a worker
 restart always finds it and a second server cannot take it; it first checks that no one else has it,
@@ -34,7 +35,9 @@ log = logging.getLogger("upf.workers")
 WORKER_ENV = "UPF_WORKER_INDEX"
 """Set by the supervisor in each worker's environment (``<index>:<supervisor pid>``); not a user setting."""
 
-STOP_GRACE_SECS = 8.0
+STOP_SLACK_SECS = 6.0
+"""Past UPF_SHUTDOWN_GRACE_SECS, how long a stopping worker has left (its own watchdog ends it at grace + 5 s)
+before the supervisor kills it."""
 BACKOFF_FIRST_SECS = 0.2
 BACKOFF_MAX_SECS = 10.0
 STABLE_SECS = 10.0
@@ -184,7 +187,7 @@ class Supervisor:
                 if self.stopping:
                     if all(w.proc is None for w in self.workers):
                         return self.exit_code
-                    deadline = deadline or time.monotonic() + STOP_GRACE_SECS
+                    deadline = deadline or time.monotonic() + self.settings.shutdown_grace_secs + STOP_SLACK_SECS
                     if time.monotonic() >= deadline:
                         for w in self.workers:
                             if w.proc is not None:

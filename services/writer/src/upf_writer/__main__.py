@@ -1,11 +1,14 @@
 """``upf-writer``: serve the writer with granian (one worker process; SIGTERM/SIGINT stop it
-gracefully: granian stops accepting, lets in-flight requests finish, runs the app's lifespan shutdown,
-which closes the store)."""
+gracefully: granian's main process closes the listening socket and signals the worker, whose server
+stops accepting, lets in-flight requests finish and closes idle keep-alive connections, then runs the
+app's lifespan shutdown, which closes the store; a worker still running UPF_SHUTDOWN_GRACE_SECS later
+is killed, and the main process exits 0)."""
 
 from __future__ import annotations
 
 import logging
 import logging.config
+import math
 import os
 import sys
 
@@ -27,10 +30,17 @@ log = logging.getLogger("upf_writer")
 # headers): granian's default is ~400 KB; a publish needs far less.
 HTTP1_MAX_BUFFER = 64 * 1024
 WORKER_KILL_TIMEOUT_SECS = 10
+"""Default of the grace granian gives a worker to stop (``UPF_SHUTDOWN_GRACE_SECS``) before killing it."""
 
 
 def build_server(
-    host: str, port: int, *, workers: int = 1, log_level: str = "info", target: str = "upf_writer.asgi:app"
+    host: str,
+    port: int,
+    *,
+    workers: int = 1,
+    log_level: str = "info",
+    target: str = "upf_writer.asgi:app",
+    grace_secs: float = WORKER_KILL_TIMEOUT_SECS,
 ) -> Granian:
     """The granian server of the writer; ``target`` is the ASGI app each worker imports (the all-in-one
     program passes its own, which adds the janitor to the worker)."""
@@ -47,7 +57,7 @@ def build_server(
         log_level=LogLevels(log_level),
         log_dictconfig=log_dictconfig(log_level.upper()),
         log_access=False,
-        workers_kill_timeout=WORKER_KILL_TIMEOUT_SECS,
+        workers_kill_timeout=max(1, math.ceil(grace_secs)),  # granian takes whole seconds
     )
 
 
@@ -65,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
         "writer starting",
         extra={"bind_host": settings.bind_host, "bind_port": settings.bind_port, "public_url": settings.public_url},
     )
-    build_server(settings.bind_host, settings.bind_port, log_level=level).serve()
+    build_server(settings.bind_host, settings.bind_port, log_level=level, grace_secs=settings.shutdown_grace_secs).serve()
     return 0
 
 
