@@ -741,8 +741,11 @@ def ingest_publish(
     limits: Limits,
     sequence_id: str = "",
 ) -> Ingested:
-    """``POST``/``PUT /{topic}``, or ``/{topic}/{sequence_id}`` (the path's id wins over a parameter's)."""
+    """``POST``/``PUT /{topic}``, or ``/{topic}/{sequence_id}`` (the path's id wins over a parameter's;
+    it is validated as it came, before parameters are trimmed: ``/t/a%20`` is not sequence id ``a``)."""
     validate_topic(topic)
+    if sequence_id:
+        validate_sequence_id(sequence_id)
     params = parse_params(headers, query, limits, {"x-sequence-id": sequence_id} if sequence_id else None, now=now)
     envelope = build_envelope(params, body, now=now, limits=limits)
     return Ingested(topic, envelope, params.idem, due=params.due, webpush=params.webpush)

@@ -174,3 +174,11 @@ def test_front_leaves_other_paths(front: WriterFront, method: str, path: str) ->
 def test_body_limits(front: WriterFront) -> None:
     assert front.body_limit("PUT", "t/s") == 4096
     assert front.body_limit("PUT", "t/s/clear") < 0 and front.body_limit("DELETE", "t/s") < 0
+
+
+@pytest.mark.parametrize("sid", [" ", "a ", " a", "a\t"])
+def test_a_path_sequence_id_is_not_trimmed_into_a_valid_one(sid: str) -> None:
+    """Parameters are trimmed as ntfy trims headers; a path segment is taken as it came."""
+    with pytest.raises(PublishError) as err:
+        ingest.ingest_publish("t", {}, {}, b"x", now=NOW, limits=LIMITS, sequence_id=sid)
+    assert err.value.problem is ingest.SEQUENCE_ID_INVALID
