@@ -12,10 +12,12 @@ no loss, no duplicate, no reordering per topic.
 
     python3 -m uv run --locked python bench/instr_delivery.py                 # 200 topics, 2,000 msgs
     python3 -m uv run --locked python bench/instr_delivery.py --burst 1       # one message per wake-up
-    python3 -m uv run --locked python bench/instr_delivery.py --role upf      # the all-in-one instead
+    python3 -m uv run --locked python bench/instr_delivery.py --role upf      # the all-in-one's delivery side
     python3 -m uv run --locked python bench/instr_delivery.py --cprofile /tmp/p.prof  # where it goes
 
-Run it on two checkouts in one session to compare (the figure is repeatable to ~1%). Needs valgrind,
+With ``--role upf`` the publishes still go straight into the store (not through its HTTP front door),
+so it counts the all-in-one's delivery work, not its publish work. Run it on two checkouts in one
+session to compare (the figure is repeatable to ~1%). Needs valgrind,
 gcc and valgrind's headers (``/usr/include/valgrind/callgrind.h``). Takes ~1-2 minutes.
 """
 
@@ -58,6 +60,7 @@ def _child(lib: str, module: str) -> None:
         cg = ctypes.CDLL(lib)
         signal.signal(signal.SIGUSR1, lambda *_: cg.cg_start())
         signal.signal(signal.SIGUSR2, lambda *_: cg.cg_stop())
+    sys.argv = [module]  # the role's own argument parsing must not see ours
     importlib.import_module(f"{module}.__main__").main()
 
 
