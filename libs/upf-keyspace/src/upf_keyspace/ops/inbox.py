@@ -8,9 +8,6 @@ from .. import keys
 from ..contract import Transaction, Watch
 
 _DRAIN_BATCH = 1024
-_SHARD_KEYS_MAX = 65536
-_shard_keys: dict[tuple[str, int], tuple[bytes, bytes, bytes]] = {}
-"""(node, shard) -> its inbox range and bell key: a pusher drains the same K shards at every wake-up."""
 
 
 class Drained(msgspec.Struct):
@@ -31,16 +28,11 @@ async def drain(tr: Transaction, node: str, shard: int, after: bytes | None = No
     Read-only on purpose: the delivery path takes no write lock and makes no durable commit. A poke
     committed after this snapshot carries a larger stamp (commit order), so it sorts after ``last``
     and the next drain reads it; ``clear`` removes what was read, in the background."""
-    shard_keys = _shard_keys.get((node, shard))
-    if shard_keys is None:
-        if len(_shard_keys) >= _SHARD_KEYS_MAX:
-            _shard_keys.clear()
-        shard_keys = _shard_keys[node, shard] = (*keys.inbox_range(node, shard), keys.bell_key(node, shard))
-    begin, end, bell_key = shard_keys
+    begin, end = keys.inbox_range(node, shard)
     if after is not None:
         begin = after + b"\x00"
     rows = await tr.get_range(begin, end, limit=_DRAIN_BATCH, snapshot=True)
-    bell = tr.watch(bell_key)
+    bell = tr.watch(keys.bell_key(node, shard))
     last = rows[-1][0] if rows else after
     return Drained({v.decode() for _, v in rows}, bell, len(rows) == _DRAIN_BATCH, len(rows), last)
 

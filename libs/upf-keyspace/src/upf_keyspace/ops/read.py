@@ -31,13 +31,10 @@ _SCAN_BATCH = 512
 
 async def read_after(tr: Transaction, topic: str, after: bytes | None, limit: int) -> list[Stored]:
     """A topic's messages strictly after ``after`` (a stamp), oldest first. Snapshot: a pure read."""
-    # A Q key is the topic's prefix (``end`` without its last byte), the tuple layer's versionstamp
-    # code, then the 12-byte stamp (``keys.queue_key``): built and sliced here, which costs a fraction
-    # of the tuple layer's pack and unpack per read and per row.
-    begin, end = keys.queue_range(topic)
-    if after is not None:
-        begin = end[:-1] + b"\x33" + after + b"\x00"
+    begin, end = keys.queue_after(topic, after)
     rows = await tr.get_range(begin, end, limit=limit, snapshot=True)
+    # A Q key is the topic's prefix (``end`` without its last byte), the tuple layer's versionstamp
+    # code, then the 12-byte stamp: slicing it off costs a fraction of a tuple unpack per row.
     size = len(end) + 12
     return [
         Stored(k[-12:] if len(k) == size and k[size - 13] == 0x33 else keys.unpack_queue_key(k)[1], decode_envelope(v))
