@@ -54,10 +54,6 @@ class Phase(enum.Enum):
     """Caught up; each poke drains its topic from the cursor."""
     CLOSED = "closed"
 
-    # Members are singletons compared by identity: hash them by identity too (C) rather than by
-    # Enum's Python-level hash of the name, since every event looks up ``RULES`` by (phase, event).
-    __hash__ = object.__hash__
-
 
 class Send(msgspec.Struct, frozen=True):
     """Frames to write, in order: ``events`` (open, keepalive) first, then queued ``rows``.
