@@ -23,6 +23,7 @@ the backlog in Q.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import Callable, Coroutine, Iterable
@@ -520,7 +521,7 @@ class Hub:
                         rung.add(shard)
                     else:
                         bells[shard] = d.bell
-                        self._spawn(self._bell_waiter(shard, d.bell))
+                        self._watch_bell(shard, d.bell)
                 if entries:
                     self.metrics.inbox_entries.add(entries)
                 self._in_bell = True
@@ -557,6 +558,31 @@ class Hub:
             return
         cleared.update(due)
 
+    def _watch_bell(self, shard: int, bell: Watch) -> None:
+        """Wait for ``bell``: a done-callback when the watch is backed by an asyncio future (the embedded
+        store's), which spares a task per rung shard per wake-up; else a waiter task."""
+        fut = getattr(bell, "future", None)
+        if isinstance(fut, asyncio.Future):
+            fut.add_done_callback(functools.partial(self._bell_done, shard))
+        else:
+            self._spawn(self._bell_waiter(shard, bell))
+
+    def _bell_done(self, shard: int, fut: asyncio.Future[None]) -> None:
+        """``_bell_waiter``'s outcome for a future-backed watch."""
+        if fut.cancelled():
+            return  # the loop replaced this watch, or the hub is stopping
+        if fut.exception() is not None:
+            log.warning("bell watch failed", exc_info=fut.exception())
+            asyncio.get_running_loop().call_later(0.05, self._ring, shard)  # never spin on a failing watch
+            return
+        self.metrics.bells.add()
+        self._ring(shard)
+
+    def _ring(self, shard: int) -> None:
+        self._rung.add(shard)
+        if self._wake is not None:
+            _resolve(self._wake)
+
     async def _bell_waiter(self, shard: int, bell: Watch) -> None:
         """Mark ``shard`` rung when its bell fires; return quietly when the loop cancels the watch."""
         try:
@@ -568,9 +594,7 @@ class Hub:
             await asyncio.sleep(0.05)  # never spin on a failing watch
         else:
             self.metrics.bells.add()
-        self._rung.add(shard)
-        if self._wake is not None:
-            _resolve(self._wake)
+        self._ring(shard)
 
     # --- periodic work ------------------------------------------------------------------------------
     async def safety_pass(self) -> None:

@@ -1,0 +1,222 @@
+"""The pusher's instructions per delivered message at one ws subscriber per topic, under callgrind.
+
+Wall-clock and CPU-time figures are noise on a shared machine; instruction counts are not. This starts
+a pusher (``upf_pusher``) on a fresh embedded store under ``valgrind --tool=callgrind`` with
+instrumentation off, connects ``--topics`` ws subscribers (one per topic) from this process, turns
+instrumentation on (SIGUSR1 to a small wrapper that calls callgrind's client requests through a tiny C
+library built here with gcc), publishes ``--messages`` messages round-robin over the topics straight
+into the store (this process is the writer: it is not measured), ``--burst`` at a time, waiting after
+each burst until every subscriber got its frames, then turns instrumentation off (SIGUSR2, which dumps)
+and prints the pusher's instructions (callgrind Ir) per delivered message. It checks every frame:
+no loss, no duplicate, no reordering per topic.
+
+    python3 -m uv run --locked python bench/instr_delivery.py                 # 200 topics, 2,000 msgs
+    python3 -m uv run --locked python bench/instr_delivery.py --burst 1       # one message per wake-up
+    python3 -m uv run --locked python bench/instr_delivery.py --role upf      # the all-in-one's delivery side
+    python3 -m uv run --locked python bench/instr_delivery.py --cprofile /tmp/p.prof  # where it goes
+
+With ``--role upf`` the publishes still go straight into the store (not through its HTTP front door),
+so it counts the all-in-one's delivery work, not its publish work. To compare two versions, alternate
+runs of each in one session: runs spread by ~1% with ``--burst 1`` and up to ~3% with ``--burst 10``
+(how messages group into wake-ups still depends on timing). Needs valgrind, gcc and valgrind's headers
+(``/usr/include/valgrind/callgrind.h``). Takes ~1 minute per run on an idle machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+_TOGGLE_C = r"""
+#include <valgrind/callgrind.h>
+void cg_start(void) { CALLGRIND_START_INSTRUMENTATION; CALLGRIND_ZERO_STATS; }
+void cg_stop(void) { CALLGRIND_DUMP_STATS; CALLGRIND_STOP_INSTRUMENTATION; }
+"""
+
+
+def _child(lib: str, module: str) -> None:
+    """Run the role in this process; SIGUSR1/SIGUSR2 turn callgrind's instrumentation on/off."""
+    import ctypes
+    import importlib
+
+    if lib.endswith(".prof"):  # --cprofile: the same window under cProfile, no valgrind
+        here = str(Path(__file__).resolve().parent)
+        sys.path[:] = [p for p in sys.path if p not in ("", here)]  # bench/profile.py shadows the stdlib's
+        import cProfile
+
+        prof = cProfile.Profile()
+        signal.signal(signal.SIGUSR1, lambda *_: prof.enable())
+        signal.signal(signal.SIGUSR2, lambda *_: (prof.disable(), prof.dump_stats(lib)))
+    else:
+        cg = ctypes.CDLL(lib)
+        signal.signal(signal.SIGUSR1, lambda *_: cg.cg_start())
+        signal.signal(signal.SIGUSR2, lambda *_: cg.cg_stop())
+    sys.argv = [module]  # the role's own argument parsing must not see ours
+    importlib.import_module(f"{module}.__main__").main()
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+async def _wait_ready(port: int, proc: subprocess.Popen[bytes], timeout: float = 300.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError("the role exited")
+        try:
+            r, w = await asyncio.open_connection("127.0.0.1", port)
+            w.write(b"GET /__lbheartbeat__ HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            data = await asyncio.wait_for(r.read(), 10)
+            w.close()
+            if data.startswith(b"HTTP/1.1 2"):
+                return
+        except (OSError, asyncio.TimeoutError):
+            pass
+        await asyncio.sleep(0.5)
+    raise TimeoutError("the role did not become ready")
+
+
+async def _measure(args: argparse.Namespace, work: Path) -> dict[str, float]:
+    from websockets.asyncio.client import connect
+
+    from upf_keyspace import Envelope, load_settings, open_store
+
+    lib = work / "cgtoggle.so"
+    (work / "cgtoggle.c").write_text(_TOGGLE_C)
+    subprocess.run(["gcc", "-shared", "-fPIC", "-O1", "-o", str(lib), str(work / "cgtoggle.c")], check=True)
+    store_path = work / "store" / "upf.db"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("UPF_", "OTEL_"))}
+    env.update(UPF_STORE_PATH=str(store_path), UPF_LOG_LEVEL="WARNING", PYTHONUNBUFFERED="1")
+    settings = load_settings(env)
+    store = await open_store(settings)  # creates the store; this process publishes into it
+    port = _free_port()
+    env.update(UPF_BIND=f"127.0.0.1:{port}", UPF_NODE_ID="instr-pusher", UPF_WORKERS="1")
+    out = work / "callgrind.out"
+    module = "upf_pusher" if args.role == "pusher" else "upf"
+    if args.cprofile is not None:
+        argv = [sys.executable, __file__, "--child", str(args.cprofile.resolve()), module]
+    else:
+        argv = ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}",
+                sys.executable, __file__, "--child", str(lib), module]
+    log = open(work / "role.log", "wb")
+    proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        try:
+            await _wait_ready(port, proc)
+        except (RuntimeError, TimeoutError):
+            log.flush()
+            sys.stderr.write((work / "role.log").read_text()[-3000:])
+            raise
+        topics = [f"instr{i:04d}" for i in range(args.topics)]
+        got: dict[str, list[str]] = {t: [] for t in topics}
+        conns = []
+        for i in range(0, len(topics), 50):
+            chunk = topics[i : i + 50]
+            opened = await asyncio.gather(*(connect(f"ws://127.0.0.1:{port}/{t}/ws", open_timeout=120) for t in chunk))
+            conns += opened
+        for ws in conns:  # the open event
+            json.loads(await asyncio.wait_for(ws.recv(), 120))
+        delivered = asyncio.Event()
+        expected = 0
+        count = 0
+
+        async def reader(topic: str, ws) -> None:  # type: ignore[no-untyped-def]
+            nonlocal count
+            async for raw in ws:
+                m = json.loads(raw)
+                if m.get("event") == "message":
+                    got[topic].append(m["message"])
+                    count += 1
+                    if count >= expected:
+                        delivered.set()
+
+        readers = [asyncio.create_task(reader(t, ws)) for t, ws in zip(topics, conns)]
+        await asyncio.sleep(1.0)
+        os.kill(proc.pid, signal.SIGUSR1)
+        await asyncio.sleep(1.0)
+        now = int(time.time())
+        sent = 0
+        t0 = time.monotonic()
+        while sent < args.messages:
+            n = min(args.burst, args.messages - sent)
+            expected += n
+            delivered.clear()
+            await asyncio.gather(
+                *(
+                    store.publish(topics[(sent + j) % len(topics)], Envelope(now, now + 3600, f"m{sent + j}", published_ms=int(time.time() * 1000)))
+                    for j in range(n)
+                )
+            )
+            sent += n
+            await asyncio.wait_for(delivered.wait(), 120)
+        elapsed = time.monotonic() - t0
+        os.kill(proc.pid, signal.SIGUSR2)
+        await asyncio.sleep(2.0)
+        for r in readers:
+            r.cancel()
+        for ws in conns:
+            await ws.close()
+        violations = 0
+        for i, t in enumerate(topics):
+            want = [f"m{k}" for k in range(i, args.messages, len(topics))]
+            if got[t] != want:
+                violations += 1
+        ir = 0
+        if args.cprofile is not None:
+            return {"ir": ir, "delivered": count, "violations": violations, "wall_s": elapsed}
+        dumps = sorted(work.glob("callgrind.out*"), key=lambda p: p.stat().st_mtime)
+        for line in dumps[-1].read_text().splitlines():
+            if line.startswith("totals:"):
+                ir = int(line.split()[1])
+        if args.keep is not None:
+            args.keep.write_bytes(dumps[-1].read_bytes())
+        return {"ir": ir, "delivered": count, "violations": violations, "wall_s": elapsed}
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+        log.close()
+        await store.close()
+
+
+def main() -> None:
+    if len(sys.argv) == 4 and sys.argv[1] == "--child":
+        _child(sys.argv[2], sys.argv[3])
+        return
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--topics", type=int, default=200)
+    ap.add_argument("--messages", type=int, default=2000)
+    ap.add_argument("--burst", type=int, default=10, help="messages published together before waiting for delivery")
+    ap.add_argument("--role", choices=("pusher", "upf"), default="pusher")
+    ap.add_argument("--cprofile", type=Path, help="no valgrind: write a cProfile of the same window here (*.prof)")
+    ap.add_argument("--keep", type=Path, help="copy the callgrind dump here (for callgrind_annotate)")
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory(prefix="upf-instr-") as d:
+        r = asyncio.run(_measure(args, Path(d)))
+    print(
+        f"role={args.role} topics={args.topics} messages={args.messages} burst={args.burst}: "
+        f"delivered {r['delivered']}, violations {r['violations']}, "
+        f"{r['ir'] / max(1, r['delivered']):,.0f} Ir per delivery (total {r['ir']:,}, {r['wall_s']:.1f} s under callgrind)"
+    )
+
+
+if __name__ == "__main__":
+    main()
