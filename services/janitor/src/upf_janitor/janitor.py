@@ -126,5 +126,5 @@ class Janitor:
             delay = self.interval * random.uniform(0.9, 1.1)
             try:
                 await asyncio.wait_for(stop.wait(), delay)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass

@@ -13,6 +13,7 @@ from granian import Granian
 from granian.constants import HTTPModes, Interfaces, Loops
 from granian.http import HTTP1Settings
 from granian.log import LogLevels
+
 from upf_edge.limits_os import raise_open_files_limit
 from upf_edge.provision import load_provisioning
 from upf_keyspace import SettingsError, load_settings

@@ -14,20 +14,21 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
 from litestar import Litestar, Request, Response
+from litestar.exceptions import HTTPException, MethodNotAllowedException, NotFoundException
 from litestar.types import Receive, Scope, Send
+
 from upf_edge.asgi import send_preflight, serve_asgi, with_cors
 from upf_edge.gate import AccessGate
 from upf_edge.limiter import RequestLimiter
 from upf_edge.ops import PATHS as OPS_PATHS
-from litestar.exceptions import HTTPException, MethodNotAllowedException, NotFoundException
 from upf_keyspace import Settings, Store, open_store
 from upf_keyspace.telemetry import Telemetry
 
 from . import ingest
 from .context import WriterContext
+from .front import WriterFront
 from .ingest import Problem, PublishError
 from .routes import build_route_handlers
-from .front import WriterFront
 from .routes.ops import build_ops
 from .routes.publish import failure_problem
 

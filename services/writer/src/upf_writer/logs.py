@@ -8,6 +8,7 @@ import copy
 from typing import Any
 
 from granian.log import LOGGING_CONFIG
+
 from upf_keyspace.telemetry import KeyValueFormatter
 
 __all__ = ["KeyValueFormatter", "log_dictconfig"]

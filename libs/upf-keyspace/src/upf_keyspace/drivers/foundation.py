@@ -47,7 +47,7 @@ def _bridge(loop: asyncio.AbstractEventLoop, fut: Any, convert: Callable[[Any], 
             return
         try:
             out.set_result(convert(f))
-        except Exception as exc:  # noqa: BLE001 - every FDB error becomes a StoreError
+        except Exception as exc:
             out.set_exception(_wrap(exc))
 
     def on_ready(f: Any) -> None:  # on the network thread: hop, nothing else
@@ -57,7 +57,7 @@ def _bridge(loop: asyncio.AbstractEventLoop, fut: Any, convert: Callable[[Any], 
         if o.cancelled():
             try:
                 fut.cancel()
-            except Exception:  # noqa: BLE001 - already destroyed
+            except Exception:
                 pass
 
     out.add_done_callback(forward_cancel)

@@ -16,6 +16,7 @@ from collections.abc import Mapping
 import msgspec
 from litestar import Request, Response, get, route
 from litestar.types import ControllerRouterHandler
+
 from upf_edge.errors import INSUFFICIENT_STORAGE
 from upf_keyspace import Published, Store, StoreError, message_from_envelope
 from upf_keyspace import telemetry as tm
