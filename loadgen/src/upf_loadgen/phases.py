@@ -343,7 +343,8 @@ def worker_process(scn_raw: bytes, wid: int, indices: list[int], out_q: Any, ctl
     async def wait_start() -> float | None:
         def get() -> float | None:
             try:
-                return ctl_q.get(timeout=limit)
+                start: float | None = ctl_q.get(timeout=limit)
+                return start
             except queue.Empty:
                 return None
 

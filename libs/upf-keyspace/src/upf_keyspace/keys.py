@@ -46,6 +46,8 @@ import functools
 import importlib.util
 import struct
 import sys
+from collections.abc import Callable
+from typing import Any, cast
 
 import fdb.tuple as fdbtuple
 from fdb.tuple import Versionstamp
@@ -141,11 +143,11 @@ def _modernise_six_importer() -> None:
         if type(imp).__name__ == "_SixMetaPathImporter" and not hasattr(imp, "find_spec"):
 
             def find_spec(fullname: str, path: object = None, target: object = None, _imp: object = imp) -> object:
-                if _imp.find_module(fullname, path) is None:  # type: ignore[attr-defined]
+                if _imp.find_module(fullname, path) is None:  # type: ignore[attr-defined]  # six 1.11 importer API, untyped
                     return None
-                return importlib.util.spec_from_loader(fullname, _imp)  # type: ignore[arg-type]
+                return importlib.util.spec_from_loader(fullname, _imp)  # type: ignore[arg-type]  # six's importer is its own loader
 
-            imp.find_spec = find_spec  # type: ignore[attr-defined]
+            imp.find_spec = find_spec  # type: ignore[method-assign, assignment]  # adding the method six 1.16 added is the point
 
 
 _modernise_six_importer()
@@ -177,7 +179,11 @@ class Prefix(str, enum.Enum):
     VAPID_BINDING = "VK"
 
 
-ROOT = fdbtuple.pack(("upf",))
+# The bindings ship no type information: their two tuple-layer calls used here, typed once.
+_tuple_pack: Callable[[tuple[object, ...]], bytes] = fdbtuple.pack
+_tuple_unpack: Callable[..., tuple[Any, ...]] = fdbtuple.unpack
+
+ROOT = _tuple_pack(("upf",))
 _I64 = struct.Struct("<q")
 _PLACEHOLDER = b"\xff" * 10
 
@@ -192,7 +198,7 @@ def _enc(item: object) -> bytes:
             return b"\x14"
         n = (item.bit_length() + 7) // 8
         return bytes((0x14 + n,)) + item.to_bytes(n, "big")
-    return fdbtuple.pack((item,))
+    return _tuple_pack((item,))
 
 
 @functools.lru_cache(maxsize=65536)
@@ -221,10 +227,10 @@ def _pack_vs(prefix: bytes, user_version: int, *tail: object) -> bytes:
     )
 
 
-def _unpack(key: bytes, prefix: Prefix, arity: int) -> tuple:
+def _unpack(key: bytes, prefix: Prefix, arity: int) -> tuple[Any, ...]:
     if not key.startswith(ROOT):
         raise ValueError("key is outside the upf root")
-    items = fdbtuple.unpack(key, prefix_len=len(ROOT))
+    items = _tuple_unpack(key, prefix_len=len(ROOT))
     if len(items) != arity + 1 or Prefix(items[0]) is not prefix:
         raise ValueError("key is not of the expected kind")
     return items[1:]
@@ -246,7 +252,8 @@ def strinc(key: bytes) -> bytes:
 
 def stamp_of(vs: Versionstamp) -> bytes:
     """12 raw bytes of a complete versionstamp."""
-    return vs.tr_version + struct.pack(">H", vs.user_version)
+    tr_version: bytes = vs.tr_version
+    return tr_version + struct.pack(">H", vs.user_version)
 
 
 def _vs(stamp: bytes) -> Versionstamp:
@@ -260,7 +267,8 @@ def pack_i64(n: int) -> bytes:
 def unpack_i64(raw: bytes | None) -> int:
     if not raw:
         return 0
-    return _I64.unpack(raw[:8].ljust(8, b"\x00"))[0]
+    n: int = _I64.unpack(raw[:8].ljust(8, b"\x00"))[0]
+    return n
 
 
 def shard_of(topic: str, shard_count: int) -> int:
@@ -404,7 +412,7 @@ def liveness_range() -> tuple[bytes, bytes]:
 
 def unpack_liveness_key(key: bytes) -> str:
     (node,) = _unpack(key, Prefix.LIVENESS, 1)
-    return node
+    return cast(str, node)
 
 
 # --- ID ---------------------------------------------------------------------------------------------
@@ -437,7 +445,7 @@ def user_range() -> tuple[bytes, bytes]:
 
 def unpack_user_key(key: bytes) -> str:
     (user,) = _unpack(key, Prefix.AUTH_USER, 1)
-    return user
+    return cast(str, user)
 
 
 def token_key(user: str, digest: str) -> bytes:
@@ -482,7 +490,7 @@ def bucket_range() -> tuple[bytes, bytes]:
 
 def unpack_bucket_key(key: bytes) -> str:
     (visitor,) = _unpack(key, Prefix.RATE_BUCKET, 1)
-    return visitor
+    return cast(str, visitor)
 
 
 # --- S / SR -----------------------------------------------------------------------------------------
@@ -541,7 +549,7 @@ def stat_sample_range() -> tuple[bytes, bytes]:
 
 def unpack_stat_sample_key(key: bytes) -> int:
     (unix,) = _unpack(key, Prefix.STATS_SAMPLE, 1)
-    return unix
+    return cast(int, unix)
 
 
 # --- WT / VK ----------------------------------------------------------------------------------------
@@ -570,7 +578,7 @@ def vapid_binding_range() -> tuple[bytes, bytes]:
 
 def unpack_vapid_binding_key(key: bytes) -> str:
     (topic,) = _unpack(key, Prefix.VAPID_BINDING, 1)
-    return topic
+    return cast(str, topic)
 
 
 # --- any kind ---------------------------------------------------------------------------------------
@@ -585,4 +593,4 @@ def prefix_of(key: bytes) -> Prefix:
     """The kind of any UPF key; ValueError outside the root or for a kind this release does not know."""
     if not key.startswith(ROOT):
         raise ValueError("key is outside the upf root")
-    return Prefix(fdbtuple.unpack(key, prefix_len=len(ROOT))[0])
+    return Prefix(_tuple_unpack(key, prefix_len=len(ROOT))[0])

@@ -8,6 +8,7 @@ import logging
 import logging.config
 import os
 import sys
+from typing import TYPE_CHECKING
 
 from granian import Granian
 from granian.constants import HTTPModes, Interfaces, Loops
@@ -19,6 +20,10 @@ from upf_edge.provision import load_provisioning
 from upf_keyspace import SettingsError, load_settings
 
 from .logs import log_dictconfig
+
+if TYPE_CHECKING:
+    # `granian.Granian` is a variable (the multi-process or free-threaded server, chosen at import time).
+    from granian.server import MPServer, MTServer
 
 __all__ = ["main", "build_server"]
 
@@ -32,7 +37,7 @@ WORKER_KILL_TIMEOUT_SECS = 10
 
 def build_server(
     host: str, port: int, *, workers: int = 1, log_level: str = "info", target: str = "upf_writer.asgi:app"
-) -> Granian:
+) -> MPServer | MTServer:
     """The granian server of the writer; ``target`` is the ASGI app each worker imports (the all-in-one
     program passes its own, which adds the janitor to the worker)."""
     return Granian(

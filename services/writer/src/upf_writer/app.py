@@ -92,7 +92,7 @@ class WriterApp(Litestar):
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:  # type: ignore[override]
         if scope["type"] == "http":
-            method, path = scope["method"], scope["path"]
+            method, path = scope["method"], scope["path"]  # type: ignore[typeddict-item]  # litestar's scope type is an enum: `== "http"` does not narrow
             if method == "OPTIONS":  # ntfy answers a CORS preflight on every path
                 await send_preflight(send)  # type: ignore[arg-type]  # litestar's ASGI aliases
                 return
@@ -102,7 +102,7 @@ class WriterApp(Litestar):
             if self.ops.wants(method, path):
                 await serve_asgi(self.ops, scope, receive, send)  # type: ignore[arg-type]  # litestar's ASGI aliases
                 return
-            send = with_cors(send)  # type: ignore[arg-type]  # litestar's ASGI aliases
+            send = with_cors(send)  # type: ignore[arg-type, assignment]  # litestar's ASGI aliases
         await super().__call__(scope, receive, send)
 
 

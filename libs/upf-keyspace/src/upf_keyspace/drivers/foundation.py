@@ -101,7 +101,8 @@ class FoundationTransaction:
 
     async def get(self, key: bytes, *, snapshot: bool = False) -> bytes | None:
         src = self._tr.snapshot if snapshot else self._tr
-        return await _bridge(self._loop, src.get(key), lambda f: f.value)
+        value: bytes | None = await _bridge(self._loop, src.get(key), lambda f: f.value)
+        return value
 
     async def get_range(
         self,

@@ -149,7 +149,7 @@ def build(ctx: WriterContext) -> list[ControllerRouterHandler]:
             await ctx.admit(who.user, client, headers.get(ctx.settings.proxy_forwarded_header.lower()))
             limit = limits.max_message_bytes - 1  # ntfy: 4096 bytes or more is too large
             ingest.check_content_length(headers, limit, ingest.MATRIX_TOO_LARGE)
-            body = await read_body(request.receive, limit)
+            body = await read_body(request.receive, limit)  # type: ignore[arg-type]  # litestar's ASGI aliases
             if body is None:
                 raise PublishError(ingest.MATRIX_TOO_LARGE)
             outcome = ingest.ingest_matrix(body, now=ctx.clock(), limits=limits)
