@@ -106,7 +106,7 @@ class _Counter(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         key = base64.b64encode(os.urandom(16)).decode()
-        transport.write(  # type: ignore[attr-defined]
+        transport.write(  # type: ignore[attr-defined]  # a stream connection: a Transport
             f"GET / HTTP/1.1\r\nHost: bench\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
             f"Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n".encode()
         )

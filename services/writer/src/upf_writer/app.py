@@ -83,14 +83,14 @@ class WriterApp(Litestar):
     ``front`` is also what the all-in-one program hands the pusher's front door directly."""
 
     def __init__(self, *, ctx: WriterContext, **kwargs: object) -> None:
-        super().__init__(**kwargs)  # type: ignore[arg-type]
+        super().__init__(**kwargs)  # type: ignore[arg-type]  # Litestar's own keyword arguments, passed through
         litestar_paths = frozenset(
             r.path for r in self.routes if "{" not in r.path and r.path.rfind("/") == 0 and r.path != "/"
         )
         self.front = WriterFront(ctx, litestar_paths | OPS_PATHS)
         self.ops = build_ops(ctx)
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:  # type: ignore[override]
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:  # type: ignore[override]  # litestar's ASGI aliases
         if scope["type"] == "http":
             method, path = scope["method"], scope["path"]  # type: ignore[typeddict-item]  # litestar's scope type is an enum: `== "http"` does not narrow
             if method == "OPTIONS":  # ntfy answers a CORS preflight on every path
