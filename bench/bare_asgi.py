@@ -10,7 +10,7 @@ BODY = (
 HEADERS = [(b"content-type", b"application/json"), (b"content-length", str(len(BODY)).encode())]
 
 
-async def app(scope, receive, send):  # noqa: ANN001, ANN201
+async def app(scope, receive, send):
     if scope["type"] != "http":  # lifespan: granian carries on without it
         return
     more = True

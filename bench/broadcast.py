@@ -49,12 +49,13 @@ def frame_len(payload: int) -> int:
 
 # --- server -----------------------------------------------------------------------------------------
 async def serve(n: int, payload: int, duration: float) -> None:
-    from websockets.asyncio.server import broadcast, serve as ws_serve
+    from websockets.asyncio.server import broadcast
+    from websockets.asyncio.server import serve as ws_serve
 
     conns: set = set()
     all_in = asyncio.Event()
 
-    async def handler(ws) -> None:  # noqa: ANN001
+    async def handler(ws) -> None:
         conns.add(ws)
         if len(conns) >= n:
             all_in.set()
@@ -105,7 +106,7 @@ class _Counter(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         key = base64.b64encode(os.urandom(16)).decode()
-        transport.write(  # type: ignore[attr-defined]
+        transport.write(  # type: ignore[attr-defined]  # a stream connection: a Transport
             f"GET / HTTP/1.1\r\nHost: bench\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
             f"Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n".encode()
         )
@@ -147,7 +148,7 @@ async def clients(port: int, n: int) -> None:
 
 # --- parent -----------------------------------------------------------------------------------------
 def run(n: int, payload: int, duration: float, server_cpus: set[int] | None = None, client_cpus: set[int] | None = None,
-        cpu_reader=None) -> dict[str, float]:  # noqa: ANN001
+        cpu_reader=None) -> dict[str, float]:
     """Start server and clients, broadcast, return the figures. ``cpu_reader(pid)`` (optional) reads
     the server's CPU seconds from outside (the bench's /proc reader)."""
 

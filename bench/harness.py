@@ -5,6 +5,7 @@ publishing seconds."""
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import re
@@ -20,7 +21,6 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import msgspec
-
 import procs
 from procs import PY, REPO, tree_cpu, tree_rss_kb
 from schema import Drive, Price, RunSummary
@@ -268,7 +268,7 @@ def steady(events: list[dict[str, Any]]) -> dict[str, Any] | None:
     if len(load) < 2:
         return None
     acc = dlv = 0.0
-    for prev, cur in zip(load, load[1:]):
+    for prev, cur in itertools.pairwise(load):
         span = cur["lt"] - prev["lt"]
         acc += cur["accepted"] * span
         dlv += cur["delivered"] * span

@@ -34,6 +34,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -85,7 +86,7 @@ async def _wait_ready(port: int, proc: subprocess.Popen[bytes], timeout: float =
             w.close()
             if data.startswith(b"HTTP/1.1 2"):
                 return
-        except (OSError, asyncio.TimeoutError):
+        except (TimeoutError, OSError):
             pass
         await asyncio.sleep(0.5)
     raise TimeoutError("the role did not become ready")
@@ -113,7 +114,7 @@ async def _measure(args: argparse.Namespace, work: Path) -> dict[str, float]:
     else:
         argv = ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}",
                 sys.executable, __file__, "--child", str(lib), module]
-    log = open(work / "role.log", "wb")
+    log = open(work / "role.log", "wb")  # noqa: SIM115 - the role writes to it until it is stopped, past this block
     proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         try:
@@ -135,7 +136,7 @@ async def _measure(args: argparse.Namespace, work: Path) -> dict[str, float]:
         expected = 0
         count = 0
 
-        async def reader(topic: str, ws) -> None:  # type: ignore[no-untyped-def]
+        async def reader(topic: str, ws: Any) -> None:
             nonlocal count
             async for raw in ws:
                 m = json.loads(raw)
@@ -145,7 +146,7 @@ async def _measure(args: argparse.Namespace, work: Path) -> dict[str, float]:
                     if count >= expected:
                         delivered.set()
 
-        readers = [asyncio.create_task(reader(t, ws)) for t, ws in zip(topics, conns)]
+        readers = [asyncio.create_task(reader(t, ws)) for t, ws in zip(topics, conns, strict=True)]
         await asyncio.sleep(1.0)
         os.kill(proc.pid, signal.SIGUSR1)
         await asyncio.sleep(1.0)

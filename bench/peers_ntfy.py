@@ -27,7 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.peers.ntfy import NTFY_VERSION, NtfyServer, Unavailable, ensure_ntfy  # noqa: E402
+from tests.peers.ntfy import NTFY_VERSION, NtfyServer, Unavailable, ensure_ntfy
 
 
 def main() -> int:

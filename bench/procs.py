@@ -154,7 +154,7 @@ class Proc:
                  cwd: Path | None = None) -> None:
         self.name = name
         self.log_path = log
-        self._log = open(log, "ab")
+        self._log = open(log, "ab")  # noqa: SIM115 - the process writes to it until stop() closes it
 
         def pre() -> None:
             if cpus:

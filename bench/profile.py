@@ -26,8 +26,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import procs  # noqa: E402
-from procs import PY, REPO  # noqa: E402
+import procs
+from procs import PY, REPO
 
 LOADGEN = str(Path(PY).parent / "upf-loadgen")
 

@@ -44,7 +44,7 @@ class _Conn(asyncio.Protocol):
         self.lost: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
+        self.transport = transport  # type: ignore[assignment]  # a stream connection: always an asyncio.Transport
 
     def send_next(self) -> None:
         st = self.state
@@ -54,7 +54,7 @@ class _Conn(asyncio.Protocol):
         req = st.requests[st.next % len(st.requests)]
         st.next += 1
         self.sent_at = time.perf_counter_ns()
-        self.transport.write(req)  # type: ignore[attr-defined]
+        self.transport.write(req)  # type: ignore[attr-defined]  # a stream connection: always an asyncio.Transport
 
     def data_received(self, data: bytes) -> None:
         buf = self.buf + data if self.buf else data

@@ -34,7 +34,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import procs  # noqa: E402
+import procs
 
 SYSTEM_CONF = Path("/etc/pushpin/pushpin.conf")
 INTERNAL_CONF = Path("/usr/lib/pushpin/internal.conf")
@@ -55,7 +55,7 @@ def ensure_pushpin() -> str:
 
 
 class _Origin(BaseHTTPRequestHandler):
-    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+    def do_GET(self) -> None:
         channel = self.path.rsplit("/", 1)[-1]
         body = b"open\n"
         self.send_response(200)
@@ -193,7 +193,7 @@ class _Stream(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport
-        transport.write(f"GET /stream/{self.channel} HTTP/1.1\r\nHost: bench\r\n\r\n".encode())  # type: ignore[attr-defined]
+        transport.write(f"GET /stream/{self.channel} HTTP/1.1\r\nHost: bench\r\n\r\n".encode())  # type: ignore[attr-defined]  # a stream connection: a Transport
 
     def data_received(self, data: bytes) -> None:
         if not self.opened.done():

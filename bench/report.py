@@ -8,7 +8,6 @@ import statistics
 from typing import Any
 
 import msgspec
-
 from schema import GOALS, Price, Results, Sweep
 
 

@@ -54,20 +54,20 @@ import msgspec
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import broadcast  # noqa: E402
-import harness  # noqa: E402
-import procs  # noqa: E402
-import report  # noqa: E402
-import schema  # noqa: E402
-from harness import BENCH, BODY, loadavg, log, machine_busy, own_cpu  # noqa: E402
-from phases.idle import phase_idle, phase_idle_cpu  # noqa: E402
-from phases.probe import phase_probe  # noqa: E402
-from phases.pubdeliver import phase_pubdeliver  # noqa: E402
-from phases.rounds import phase_rounds  # noqa: E402
-from phases.sweep import phase_sweep  # noqa: E402
-from phases.topics import phase_topics  # noqa: E402
-from procs import REPO  # noqa: E402
-from schema import FULL, GOALS, QUICK, FixedRates, Machine, Noise, Results, Sweep  # noqa: E402
+import broadcast
+import harness
+import procs
+import report
+import schema
+from harness import BENCH, BODY, loadavg, log, machine_busy, own_cpu
+from phases.idle import phase_idle, phase_idle_cpu
+from phases.probe import phase_probe
+from phases.pubdeliver import phase_pubdeliver
+from phases.rounds import phase_rounds
+from phases.sweep import phase_sweep
+from phases.topics import phase_topics
+from procs import REPO
+from schema import FULL, GOALS, QUICK, FixedRates, Machine, Noise, Results, Sweep
 
 PHASES = ("sweep", "rounds", "pushpin", "idlecpu", "pubdeliver", "topics", "idle")
 

@@ -32,11 +32,12 @@ import time
 from pathlib import Path
 
 import websockets
+
 from upf_loadgen.checker import Published, Received, Violations, check_topic
 from upf_loadgen.http11 import HttpError, Pool, parse_endpoint
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import procs  # noqa: E402
+import procs
 
 RESULTS = procs.REPO / "bench" / "results" / "soak"
 
@@ -135,7 +136,7 @@ class Subscriber:
             stream = asyncio.ensure_future(self._ws(base) if self.ws else self._json(base))
             try:
                 await asyncio.wait_for(asyncio.shield(stream), random.expovariate(1.0 / self.hold))
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass  # held long enough: churn
             except (OSError, websockets.InvalidHandshake, asyncio.IncompleteReadError):
                 self.errors += 1
@@ -206,7 +207,7 @@ async def soak(args: argparse.Namespace, workdir: Path) -> int:
     await asyncio.gather(*publishing)
     elapsed = time.monotonic() - t0
     drain_until = time.monotonic() + args.drain
-    while time.monotonic() < drain_until and not all(set(p.accepted) <= set(s.seqs) for p, s in zip(pubs, subs)):
+    while time.monotonic() < drain_until and not all(set(p.accepted) <= set(s.seqs) for p, s in zip(pubs, subs, strict=True)):
         await asyncio.sleep(0.5)
     for t in tasks:
         t.cancel()
@@ -214,7 +215,7 @@ async def soak(args: argparse.Namespace, workdir: Path) -> int:
     await pool.aclose()
 
     total = Violations()
-    for p, s in zip(pubs, subs):
+    for p, s in zip(pubs, subs, strict=True):
         v = check_topic(Published(topic=p.topic, sent=p.sent, accepted=p.accepted),
                         [Received(topic=s.topic, seqs=list(s.seqs), ids=list(s.ids), corrupt=s.corrupt)])
         total.add(v.violations)

@@ -52,7 +52,7 @@ class Process:
         self.base = f"http://127.0.0.1:{port}"
         self.health = health
         self.log_path = log
-        self._log = open(log, "ab")
+        self._log = open(log, "ab")  # noqa: SIM115 - the process writes to it until stop() closes it
         self.proc = subprocess.Popen(
             argv, env=env, cwd=cwd, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True
         )

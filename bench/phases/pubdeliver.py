@@ -28,7 +28,7 @@ def phase_pubdeliver(cfg: Config, work: Path) -> PubDeliver:
             threads = {k: round(th1[k] - th0.get(k, 0.0), 3) for k in th1 if th1[k] - th0.get(k, 0.0) > 0.005}
             s.thread_cpu_secs_whole_run = dict(sorted(threads.items(), key=lambda kv: -kv[1]))
             if len(wk0) == len(wk1) and wk1:
-                s.worker_cpu_secs_whole_run = [round(b - a, 3) for a, b in zip(wk0, wk1)]
+                s.worker_cpu_secs_whole_run = [round(b - a, 3) for a, b in zip(wk0, wk1, strict=True)]
             out.shapes[kind] = s
             log(f"  {kind} at {cfg.pd_rate}/s: {s.verdict}, delivered {s.delivered}/{s.expected}, "
                 f"{s.cpu_us_per_publish_and_delivery} us per publish-and-delivery (steady)")

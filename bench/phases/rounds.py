@@ -7,12 +7,22 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-import msgspec
-
 import broadcast
+import msgspec
 import procs
 import pushpin_peer
-from harness import DRIVER_CPUS, SERVER_CPUS, LoadgenRun, Shape, lg_common, loadavg, log, price_run, pubdrive, summarize_run
+from harness import (
+    DRIVER_CPUS,
+    SERVER_CPUS,
+    LoadgenRun,
+    Shape,
+    lg_common,
+    loadavg,
+    log,
+    price_run,
+    pubdrive,
+    summarize_run,
+)
 from procs import tree_cpu, tree_rss_kb
 from schema import Broadcast, Config, Drive, FanoutRun, FixedRates, FixedRound, Pushpin, Round, RunSummary
 

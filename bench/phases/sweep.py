@@ -3,10 +3,10 @@ accepted publish / per delivered message at every step."""
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import msgspec
-
 from harness import REPO, LoadgenRun, Shape, lg_common, log, price_run, summarize_run
 from schema import Config, Knee, RunSummary, Sweep
 
@@ -26,7 +26,7 @@ def phase_sweep(kind: str, cfg: Config, work: Path, out: Path, n: int = 1) -> Sw
             shrink_png(png)
         marks = [i for i, e in enumerate(lg.events) if e["kind"] in ("step", "point")]
         windows = []  # (step event index, point event index) per completed step
-        for i, j in zip(marks, marks[1:]):
+        for i, j in itertools.pairwise(marks):
             if lg.events[i]["kind"] == "step" and lg.events[j]["kind"] == "point":
                 windows.append((i, j))
         rows: list[RunSummary] = []
@@ -64,5 +64,5 @@ def shrink_png(path: Path) -> None:
         with Image.open(path) as im:
             q = im.convert("RGB").quantize(colors=64, method=Image.Quantize.MEDIANCUT)
         q.save(path, optimize=True)
-    except Exception as exc:  # noqa: BLE001 - a cosmetic step
+    except Exception as exc:
         log(f"could not shrink {path}: {exc}")

@@ -10,9 +10,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 
-import msgspec
 from upf_loadgen.runner import SetupError, run_scenario
 from upf_loadgen.scenario import Scenario
 

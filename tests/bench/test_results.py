@@ -57,7 +57,7 @@ def test_committed_results_render_to_the_committed_summary(path):
     got = report.render(res).splitlines()
     want = (path.parent / "summary.md").read_text().splitlines()
     assert len(got) == len(want)
-    for g, w in zip(got, want):
+    for g, w in zip(got, want, strict=True):
         if g != w:
             assert "Plot: `/tmp/" in g and g.split("Plot: `")[0] == w.split("Plot: `")[0], (g, w)
 

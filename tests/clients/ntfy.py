@@ -62,7 +62,7 @@ class Stream:
     async def no_message_within(self, seconds: float) -> bool:
         try:
             await self.next_message(seconds)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return True
         return False
 

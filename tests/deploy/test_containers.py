@@ -365,7 +365,7 @@ def test_entrypoint_is_executable_in_git(repo: Path) -> None:
 class _Heartbeat(http.server.BaseHTTPRequestHandler):
     status = 200
 
-    def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
+    def do_GET(self) -> None:
         self.send_response(self.status if self.path == "/__lbheartbeat__" else 404)
         self.send_header("Content-Length", "0")
         self.end_headers()

@@ -6,6 +6,7 @@ import re
 from pathlib import Path
 
 import pytest
+
 from upf_keyspace.settings import load_settings
 
 ROLES = ("writer", "pusher", "janitor")

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import json
 import http.client
+import json
 import queue
 import re
 import socketserver

@@ -277,7 +277,7 @@ async def test_subscribers_spread_and_survive_a_pusher_exit(uv: list[str], tmp_p
                     streams = [json_events(first), json_events(second)]
                     for events in streams:
                         assert (await anext(events))["event"] == "open"
-                    for t, events in zip(topics, streams):
+                    for t, events in zip(topics, streams, strict=True):
                         published = await publish(client, ingress.url, t, f"to {t}")
                         assert_delivered(await next_message(events), published, t, f"to {t}")
             stack.pushers[0].stop()

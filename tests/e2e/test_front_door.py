@@ -26,7 +26,7 @@ def _exchange(port: int, data: bytes) -> tuple[bytes, bool]:
                 if not c:
                     return b"".join(chunks), True
                 chunks.append(c)
-        except (TimeoutError, socket.timeout):
+        except TimeoutError:
             return b"".join(chunks), False
         except ConnectionResetError:
             return b"".join(chunks), True

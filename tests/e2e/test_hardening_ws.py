@@ -112,7 +112,7 @@ def _read_all(s: socket.socket) -> bytes:
     try:
         while c := s.recv(65536):
             chunks.append(c)
-    except (TimeoutError, socket.timeout, ConnectionResetError):
+    except (TimeoutError, ConnectionResetError):
         pass
     return b"".join(chunks)
 

@@ -23,9 +23,9 @@ from urllib.parse import urlsplit
 
 import httpx
 import websockets
-from upf_loadgen.checker import Published, Received, check_topic
 
 from tests.conftest import TIMEOUT_FACTOR, Process, free_port
+from upf_loadgen.checker import Published, Received, check_topic
 
 TOPICS = 20
 RATE_PER_TOPIC = 15.0  # 300 messages/s in all
@@ -184,7 +184,7 @@ class Subscriber:
             self.connects += 1
             try:
                 await (self._ws(base) if self.transport == "ws" else self._json(base))
-            except (OSError, websockets.InvalidHandshake, websockets.InvalidStatus, asyncio.TimeoutError):
+            except (TimeoutError, OSError, websockets.InvalidHandshake, websockets.InvalidStatus):
                 await asyncio.sleep(0.05)
 
 
@@ -217,7 +217,7 @@ async def test_rolling_restart_loses_and_duplicates_nothing(tmp_path):
         sent = sum(p.sent for p in pubs)
 
         def caught_up() -> bool:
-            return all(set(p.accepted) <= set(s.seqs) for p, s in zip(pubs, subs))
+            return all(set(p.accepted) <= set(s.seqs) for p, s in zip(pubs, subs, strict=True))
 
         deadline = time.monotonic() + 30 * TIMEOUT_FACTOR
         while not caught_up() and time.monotonic() < deadline:
@@ -227,7 +227,7 @@ async def test_rolling_restart_loses_and_duplicates_nothing(tmp_path):
                 Published(topic=p.topic, sent=p.sent, accepted=p.accepted),
                 [Received(topic=s.topic, seqs=list(s.seqs), ids=list(s.ids), corrupt=s.corrupt)],
             )
-            for p, s in zip(pubs, subs)
+            for p, s in zip(pubs, subs, strict=True)
         ]
         print(f"rolling restart: {sent} sent in {elapsed:.1f} s, {sum(len(p.accepted) for p in pubs)} accepted, "
               f"{sum(p.ambiguous for p in pubs)} ambiguous, {sum(p.refused for p in pubs)} refused connects, "
@@ -237,7 +237,7 @@ async def test_rolling_restart_loses_and_duplicates_nothing(tmp_path):
         assert not bad, bad[:3]
         # A publish the server received gets its reply: a failed one was never stored (one reset in the
         # stopping writer's accept queue, which the kernel holds until the listening socket closes).
-        stored_yet_failed = [(p.topic, seq) for p, s in zip(pubs, subs) for seq in p.failed & set(s.seqs)]
+        stored_yet_failed = [(p.topic, seq) for p, s in zip(pubs, subs, strict=True) for seq in p.failed & set(s.seqs)]
         assert not stored_yet_failed, stored_yet_failed
         ambiguous = sum(p.ambiguous for p in pubs)
         assert ambiguous <= MAX_AMBIGUOUS_SHARE * sent, ambiguous

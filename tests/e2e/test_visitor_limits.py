@@ -199,7 +199,7 @@ def test_the_fleets_total_topics_cap_refuses_a_new_topic_with_42904_and_keeps_th
         assert c.post("/upTopicCap01", content="x").status_code == 200
         assert w.post("/upTopicCap02", content="x").status_code == 200
         assert c.get("/upTopicCap03/json", params={"poll": "1"}).status_code == 200  # a subscribe makes one too
-        for client, r in ((w, w.post("/upTopicCap04", content="x")), (c, c.get("/upTopicCap05/json", params={"poll": "1"}))):
+        for _client, r in ((w, w.post("/upTopicCap04", content="x")), (c, c.get("/upTopicCap05/json", params={"poll": "1"}))):
             assert r.status_code == 429, r.text
             assert error_body(r) == {
                 "code": 42904, "http": 429,

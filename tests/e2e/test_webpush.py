@@ -188,7 +188,7 @@ def self_signed(tmp: Path) -> tuple[Path, Path]:
     """A certificate for 127.0.0.1 (its own CA) and its key."""
     key = ec.generate_private_key(ec.SECP256R1())
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "upf test ingress")])
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     cert = (
         x509.CertificateBuilder()
         .subject_name(name)

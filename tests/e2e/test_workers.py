@@ -195,7 +195,7 @@ async def test_kill9_a_worker_under_load_then_resume_exactly_once(fleet):
                     since = received[topic][-1]["id"] if received[topic] else "all"
                     sub = await subscribe_on(role.port, None, f"/{topic}/json?since={since}")
                 received[topic].append(await sub.message(timeout=15))
-            except (EOFError, ConnectionError, asyncio.IncompleteReadError, asyncio.TimeoutError, OSError):
+            except (TimeoutError, EOFError, ConnectionError, asyncio.IncompleteReadError, OSError):
                 if sub is not None:
                     sub.close()
                 sub = None
@@ -224,7 +224,7 @@ async def test_kill9_a_worker_under_load_then_resume_exactly_once(fleet):
     # half the subscribers on the worker that will die, half on the survivor
     firsts = [await subscribe_on(role.port, pids, f"/{t}/json", want=pids[i % 2]) for i, t in enumerate(topics)]
     await asyncio.wait_for(
-        asyncio.gather(*(follow(t, s) for t, s in zip(topics, firsts)), *(publish_all(t) for t in topics)),
+        asyncio.gather(*(follow(t, s) for t, s in zip(topics, firsts, strict=True)), *(publish_all(t) for t in topics)),
         90 * TIMEOUT_FACTOR,
     )
     assert killed.is_set()

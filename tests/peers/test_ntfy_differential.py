@@ -543,7 +543,7 @@ async def _http_stream(base: str, path: str, until: Callable[[list[bytes]], bool
                         break
                     body += data
                     opened.set()
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 break
     finally:
         opened.set()
@@ -565,7 +565,7 @@ async def _ws_stream(base: str, path: str, until: Callable[[list[str]], bool], s
             while time.monotonic() < deadline and not until(frames):
                 try:
                     msg = await asyncio.wait_for(ws.recv(), deadline - time.monotonic())
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     break
                 except websockets.ConnectionClosedOK as e:
                     closed = f"close frame {e.rcvd.code if e.rcvd else None}"
@@ -731,7 +731,7 @@ async def test_keepalive(ntfy, upf_peer):
 
     n, u = await asyncio.gather(run(ntfy.base), run(upf_peer.base))
     failures = []
-    for tr, a, b in zip(TRANSPORTS, map(collapse, n), map(collapse, u)):
+    for tr, a, b in zip(TRANSPORTS, map(collapse, n), map(collapse, u), strict=True):
         try:
             compare(f"keepalive-{tr}", a, b)
         except AssertionError as e:

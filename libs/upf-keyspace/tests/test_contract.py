@@ -7,6 +7,7 @@ import struct
 
 import fdb.tuple as fdbtuple
 import pytest
+
 from upf_keyspace.errors import (
     ACCESSED_UNREADABLE,
     KEY_TOO_LARGE,

@@ -3,6 +3,7 @@ them, and a watch in one process fires on another's commit."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import subprocess
 import sys
@@ -87,7 +88,7 @@ async def test_processes_share_one_file(tmp_path):
     assert len(every) == 450 and len(set(every)) == 450, "a stamp was handed out twice"
     for r in results:  # each process awaited batches in order: its later batches got larger stamps
         batches = [r[i : i + 25] for i in range(0, len(r), 25)]
-        for earlier, later in zip(batches, batches[1:]):
+        for earlier, later in itertools.pairwise(batches):
             assert max(earlier) < min(later)
 
     store = await open_store(Settings(store_path=path, shard_count=4))

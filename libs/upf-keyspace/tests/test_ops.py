@@ -107,7 +107,7 @@ async def test_read_many_answers_each_topic_cursor_and_limit_in_order(store):
     wants = [("a", None, 2), ("b", None, 10), ("a", a[1].stamp, 10), ("none", None, 10)]
     got = await store.read_many(wants)
     assert [[r.envelope.message for r in rows] for rows in got] == [["a0", "a1"], ["b0"], ["a2", "a3"], []]
-    for (topic, after, limit), rows in zip(wants, got):
+    for (topic, after, limit), rows in zip(wants, got, strict=True):
         assert rows == await store.read_after(topic, after, limit)
 
 

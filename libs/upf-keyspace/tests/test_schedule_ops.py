@@ -124,7 +124,7 @@ async def test_stats_count_publishes_schedules_not_releases_or_duplicates(store)
     assert (await store.stats()) == (3, 0.0)
     assert await store.sample_stats(now, every=60, keep=3)
     assert not await store.sample_stats(now + 30, every=60, keep=3)  # too soon
-    for i in range(5):
+    for _ in range(5):
         await store.publish("a", env("more"))
     assert await store.sample_stats(now + 60, every=60, keep=3)
     total, rate = await store.stats()

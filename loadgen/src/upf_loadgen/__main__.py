@@ -13,8 +13,8 @@ import msgspec
 
 from .report import SweepPoint, format_run, format_sweep, rates_from
 from .runner import SetupError, run_scenario
-from .sweep import run_sweep
 from .scenario import TRANSPORTS, Scenario
+from .sweep import run_sweep
 
 __all__ = ["main", "build_parser"]
 

@@ -109,7 +109,7 @@ def check_stream(pub: Published, rec: Received) -> StreamCheck:
     high = -1
     ooo: list[int] = []
     dups: list[int] = []
-    for seq, mid in zip(rec.seqs, ids):
+    for seq, mid in zip(rec.seqs, ids, strict=True):
         if seq in seen:
             v.duplicates += 1
             if len(dups) < MAX_RANGES:

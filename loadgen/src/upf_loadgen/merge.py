@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from collections import Counter
+from collections.abc import Callable
 
 from .checker import TopicVerdict, Violations
 from .metrics import new_histogram
@@ -41,7 +42,10 @@ def merge_results(
         sub_samples.extend(r.ready.failure_samples)
         bad_frames.extend(r.bad_frames)
     topics.sort(key=lambda tv: tv.topic)
-    s = lambda f: sum(f(r) for r in results)  # noqa: E731
+
+    def s(f: Callable[[WorkerResult], int]) -> int:
+        return sum(f(r) for r in results)
+
     offered, accepted, delivered = s(lambda r: r.offered), s(lambda r: r.accepted), s(lambda r: r.delivered)
     publish_secs = max((r.publish_secs for r in results), default=0.0) or scn.duration
     subs = scn.subs_per_topic

@@ -288,7 +288,7 @@ def _publishers(
 ) -> list[Publisher]:
     """One publisher per topic of this worker, on the schedule that spreads the rate over all topics."""
     pubs: list[Publisher] = []
-    for i, name in zip(indices, names):
+    for i, name in zip(indices, names, strict=True):
         phase, period, count = publish_schedule(i, scn.topics, scn.rate, scn.duration)
         pubs.append(
             Publisher(
@@ -324,7 +324,7 @@ async def _drain(subs: list[Subscriber], accepted_by_topic: dict[str, Any], dead
 async def run_worker(coro: Awaitable[None], wid: int, emit: Emit) -> None:
     try:
         await coro
-    except Exception as exc:  # noqa: BLE001 - reported to the parent, which aborts the run
+    except Exception as exc:
         log.debug("worker failed", exc_info=True)
         emit(("error", wid, f"{type(exc).__name__}: {exc}"))
 
@@ -343,7 +343,8 @@ def worker_process(scn_raw: bytes, wid: int, indices: list[int], out_q: Any, ctl
     async def wait_start() -> float | None:
         def get() -> float | None:
             try:
-                return ctl_q.get(timeout=limit)
+                start: float | None = ctl_q.get(timeout=limit)
+                return start
             except queue.Empty:
                 return None
 

@@ -82,7 +82,7 @@ class Publisher:
                 status, reply = await asyncio.wait_for(
                     pool.request("POST", self.target, body, self.headers), self.timeout
                 )
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 stats.errors += 1
                 self._fail("timeout", "publish timed out")
                 continue

@@ -108,7 +108,7 @@ async def run_scenario(scn: Scenario) -> RunReport:
     if not scn.run_id:
         scn = msgspec.structs.replace(scn, run_id=new_run_id())
     raise_fd_limit()
-    started_at = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    started_at = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
     wall0 = time.monotonic()
     ru0 = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
     slices = split_topics(scn.topics, scn.procs)
@@ -174,7 +174,7 @@ async def _supervise(
             break
         try:
             kind, wid, payload = await asyncio.wait_for(events.get(), remaining)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             continue
         if kind == "ready":
             ready[wid] = msgspec.msgpack.decode(payload, type=Ready)

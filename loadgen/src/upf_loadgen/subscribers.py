@@ -137,7 +137,7 @@ class Subscriber:
                 try:
                     await self._stream()
                     reason = "stream ended"
-                except Exception as exc:  # noqa: BLE001 - any failure of one stream is recorded, not raised
+                except Exception as exc:
                     reason = f"{type(exc).__name__}: {exc}"
                 if self._closing:
                     return
@@ -250,7 +250,7 @@ class Subscriber:
         if ws is not None:
             try:
                 await ws.close()
-            except Exception:  # noqa: BLE001 - a close during shutdown has nobody to report to
+            except Exception:
                 pass
         if conn is not None:
             conn.close()

@@ -89,8 +89,8 @@ def encode_payload(seq: int, sent_ns: int, size: int, binary: bool) -> bytes:
     if binary:
         head = _BIN_MAGIC + _BIN_HEAD.pack(seq, sent_ns)
         return head + _bin_pad(seq, size - len(head))
-    head = f"lg:{seq}:{sent_ns}:"
-    return (head + _text_pad(seq, size - len(head))).encode("ascii")
+    text = f"lg:{seq}:{sent_ns}:"
+    return (text + _text_pad(seq, size - len(text))).encode("ascii")
 
 
 def body_bytes(msg: Message) -> bytes:

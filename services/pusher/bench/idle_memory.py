@@ -76,7 +76,6 @@ async def serve_baseline() -> None:
 
 async def serve_pusher(store_dir: str) -> None:
     from upf_keyspace import Settings, open_store
-
     from upf_pusher.server import serve
 
     settings = Settings(

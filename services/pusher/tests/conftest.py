@@ -7,4 +7,4 @@ import sys
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from upf_pusher_testkit import clients, pusher, start_pusher, store  # noqa: E402,F401
+from upf_pusher_testkit import clients, pusher, start_pusher, store  # noqa: F401

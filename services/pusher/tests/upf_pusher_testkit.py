@@ -19,7 +19,6 @@ import websockets
 from websockets.asyncio.client import connect as ws_connect
 
 from upf_keyspace import Envelope, Published, Settings, Store, open_store
-
 from upf_pusher.server import Pusher, serve
 
 MS = 0.001 * float(os.environ.get("UPF_TESTS_TIMEOUT_FACTOR", "1"))

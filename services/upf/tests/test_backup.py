@@ -6,10 +6,9 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from upf import backup as bk
 from upf_keyspace import Envelope, Settings, keys, open_store
 from upf_keyspace.drivers.embedded import raise_version_floor
-
-from upf import backup as bk
 
 
 async def test_restore_repairs_split_entries_and_raises_the_version(tmp_path: Path, monkeypatch) -> None:

@@ -9,10 +9,9 @@ import asyncio
 import time
 from typing import Any
 
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-
 import httpx
 import msgspec
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from upf_keyspace import Settings, decode_id, open_store
 from upf_keyspace import telemetry as tm
@@ -60,7 +59,7 @@ class _Stream:
                 return frame
 
 
-class subscribe:  # noqa: N801 - used like the black-box tests' helper
+class subscribe:
     def __init__(self, base: str, topic: str, transport: str) -> None:
         assert transport == "json"
         self.port = int(base.rsplit(":", 1)[1])

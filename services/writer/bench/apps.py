@@ -7,8 +7,8 @@ work behind an ordinary Litestar route handler, to price the HTTP layer alone.
 from __future__ import annotations
 
 from litestar import Litestar, Request, Response, post
-from upf_keyspace import Envelope, Published, Settings, message_from_envelope
 
+from upf_keyspace import Envelope, Published, Settings, message_from_envelope
 from upf_writer import ingest, schemas
 from upf_writer.app import create_app
 from upf_writer.httpio import decode_headers, decode_query
@@ -49,7 +49,6 @@ routed = Litestar([routed_publish], openapi_config=None, logging_config=None)
 
 def _endpoint_only():  # the writer's plain-function front alone, under the thin ASGI adapter (no Litestar)
     from upf_edge.asgi import serve_asgi
-
     from upf_writer.context import WriterContext
     from upf_writer.front import WriterFront
 

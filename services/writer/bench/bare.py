@@ -4,6 +4,7 @@ async def app(scope, receive, send):
         return
     more = True
     while more:
-        m = await receive(); more = m.get("more_body", False)
+        m = await receive()
+        more = m.get("more_body", False)
     await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(BODY)).encode())]})
     await send({"type": "http.response.body", "body": BODY})

@@ -63,7 +63,6 @@ STUB = textwrap.dedent(
 # --- one measurement (child process) -------------------------------------------------------------------
 async def _measure(store_kind: str, seconds: float, concurrency: int, warmup: float) -> dict[str, float]:
     from upf_keyspace import Envelope, Published, Settings, open_store
-
     from upf_writer.app import create_app
 
     try:

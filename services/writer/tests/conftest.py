@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
 import signal
 import socket
@@ -12,14 +14,11 @@ import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
-import asyncio
-import contextlib
-
 import httpx
 import pytest
 from litestar.types import ASGIApp
-from upf_keyspace import Settings, Store, open_store
 
+from upf_keyspace import Settings, Store, open_store
 from upf_writer.app import create_app
 
 PUBLIC_URL = "https://push.example"

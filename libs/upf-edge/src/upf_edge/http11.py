@@ -24,8 +24,8 @@ what ntfy's parameter lookups read) and the reply encoder of :class:`upf_edge.ha
 from __future__ import annotations
 
 import re
-from http import HTTPStatus
 from collections.abc import Iterable
+from http import HTTPStatus
 from urllib.parse import parse_qsl, unquote_to_bytes
 
 from .errors import NtfyError, Problem, error_body
@@ -137,7 +137,7 @@ class RequestHead:
 
     def has_token(self, name: bytes, token: bytes) -> bool:
         """Whether a comma-list header (Connection, Upgrade) contains ``token``, case-insensitively."""
-        for k, v in self.headers:
+        for k, v in self.headers:  # noqa: SIM110 - a plain loop on the codec's hot path, no nested generator
             if k == name and token in (p.strip().lower() for p in v.split(b",")):
                 return True
         return False

@@ -15,6 +15,7 @@ import logging
 from collections.abc import Awaitable, Callable, Sequence
 
 import msgspec
+
 from upf_keyspace.errors import STORAGE, StorageHealth
 
 from .errors import STORE_UNAVAILABLE, Problem
@@ -115,7 +116,7 @@ class OpsRoutes:
     async def _heartbeat(self) -> Reply:
         try:
             ok = await asyncio.wait_for(self._probe(), self._timeout)
-        except Exception as exc:  # noqa: BLE001 - any failure of the probe means "not healthy"
+        except Exception as exc:
             log.warning("heartbeat failed: store read failed", extra={"error_type": type(exc).__name__})
             ok = False
         if ok is False:

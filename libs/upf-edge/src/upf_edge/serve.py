@@ -101,7 +101,7 @@ async def serve_handler(handler: Handler, host: str, port: int, *, head_timeout:
             with contextlib.suppress(ConnectionError):
                 writer.write(error_response(p.http, p.code, p.error))
                 await writer.drain()
-        except (asyncio.TimeoutError, ConnectionError):
+        except (TimeoutError, ConnectionError):
             pass
         finally:
             served.connections.discard(writer)

@@ -7,7 +7,6 @@ import base64
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from upf_keyspace.auth import EVERYONE, Access, AuthState, Permission, Token, User, token_digest
 
 from upf_edge.access import (
     ANONYMOUS,
@@ -23,6 +22,7 @@ from upf_edge.access import (
     valid_token,
 )
 from upf_edge.errors import NtfyError
+from upf_keyspace.auth import EVERYONE, Access, AuthState, Permission, Token, User, token_digest
 
 TOKEN = "tk_" + "abc123" * 4 + "xyz98"
 NOW = 1_800_000_000.0

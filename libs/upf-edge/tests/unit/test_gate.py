@@ -8,12 +8,12 @@ import base64
 import time
 
 import pytest
-from upf_keyspace import Settings, open_store
-from upf_keyspace.auth import EVERYONE, Permission, User
 
 from upf_edge.access import ANONYMOUS, Identity, hash_password
 from upf_edge.errors import NtfyError
 from upf_edge.gate import AccessGate
+from upf_keyspace import Settings, open_store
+from upf_keyspace.auth import EVERYONE, Permission, User
 
 
 @pytest.fixture

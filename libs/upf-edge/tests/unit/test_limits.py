@@ -7,8 +7,6 @@ import asyncio
 import ipaddress
 
 import pytest
-from upf_keyspace import load_settings
-from upf_keyspace.limits import Bucket, Lease, take
 
 from upf_edge.errors import STORE_UNAVAILABLE, NtfyError
 from upf_edge.limiter import IDLE_SECS, RequestLimiter
@@ -21,6 +19,8 @@ from upf_edge.limits import (
     refusal,
     visitor_key,
 )
+from upf_keyspace import load_settings
+from upf_keyspace.limits import Bucket, Lease, take
 
 ip = ipaddress.ip_address
 net = ipaddress.ip_network

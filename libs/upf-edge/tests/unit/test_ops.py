@@ -20,7 +20,7 @@ def routes(probe_result: object = None, fail: bool = False) -> OpsRoutes:
     return OpsRoutes("upf-test", "1.2.3", probe, lambda: b"# metrics\n", "text/plain; version=0.0.4")
 
 
-async def call(r: OpsRoutes, method: str, path: str):  # noqa: ANN201
+async def call(r: OpsRoutes, method: str, path: str):
     assert r.wants(method, path) and r.body_limit(method, path[1:]) == NO_BODY
     return await r(method, path[1:], [], b"", b"", "127.0.0.1")
 

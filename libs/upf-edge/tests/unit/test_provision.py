@@ -4,11 +4,11 @@ match them at every start while CLI-made records stay."""
 from __future__ import annotations
 
 import pytest
-from upf_keyspace import Settings, SettingsError, open_store
-from upf_keyspace.auth import EVERYONE, Permission, User, token_digest
 
 from upf_edge.access import hash_password
 from upf_edge.provision import apply_provisioning, load_provisioning
+from upf_keyspace import Settings, SettingsError, open_store
+from upf_keyspace.auth import EVERYONE, Permission, User, token_digest
 
 HASH = hash_password("pw")
 TOKEN = "tk_" + "p" * 29

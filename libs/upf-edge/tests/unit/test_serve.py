@@ -48,7 +48,7 @@ async def ops() -> AsyncIterator[tuple[HandlerServer, list[bool]]]:
         await server.wait_closed()
 
 
-async def test_ops_routes_on_one_keep_alive_connection(ops) -> None:  # noqa: ANN001
+async def test_ops_routes_on_one_keep_alive_connection(ops) -> None:
     server, down = ops
     reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
     try:
@@ -71,7 +71,7 @@ async def test_ops_routes_on_one_keep_alive_connection(ops) -> None:  # noqa: AN
         writer.close()
 
 
-async def test_head_gets_no_body(ops) -> None:  # noqa: ANN001
+async def test_head_gets_no_body(ops) -> None:
     reader, writer = await asyncio.open_connection("127.0.0.1", ops[0].port)
     try:
         writer.write(b"HEAD /v1/health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
@@ -93,7 +93,7 @@ async def test_head_gets_no_body(ops) -> None:  # noqa: ANN001
         (b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03\r\n\r\n", 400, 40000),  # TLS to a plain port
     ],
 )
-async def test_bad_requests_get_ntfy_error_bodies(ops, raw: bytes, status: int, code: int) -> None:  # noqa: ANN001
+async def test_bad_requests_get_ntfy_error_bodies(ops, raw: bytes, status: int, code: int) -> None:
     got, headers, body = await exchange(ops[0].port, raw)
     assert got == status and headers["content-type"] == "application/json"
     assert json.loads(body) == {"code": code, "http": status, "error": json.loads(body)["error"]} and body.endswith(b"\n")

@@ -10,8 +10,6 @@ import base64
 import ipaddress
 
 import pytest
-from upf_keyspace.auth import AuthState, User
-from upf_keyspace.limits import Bucket, Failure, Lease, fail, take, take_count
 
 from upf_edge.access import UNAUTHORIZED, hash_password
 from upf_edge.errors import NtfyError
@@ -26,6 +24,8 @@ from upf_edge.limits import (
     LimitConfig,
     success_headers,
 )
+from upf_keyspace.auth import AuthState, User
+from upf_keyspace.limits import Bucket, Failure, Lease, fail, take, take_count
 
 
 class FakeStore:

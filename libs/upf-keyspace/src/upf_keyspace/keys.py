@@ -53,6 +53,8 @@ import functools
 import importlib.util
 import struct
 import sys
+from collections.abc import Callable
+from typing import Any, cast
 
 import fdb.tuple as fdbtuple
 from fdb.tuple import Versionstamp
@@ -167,11 +169,11 @@ def _modernise_six_importer() -> None:
         if type(imp).__name__ == "_SixMetaPathImporter" and not hasattr(imp, "find_spec"):
 
             def find_spec(fullname: str, path: object = None, target: object = None, _imp: object = imp) -> object:
-                if _imp.find_module(fullname, path) is None:  # type: ignore[attr-defined]
+                if _imp.find_module(fullname, path) is None:  # type: ignore[attr-defined]  # six 1.11 importer API, untyped
                     return None
-                return importlib.util.spec_from_loader(fullname, _imp)  # type: ignore[arg-type]
+                return importlib.util.spec_from_loader(fullname, _imp)  # type: ignore[arg-type]  # six's importer is its own loader
 
-            imp.find_spec = find_spec  # type: ignore[attr-defined]
+            imp.find_spec = find_spec  # type: ignore[method-assign, assignment]  # adding the method six 1.16 added is the point
 
 
 _modernise_six_importer()
@@ -210,7 +212,11 @@ class Prefix(str, enum.Enum):
     TOPIC_COUNT = "TN"
 
 
-ROOT = fdbtuple.pack(("upf",))
+# The bindings ship no type information: their two tuple-layer calls used here, typed once.
+_tuple_pack: Callable[[tuple[object, ...]], bytes] = fdbtuple.pack
+_tuple_unpack: Callable[..., tuple[Any, ...]] = fdbtuple.unpack
+
+ROOT = _tuple_pack(("upf",))
 _I64 = struct.Struct("<q")
 _PLACEHOLDER = b"\xff" * 10
 
@@ -225,7 +231,7 @@ def _enc(item: object) -> bytes:
             return b"\x14"
         n = (item.bit_length() + 7) // 8
         return bytes((0x14 + n,)) + item.to_bytes(n, "big")
-    return fdbtuple.pack((item,))
+    return _tuple_pack((item,))
 
 
 @functools.lru_cache(maxsize=65536)
@@ -254,10 +260,10 @@ def _pack_vs(prefix: bytes, user_version: int, *tail: object) -> bytes:
     )
 
 
-def _unpack(key: bytes, prefix: Prefix, arity: int) -> tuple:
+def _unpack(key: bytes, prefix: Prefix, arity: int) -> tuple[Any, ...]:
     if not key.startswith(ROOT):
         raise ValueError("key is outside the upf root")
-    items = fdbtuple.unpack(key, prefix_len=len(ROOT))
+    items = _tuple_unpack(key, prefix_len=len(ROOT))
     if len(items) != arity + 1 or Prefix(items[0]) is not prefix:
         raise ValueError("key is not of the expected kind")
     return items[1:]
@@ -279,7 +285,8 @@ def strinc(key: bytes) -> bytes:
 
 def stamp_of(vs: Versionstamp) -> bytes:
     """12 raw bytes of a complete versionstamp."""
-    return vs.tr_version + struct.pack(">H", vs.user_version)
+    tr_version: bytes = vs.tr_version
+    return tr_version + struct.pack(">H", vs.user_version)
 
 
 def _vs(stamp: bytes) -> Versionstamp:
@@ -293,7 +300,8 @@ def pack_i64(n: int) -> bytes:
 def unpack_i64(raw: bytes | None) -> int:
     if not raw:
         return 0
-    return _I64.unpack(raw[:8].ljust(8, b"\x00"))[0]
+    n: int = _I64.unpack(raw[:8].ljust(8, b"\x00"))[0]
+    return n
 
 
 def shard_of(topic: str, shard_count: int) -> int:
@@ -437,7 +445,7 @@ def liveness_range() -> tuple[bytes, bytes]:
 
 def unpack_liveness_key(key: bytes) -> str:
     (node,) = _unpack(key, Prefix.LIVENESS, 1)
-    return node
+    return cast(str, node)
 
 
 # --- ID ---------------------------------------------------------------------------------------------
@@ -470,7 +478,7 @@ def user_range() -> tuple[bytes, bytes]:
 
 def unpack_user_key(key: bytes) -> str:
     (user,) = _unpack(key, Prefix.AUTH_USER, 1)
-    return user
+    return cast(str, user)
 
 
 def token_key(user: str, digest: str) -> bytes:
@@ -515,7 +523,7 @@ def bucket_range() -> tuple[bytes, bytes]:
 
 def unpack_bucket_key(key: bytes) -> str:
     (visitor,) = _unpack(key, Prefix.RATE_BUCKET, 1)
-    return visitor
+    return cast(str, visitor)
 
 
 # --- S / SR -----------------------------------------------------------------------------------------
@@ -574,7 +582,7 @@ def stat_sample_range() -> tuple[bytes, bytes]:
 
 def unpack_stat_sample_key(key: bytes) -> int:
     (unix,) = _unpack(key, Prefix.STATS_SAMPLE, 1)
-    return unix
+    return cast(int, unix)
 
 
 # --- WT / VK ----------------------------------------------------------------------------------------
@@ -607,7 +615,7 @@ def vapid_binding_range() -> tuple[bytes, bytes]:
 
 def unpack_vapid_binding_key(key: bytes) -> str:
     (topic,) = _unpack(key, Prefix.VAPID_BINDING, 1)
-    return topic
+    return cast(str, topic)
 
 
 # --- any kind ---------------------------------------------------------------------------------------
@@ -622,7 +630,7 @@ def prefix_of(key: bytes) -> Prefix:
     """The kind of any UPF key; ValueError outside the root or for a kind this release does not know."""
     if not key.startswith(ROOT):
         raise ValueError("key is outside the upf root")
-    return Prefix(fdbtuple.unpack(key, prefix_len=len(ROOT))[0])
+    return Prefix(_tuple_unpack(key, prefix_len=len(ROOT))[0])
 
 
 # --- RF / RM / RS / RSN -------------------------------------------------------------------------------
@@ -689,7 +697,7 @@ def rate_visitor_range() -> tuple[bytes, bytes]:
 
 def unpack_rate_visitor_key(key: bytes) -> str:
     (topic,) = _unpack(key, Prefix.RATE_VISITOR, 1)
-    return topic
+    return str(topic)
 
 
 def active_topic_key(topic: str) -> bytes:
@@ -702,7 +710,7 @@ def active_topic_range() -> tuple[bytes, bytes]:
 
 def unpack_active_topic_key(key: bytes) -> str:
     (topic,) = _unpack(key, Prefix.ACTIVE_TOPIC, 1)
-    return topic
+    return str(topic)
 
 
 def topic_count_key() -> bytes:

@@ -45,7 +45,7 @@ async def amain(service_name: str = "upf-janitor") -> None:
             arm_exit_watchdog(settings.shutdown_grace_secs)
             try:
                 await asyncio.wait_for(run, settings.shutdown_grace_secs)
-            except (asyncio.TimeoutError, TimeoutError):
+            except TimeoutError:
                 log.warning("janitor pass cut at shutdown")
         else:
             run.result()

@@ -92,11 +92,11 @@ class Janitor:
                 break
         for node in await self.store.stale_subscription_nodes(now, self.dead_after):
             while True:
-                n = await self.store.reset_node_subscriptions(node, SWEEP_BATCH, now, self.dead_after)
-                if n is None:  # it came back to life meanwhile
+                cleared = await self.store.reset_node_subscriptions(node, SWEEP_BATCH, now, self.dead_after)
+                if cleared is None:  # it came back to life meanwhile
                     break
-                result.cleared_subscriptions += n
-                if n < SWEEP_BATCH:
+                result.cleared_subscriptions += cleared
+                if cleared < SWEEP_BATCH:
                     break
         for node in await self.store.dead_nodes(now, self.dead_after):
             while True:
@@ -161,5 +161,5 @@ class Janitor:
             delay = self.interval * random.uniform(0.9, 1.1)
             try:
                 await asyncio.wait_for(stop.wait(), delay)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass

@@ -567,7 +567,7 @@ class Pusher:
         # most half the grace; in-flight requests run meanwhile and get the rest of it.
         try:
             await asyncio.wait_for(self.hub.stop(), grace / 2)
-        except (asyncio.TimeoutError, TimeoutError):
+        except TimeoutError:
             log.warning("hub stop outlived half the shutdown grace", extra={"node": self.settings.node_id})
         try:  # its subscriptions are gone: so are their counts (the janitor sweeps them if this fails)
             await asyncio.wait_for(self.limiter.reset_node(self.hub.node), max(0.0, deadline - time.monotonic()))

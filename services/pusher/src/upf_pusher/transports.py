@@ -88,7 +88,7 @@ def bound_send_buffer(transport: asyncio.BaseTransport, size: int) -> None:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, size)
 
 
-def reset(transport: asyncio.BaseTransport) -> None:
+def reset(transport: asyncio.Transport) -> None:
     """Abortive close: the kernel drops whatever is still queued and sends RST (no FIN-WAIT-1)."""
     sock = transport.get_extra_info("socket")
     if sock is not None:
@@ -240,7 +240,7 @@ class WsSubscriber(Subscriber):
         """The latest ping's pong, held back while the previous one is pending."""
         self.held = 0
         """Why reading is paused: ``_HELD_WRITE`` (above the high-water mark), ``_HELD_PONG`` (a pong owed)."""
-        self.budget = FRAME_BURST
+        self.budget: float = FRAME_BURST
         """Client frames it may still send now (a token bucket: ``FRAME_REFILL_PER_SEC``, up to ``FRAME_BURST``)."""
         self.budget_at = 0.0
 
@@ -326,7 +326,7 @@ class WsSubscriber(Subscriber):
     def data_received(self, data: bytes) -> None:
         ws = self.ws
         ws.receive_data(data)
-        frames = ws.events_received()
+        frames: list[Frame] = ws.events_received()  # type: ignore[assignment]  # after the handshake, only frames
         if frames and not self._spend(len(frames)):
             ws.fail(CloseCode.POLICY_VIOLATION, "too many frames")  # each costs parsing; ntfy clients send ~none
             frames = []
@@ -350,7 +350,7 @@ class WsSubscriber(Subscriber):
         if frame.opcode is Opcode.TEXT:
             if frame.fin:
                 try:
-                    frame.data.decode("utf-8")
+                    str(frame.data, "utf-8")  # the data is any bytes-like: str() decodes them all
                     return True
                 except UnicodeDecodeError:
                     return False

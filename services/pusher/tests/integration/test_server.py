@@ -13,7 +13,6 @@ from upf_pusher_testkit import MS, eventually, publish, raw_request, settings_fo
 
 from upf_edge import NO_BODY, Reply
 from upf_keyspace import Store
-
 from upf_pusher import __version__
 from upf_pusher.server import Pusher, serve
 

@@ -10,7 +10,6 @@ import pytest
 from upf_pusher_testkit import MS, TRANSPORTS, eventually, publish, raw_request
 
 from upf_keyspace import Store
-
 from upf_pusher.hub import READ_BATCH
 from upf_pusher.server import Pusher
 from upf_pusher.transports import WRITE_HIGH

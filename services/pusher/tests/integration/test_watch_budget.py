@@ -25,7 +25,7 @@ async def test_watches_stay_at_shard_count(pusher: Pusher, store: Store) -> None
             assert (await c.next())["event"] == "open"
         assert db._watch_count() == budget  # type: ignore[attr-defined]
         sent = [await publish(store, f"budget{i}", f"m{i}") for i in (0, 57, 199)]
-        for i, p in zip((0, 57, 199), sent):
+        for i, p in zip((0, 57, 199), sent, strict=True):
             assert (await clients[i].next_message())["id"] == p.id
         assert db._watch_count() == budget  # type: ignore[attr-defined]
     finally:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 
 from upf_keyspace import Message
-
 from upf_pusher import framing
 
 MSG = Message(id="AAAAAAAAAAEAAAAA", time=1700000000, expires=1700000060, event="message", topic="t1", message="a\nb")

@@ -8,10 +8,10 @@ import json
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from upf_keyspace import Envelope, Message, message_from_envelope
 from websockets.frames import Frame, Opcode
 from websockets.streams import StreamReader
 
+from upf_keyspace import Envelope, Message, message_from_envelope
 from upf_pusher import framing
 
 texts = st.text(max_size=60)  # any code point, including lone surrogates' neighbours, NUL, CR/LF, U+2028

@@ -7,8 +7,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from upf_keyspace import Envelope, message_from_envelope
 
+from upf_keyspace import Envelope, message_from_envelope
 from upf_pusher import framing
 
 STAMP = bytes(range(12))

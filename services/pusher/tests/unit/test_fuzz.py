@@ -5,9 +5,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from upf_keyspace import Since
-
 from upf_edge.http11 import ChunkedDecoder, HttpError, RequestHead, find_head_end, parse_head
+from upf_keyspace import Since
 from upf_pusher.query import QueryError, parse_since, parse_subscribe
 
 _HEADISH = st.lists(

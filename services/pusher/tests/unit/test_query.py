@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 
 from upf_keyspace import SINCE_ALL, SINCE_LATEST, SINCE_NONE, Since, encode_id
-
 from upf_pusher.query import QueryError, match_subscribe_path, parse_since, parse_subscribe, parse_topics
 
 NOW = 1_700_000_000.0

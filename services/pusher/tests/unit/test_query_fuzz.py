@@ -9,9 +9,9 @@ from urllib.parse import quote
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from upf_keyspace import SINCE_ALL, Since, decode_id, encode_id
 
 from upf_edge.http11 import HttpError, parse_head
+from upf_keyspace import SINCE_ALL, Since, decode_id, encode_id
 from upf_pusher.query import QueryError, match_subscribe_path, parse_since, parse_subscribe
 
 NOW = 1_700_000_000.0

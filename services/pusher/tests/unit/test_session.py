@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from upf_keyspace import Envelope, Stored
-
 from upf_pusher.session import RULES, Close, Phase, Read, Send, Session, SessionConfig
 
 BATCH = 3

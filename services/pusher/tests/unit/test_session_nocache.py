@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from upf_keyspace import Envelope, Stored
-
 from upf_pusher.session import Phase, Read, Send, Session, SessionConfig
 
 NOW = 1_700_000_000.0

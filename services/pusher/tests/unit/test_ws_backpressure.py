@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import asyncio
 
-from upf_keyspace import Settings
 from websockets.protocol import State
 from websockets.server import ServerProtocol
 
+from upf_keyspace import Settings
 from upf_pusher import transports
 from upf_pusher.session import Session, SessionConfig
 from upf_pusher.transports import WsSubscriber

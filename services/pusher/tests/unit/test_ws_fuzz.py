@@ -13,12 +13,12 @@ import struct
 
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
-from upf_keyspace import Settings
 from websockets.frames import Frame, Opcode
 from websockets.protocol import State
 from websockets.server import ServerProtocol
 from websockets.streams import StreamReader
 
+from upf_keyspace import Settings
 from upf_pusher import transports
 from upf_pusher.session import Session, SessionConfig
 from upf_pusher.transports import WsSubscriber

@@ -75,7 +75,7 @@ async def run_with_pusher(settings: Settings, sock: socket.socket | None = None)
         if janitor_task is not None:
             try:
                 await asyncio.wait_for(janitor_task, max(0.1, deadline - loop.time()))
-            except (asyncio.TimeoutError, TimeoutError):
+            except TimeoutError:
                 log.warning("janitor pass cut at shutdown")
     finally:
         await store.close()

@@ -14,7 +14,7 @@ from upf_keyspace.telemetry import setup_telemetry
 
 from . import __version__
 
-__all__ = ["app", "build_app"]
+__all__ = ["app", "build_app"]  # noqa: F822 - `app` is built on first access by the module __getattr__
 
 
 def build_app() -> Any:

@@ -101,7 +101,7 @@ prefix_range = keys.prefix_range
 
 
 async def _page(store: Store, begin: bytes, end: bytes) -> list[tuple[bytes, bytes]]:
-    async def body(tr):  # type: ignore[no-untyped-def]
+    async def body(tr):
         return await tr.get_range(begin, end, limit=PAGE, snapshot=True)
 
     return await store.db.transact(body)
@@ -142,14 +142,14 @@ async def backup(store: Store, path: str) -> int:
 async def _fence(store: Store) -> bytes:
     """Commit a no-op (add 0 to the format record) and return its stamp."""
 
-    async def body(tr):  # type: ignore[no-untyped-def]
+    async def body(tr):
         tr.add(keys.format_key(), keys.pack_i64(0))
         return tr.get_versionstamp()
 
     return await (await store.db.transact(body))
 
 
-async def _format(tr) -> int:  # type: ignore[no-untyped-def]
+async def _format(tr) -> int:
     return keys.unpack_i64(await tr.get(keys.format_key(), snapshot=True))
 
 
@@ -203,7 +203,7 @@ def _next(f: BinaryIO) -> Frame:
 
 
 async def _empty(store: Store) -> bool:
-    async def body(tr):  # type: ignore[no-untyped-def]
+    async def body(tr):
         for prefix in KEPT:
             if prefix is keys.Prefix.META:
                 continue
@@ -246,7 +246,7 @@ async def restore(store: Store, path: str) -> tuple[int, bytes, int]:
             return
         rows, batch, size = batch, [], 0
 
-        async def body(tr):  # type: ignore[no-untyped-def]
+        async def body(tr):
             for k, v in rows:
                 tr.set(k, v)
 

@@ -11,16 +11,22 @@ import logging.config
 import math
 import os
 import sys
+from typing import TYPE_CHECKING
 
 from granian import Granian
 from granian.constants import HTTPModes, Interfaces, Loops
 from granian.http import HTTP1Settings
 from granian.log import LogLevels
+
 from upf_edge.limits_os import raise_open_files_limit
 from upf_edge.provision import load_provisioning
 from upf_keyspace import SettingsError, load_settings
 
 from .logs import log_dictconfig
+
+if TYPE_CHECKING:
+    # `granian.Granian` is a variable (the multi-process or free-threaded server, chosen at import time).
+    from granian.server import MPServer, MTServer
 
 __all__ = ["main", "build_server"]
 
@@ -41,7 +47,7 @@ def build_server(
     log_level: str = "info",
     target: str = "upf_writer.asgi:app",
     grace_secs: float = WORKER_KILL_TIMEOUT_SECS,
-) -> Granian:
+) -> MPServer | MTServer:
     """The granian server of the writer; ``target`` is the ASGI app each worker imports (the all-in-one
     program passes its own, which adds the janitor to the worker)."""
     return Granian(

@@ -17,6 +17,7 @@ import random
 import re
 import string
 from collections.abc import Callable
+from typing import Any
 
 import msgspec
 
@@ -127,7 +128,7 @@ def count_json_actions(text: str) -> int:
 _STRING_FIELDS = ("id", "action", "label", "url", "method", "body", "intent")
 
 
-class _Object(list):  # type: ignore[type-arg]
+class _Object(list[tuple[str, Any]]):
     """A JSON object as its (key, value) pairs, told apart from a JSON array."""
 
 

@@ -14,20 +14,21 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
 from litestar import Litestar, Request, Response
+from litestar.exceptions import HTTPException, MethodNotAllowedException, NotFoundException
 from litestar.types import Receive, Scope, Send
+
 from upf_edge.asgi import send_preflight, serve_asgi, with_cors
 from upf_edge.gate import AccessGate
 from upf_edge.limiter import RequestLimiter
 from upf_edge.ops import PATHS as OPS_PATHS
-from litestar.exceptions import HTTPException, MethodNotAllowedException, NotFoundException
 from upf_keyspace import Settings, Store, open_store
 from upf_keyspace.telemetry import Telemetry
 
 from . import ingest
 from .context import WriterContext
+from .front import WriterFront
 from .ingest import Problem, PublishError
 from .routes import build_route_handlers
-from .front import WriterFront
 from .routes.ops import build_ops
 from .routes.publish import failure_problem
 
@@ -82,16 +83,16 @@ class WriterApp(Litestar):
     ``front`` is also what the all-in-one program hands the pusher's front door directly."""
 
     def __init__(self, *, ctx: WriterContext, **kwargs: object) -> None:
-        super().__init__(**kwargs)  # type: ignore[arg-type]
+        super().__init__(**kwargs)  # type: ignore[arg-type]  # Litestar's own keyword arguments, passed through
         litestar_paths = frozenset(
             r.path for r in self.routes if "{" not in r.path and r.path.rfind("/") == 0 and r.path != "/"
         )
         self.front = WriterFront(ctx, litestar_paths | OPS_PATHS)
         self.ops = build_ops(ctx)
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:  # type: ignore[override]
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:  # type: ignore[override]  # litestar's ASGI aliases
         if scope["type"] == "http":
-            method, path = scope["method"], scope["path"]
+            method, path = scope["method"], scope["path"]  # type: ignore[typeddict-item]  # litestar's scope type is an enum: `== "http"` does not narrow
             if method == "OPTIONS":  # ntfy answers a CORS preflight on every path
                 await send_preflight(send)  # type: ignore[arg-type]  # litestar's ASGI aliases
                 return
@@ -101,7 +102,7 @@ class WriterApp(Litestar):
             if self.ops.wants(method, path):
                 await serve_asgi(self.ops, scope, receive, send)  # type: ignore[arg-type]  # litestar's ASGI aliases
                 return
-            send = with_cors(send)  # type: ignore[arg-type]  # litestar's ASGI aliases
+            send = with_cors(send)  # type: ignore[arg-type, assignment]  # litestar's ASGI aliases
         await super().__call__(scope, receive, send)
 
 

@@ -125,7 +125,7 @@ class WriterFront:
             return problem_reply(ingest.METHOD_NOT_ALLOWED, _ALLOW)
         except PublishError as exc:
             return problem_reply(exc.problem, exc.headers)
-        except Exception as exc:  # noqa: BLE001 - every failure still answers with ntfy's error JSON
+        except Exception as exc:
             return problem_reply(failure_problem(exc, "topic"))
 
     async def _by_sequence(
@@ -171,7 +171,7 @@ class WriterFront:
         except PublishError as exc:
             ctx.metrics.rejected(exc.problem.code)
             return problem_reply(exc.problem, exc.headers)
-        except Exception as exc:  # noqa: BLE001 - every failure still answers with ntfy's error JSON
+        except Exception as exc:
             problem = failure_problem(exc, route)
             ctx.metrics.rejected(problem.code)
             return problem_reply(problem)
@@ -226,7 +226,7 @@ class WriterFront:
         except PublishError as exc:
             ctx.metrics.rejected(exc.problem.code)
             return problem_reply(exc.problem, exc.headers)
-        except Exception as exc:  # noqa: BLE001 - every failure still answers with ntfy's error JSON
+        except Exception as exc:
             problem = failure_problem(exc, route)
             ctx.metrics.rejected(problem.code)
             return problem_reply(problem)

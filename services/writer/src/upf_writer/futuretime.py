@@ -107,7 +107,7 @@ def _natural(text: str, now: int) -> int | None:
     except ValueError:
         return None
     day = m.group(1)
-    base = dt.datetime.fromtimestamp(now, dt.timezone.utc)
+    base = dt.datetime.fromtimestamp(now, dt.UTC)
     if clock is None:
         return now + 86400 if day == "tomorrow" else None
     at = base.replace(hour=clock[0], minute=clock[1], second=0, microsecond=0)

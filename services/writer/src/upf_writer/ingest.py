@@ -43,14 +43,15 @@ import binascii
 import re
 from collections.abc import Mapping
 from urllib.parse import unquote, urlsplit
+
 import msgspec
-from upf_edge import NtfyError, Problem
-from upf_edge import vapid
+
+from upf_edge import NtfyError, Problem, vapid
 from upf_edge.errors import STORE_UNAVAILABLE
 from upf_keyspace import Envelope, Settings
 
-from .futuretime import parse_future_time
 from .actions import ActionsError, count_json_actions, encode_actions, parse_actions
+from .futuretime import parse_future_time
 from .schemas import JsonPublish, MatrixPush
 
 __all__ = [

@@ -8,13 +8,14 @@ import copy
 from typing import Any
 
 from granian.log import LOGGING_CONFIG
+
 from upf_keyspace.telemetry import KeyValueFormatter
 
 __all__ = ["KeyValueFormatter", "log_dictconfig"]
 
 
 def log_dictconfig(level: str = "INFO") -> dict[str, Any]:
-    config = copy.deepcopy(LOGGING_CONFIG)
+    config: dict[str, Any] = copy.deepcopy(LOGGING_CONFIG)
     config["formatters"]["upf"] = {
         "()": KeyValueFormatter,
         "fmt": "%(asctime)s [%(levelname)s] %(name)s: %(message)s",

@@ -7,6 +7,7 @@ from ``upf_edge.errors``, since the pusher emits the same shapes; the rest are w
 from __future__ import annotations
 
 import msgspec
+
 from upf_keyspace import Message
 
 __all__ = [

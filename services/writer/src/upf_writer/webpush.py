@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 import msgspec
+
 from upf_edge import Reply
 from upf_edge.vapid import OUTCOMES, VapidVerifier, parse_credentials
 from upf_keyspace import Settings, Store

@@ -11,9 +11,9 @@ from collections.abc import AsyncIterator
 import msgspec
 import pytest
 from httpx import AsyncClient as AsyncTestClient
+
 from upf_keyspace import Settings, Store, StoreError, decode_id, open_store
 from upf_keyspace.auth import AuthState
-
 from upf_writer.app import create_app
 
 from ..conftest import PUBLIC_URL, in_process

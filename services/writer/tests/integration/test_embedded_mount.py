@@ -8,8 +8,8 @@ import asyncio
 import httpx
 from granian.constants import Interfaces
 from granian.server.embed import Server
-from upf_keyspace import Settings, Store, decode_id
 
+from upf_keyspace import Settings, Store, decode_id
 from upf_writer.app import create_app
 
 from ..conftest import TIMEOUT_FACTOR, free_port

@@ -10,6 +10,7 @@ import socket
 from pathlib import Path
 
 import httpx
+
 from upf_keyspace import Settings, decode_id, open_store
 
 from ..conftest import WriterProcess

@@ -10,8 +10,8 @@ from collections.abc import AsyncIterator
 import httpx
 import msgspec
 import pytest
-from upf_keyspace import Settings, Store
 
+from upf_keyspace import Settings, Store
 from upf_writer.app import create_app
 
 from ..conftest import PUBLIC_URL, in_process

@@ -7,9 +7,9 @@ import json
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
 from upf_keyspace import encode_envelope, message_from_envelope
 from upf_keyspace.wire import encode_json
-
 from upf_writer import ingest
 from upf_writer.httpio import decode_headers, decode_query
 from upf_writer.ingest import Limits, PublishError

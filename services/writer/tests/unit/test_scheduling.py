@@ -133,7 +133,7 @@ def test_go_duration_errors(text) -> None:
 
 
 def at(hour: int, minute: int = 0, days: int = 0) -> int:
-    base = dt.datetime.fromtimestamp(NOW, dt.timezone.utc).replace(hour=hour, minute=minute, second=0)
+    base = dt.datetime.fromtimestamp(NOW, dt.UTC).replace(hour=hour, minute=minute, second=0)
     return int((base + dt.timedelta(days=days)).timestamp())
 
 

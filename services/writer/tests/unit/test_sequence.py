@@ -7,8 +7,8 @@ from types import SimpleNamespace
 
 import msgspec
 import pytest
-from upf_keyspace import message_from_envelope
 
+from upf_keyspace import message_from_envelope
 from upf_writer import ingest
 from upf_writer.front import WriterFront
 from upf_writer.ingest import Limits, PublishError

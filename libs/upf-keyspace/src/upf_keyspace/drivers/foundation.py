@@ -47,7 +47,7 @@ def _bridge(loop: asyncio.AbstractEventLoop, fut: Any, convert: Callable[[Any], 
             return
         try:
             out.set_result(convert(f))
-        except Exception as exc:  # noqa: BLE001 - every FDB error becomes a StoreError
+        except Exception as exc:
             out.set_exception(_wrap(exc))
 
     def on_ready(f: Any) -> None:  # on the network thread: hop, nothing else
@@ -57,7 +57,7 @@ def _bridge(loop: asyncio.AbstractEventLoop, fut: Any, convert: Callable[[Any], 
         if o.cancelled():
             try:
                 fut.cancel()
-            except Exception:  # noqa: BLE001 - already destroyed
+            except Exception:
                 pass
 
     out.add_done_callback(forward_cancel)
@@ -101,7 +101,8 @@ class FoundationTransaction:
 
     async def get(self, key: bytes, *, snapshot: bool = False) -> bytes | None:
         src = self._tr.snapshot if snapshot else self._tr
-        return await _bridge(self._loop, src.get(key), lambda f: f.value)
+        value: bytes | None = await _bridge(self._loop, src.get(key), lambda f: f.value)
+        return value
 
     async def get_range(
         self,

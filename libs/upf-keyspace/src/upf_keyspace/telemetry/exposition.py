@@ -62,7 +62,7 @@ def _prometheus_registry(registry: Registry) -> Any:
             from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
 
             prom = CollectorRegistry(auto_describe=False)
-            prom.register(_PrometheusBridge(registry))  # type: ignore[arg-type]
+            prom.register(_PrometheusBridge(registry))
             ProcessCollector(registry=prom)
             PlatformCollector(registry=prom)
             GCCollector(registry=prom)

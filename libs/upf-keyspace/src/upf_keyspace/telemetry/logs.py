@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 import os
 
-
 _STANDARD = frozenset(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {"message", "asctime", "taskName"}
 
 

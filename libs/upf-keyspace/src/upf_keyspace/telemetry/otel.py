@@ -93,7 +93,7 @@ class _WithCellHistograms:
     def _receive_metrics(self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: Any) -> None:
         if self.histograms is not None:
             metrics_data = self.histograms.merge(metrics_data)
-        super()._receive_metrics(metrics_data, timeout_millis=timeout_millis, **kwargs)  # type: ignore[misc]
+        super()._receive_metrics(metrics_data, timeout_millis=timeout_millis, **kwargs)  # type: ignore[misc]  # a mixin: the MetricReader it is mixed into has it
 
 
 class InMemoryCellReader(_WithCellHistograms, InMemoryMetricReader):

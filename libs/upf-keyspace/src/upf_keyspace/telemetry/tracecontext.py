@@ -6,7 +6,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-
 _HEX = frozenset("0123456789abcdef")
 
 

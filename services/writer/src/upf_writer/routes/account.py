@@ -18,6 +18,7 @@ import time
 import msgspec
 from litestar import Request, Response, route
 from litestar.types import ControllerRouterHandler
+
 from upf_edge.access import UNAUTHORIZED, new_token, parse_credentials, valid_token
 from upf_edge.gate import auth_param
 from upf_keyspace.auth import Token, token_digest
@@ -109,7 +110,7 @@ def build(ctx: WriterContext) -> list[ControllerRouterHandler]:
         return who.user, parse_credentials(authorization, param).token
 
     async def body_of(request: Request) -> TokenRequest:
-        raw = await read_body(request.receive, JSON_BODY_LIMIT)
+        raw = await read_body(request.receive, JSON_BODY_LIMIT)  # type: ignore[arg-type]  # litestar's ASGI aliases
         if raw is None:
             raise PublishError(ingest.JSON_TOO_LARGE)
         return parse_token_request(raw)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from litestar import Request, Response, get, head
 from litestar.types import ControllerRouterHandler
+
 from upf_edge.gate import auth_param
 from upf_edge.ops import OpsRoutes
 from upf_keyspace import telemetry as tm

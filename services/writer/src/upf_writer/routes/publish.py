@@ -16,6 +16,7 @@ from collections.abc import Mapping
 import msgspec
 from litestar import Request, Response, get, route
 from litestar.types import ControllerRouterHandler
+
 from upf_edge.errors import INSUFFICIENT_STORAGE
 from upf_keyspace import Published, Store, StoreError, message_from_envelope
 from upf_keyspace import telemetry as tm
@@ -149,7 +150,7 @@ def build(ctx: WriterContext) -> list[ControllerRouterHandler]:
             visitor = await ctx.admit(who.user, client, forwarded)
             limit = limits.max_message_bytes - 1  # ntfy: 4096 bytes or more is too large
             ingest.check_content_length(headers, limit, ingest.MATRIX_TOO_LARGE)
-            body = await read_body(request.receive, limit)
+            body = await read_body(request.receive, limit)  # type: ignore[arg-type]  # litestar's ASGI aliases
             if body is None:
                 raise PublishError(ingest.MATRIX_TOO_LARGE)
             outcome = ingest.ingest_matrix(body, now=ctx.clock(), limits=limits)
@@ -161,8 +162,10 @@ def build(ctx: WriterContext) -> list[ControllerRouterHandler]:
                 outcome.ingested.topic, None, bind=False
             ):  # a homeserver carries no VAPID key: a topic bound to one refuses it
                 raise PublishError(ingest.VAPID_KEY_REFUSED)
-            await ctx.limiter.message(visitor)  # type: ignore[union-attr]  # admit() checked it
-            await ctx.limiter.touch_topics((outcome.ingested.topic,), visitor)  # type: ignore[union-attr]
+            limiter = ctx.limiter
+            assert limiter is not None  # admit() checked it
+            await limiter.message(visitor)
+            await limiter.touch_topics((outcome.ingested.topic,), visitor)
             await publish_one(ctx, outcome.ingested, headers, len(body), start_ns, "matrix")
         except ClientGone:
             raise
