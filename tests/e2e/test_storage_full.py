@@ -69,3 +69,32 @@ async def test_full_store_answers_507_fast_reports_degraded_and_recovers(fleet):
     log = upf.log()
     assert "Traceback" not in log
     assert 1 <= log.count("embedded store full: writes refused") <= 2
+
+
+async def test_store_bytes_bound_answers_507_keeps_what_is_stored_and_recovers(fleet):
+    """UPF_MAX_STORE_BYTES (issue 10's storage bound): once the fleet's stored message bytes reach it,
+    publishes get 507 50702 (within the writers' one-second view of the total), nothing stored is lost,
+    and publishes resume once the janitor has expired enough."""
+    upf = fleet.start("upf", node="allinone", UPF_MAX_STORE_BYTES="20000", UPF_LIMIT_REQUEST_BURST="1000000")
+    async with httpx.AsyncClient(timeout=30) as c:
+        kept = [(await _publish(c, upf.base, "upBOUND01", f"keep{i}")).json()["id"] for i in range(3)]
+        acked, refused = 0, None
+        for _ in range(60):  # 1 KB messages that live 4 s, until refused
+            r = await _publish(c, upf.base, "upBOUND02", "y" * 1000, ttl=4)
+            if r.status_code != 200:
+                refused = r
+                break
+            acked += 1
+            await asyncio.sleep(0.05)
+        assert refused is not None and 15 <= acked < 60, acked
+        assert error_body(refused) == {"code": 50702, "http": 507, "error": "insufficient storage: the store is full"}
+        assert [f.id for f in await poll(upf.base, "upBOUND01")] == kept  # nothing stored is touched
+        assert len(await poll(upf.base, "upBOUND02")) == acked
+        deadline = time.monotonic() + 40
+        while time.monotonic() < deadline:  # the 4 s messages expire: the bound admits publishes again
+            r = await _publish(c, upf.base, "upBOUND03", "z")
+            if r.status_code == 200:
+                break
+            await asyncio.sleep(0.5)
+        assert r.status_code == 200, r.text
+        assert [f.id for f in await poll(upf.base, "upBOUND01")] == kept

@@ -110,3 +110,21 @@ def test_envelope_push_fields_round_trip():
 
     back = decode_envelope(raw)
     assert back.push_topic == "news" and back.urgency == "high"
+
+
+async def test_stored_bytes_follow_publish_replacement_and_expiry(store):
+    """UPF_MAX_STORE_BYTES' counter: a publish adds its stored value, a Topic replacement and the
+    janitor's expiry take theirs off; it never reads below zero."""
+    from upf_keyspace import encode_envelope, ops
+
+    assert await store.stored_bytes() == 0
+    a = env("a" * 100, ttl=-10)
+    b = env("b" * 50, "slot")
+    await store.publish("t", a)
+    await store.publish("u", b)
+    assert await store.stored_bytes() == len(encode_envelope(a)) + len(encode_envelope(b))
+    c = env("c" * 10, "slot")
+    await store.publish("u", c)  # replaces b
+    assert await store.stored_bytes() == len(encode_envelope(a)) + len(encode_envelope(c))
+    await store.db.transact(ops.janitor.expire, int(time.time()), 100)  # a expired
+    assert await store.stored_bytes() == len(encode_envelope(c))

@@ -29,7 +29,7 @@ from upf_keyspace import Settings, Store
 from upf_keyspace.limits import day_of, secs_to_next_day
 
 from .access import ANONYMOUS, UNAUTHORIZED, Identity
-from .errors import STORE_UNAVAILABLE, NtfyError
+from .errors import INSUFFICIENT_STORAGE, STORE_UNAVAILABLE, NtfyError
 from .gate import AccessGate
 from .limits import (
     NO_SUBSCRIBER,
@@ -64,6 +64,8 @@ subscribe would make reconnect storms write storms)."""
 _MAX_CACHED_TOPICS = 65_536
 TOPIC_REFRESH_SECS = 3600.0
 """A process marks a topic it knows active again only this often (the janitor expunges after 16 h)."""
+STORED_REFRESH_SECS = 1.0
+"""How stale a process's view of the fleet's stored bytes may be (``require_storage``)."""
 
 _SHARED: weakref.WeakKeyDictionary[Store, RequestLimiter] = weakref.WeakKeyDictionary()
 
@@ -83,7 +85,7 @@ class RequestLimiter:
     __slots__ = (
         "store", "config", "header", "clock", "_local", "_refused", "_pending", "_waiting", "_exempt_peers", "_peer_keys", "_swept",
         "_left", "_blocked", "_messages", "_no_messages", "_tasks", "_rates", "_rates_set", "_topics",
-        "_headers", "__weakref__",
+        "_headers", "_stored", "__weakref__",
     )
 
     def __init__(self, store: Store, config: LimitConfig, clock: Callable[[], float] = time.time) -> None:
@@ -108,6 +110,7 @@ class RequestLimiter:
         self._rates_set: dict[str, tuple[str, float]] = {}  # topic -> (rate visitor this node wrote, when)
         self._topics: dict[str, float] = {}  # topic -> when this process last marked it active
         self._headers: dict[int, tuple[tuple[bytes, bytes], ...]] = {}  # remaining -> RateLimit headers
+        self._stored: list[float] = [0.0, -math.inf]  # [the fleet's stored bytes, when read]
 
     @classmethod
     def shared(cls, store: Store, settings: Settings) -> RequestLimiter:
@@ -421,6 +424,22 @@ class RequestLimiter:
         """ntfy's 507 50701: a UnifiedPush publish to a topic nobody has subscribed to, with the mode on."""
         if unifiedpush and self.config.subscriber_rate and rate_topic(topic) and await self.rate_visitor(topic) is None:
             raise NtfyError(NO_SUBSCRIBER)
+
+    # --- the storage bound (UPF_MAX_STORE_BYTES, 507) ---------------------------------------------------
+    async def require_storage(self) -> None:
+        """507 50702 while the fleet's stored message bytes are at or past ``UPF_MAX_STORE_BYTES``. The
+        total is read at most once per ``STORED_REFRESH_SECS`` (one snapshot read of a few keys), so a
+        fleet may pass the bound by that long's publishes; what is stored is never touched, and
+        publishes resume as the janitor expires messages."""
+        bound = self.config.max_store_bytes
+        if not bound:
+            return
+        now = self.clock()
+        if now - self._stored[1] >= STORED_REFRESH_SECS:
+            self._stored[1] = now
+            self._stored[0] = await self.store.stored_bytes()
+        if self._stored[0] >= bound:
+            raise NtfyError(INSUFFICIENT_STORAGE)
 
     # --- the fleet's active topics (ntfy's 42904) ------------------------------------------------------
     async def touch_topics(self, topics: Sequence[str], visitor: str | None) -> None:

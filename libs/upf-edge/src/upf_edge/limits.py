@@ -75,6 +75,7 @@ class LimitConfig(NamedTuple):
     subscriber_rate: bool = False
     """ntfy's visitor-subscriber-rate-limiting (see :func:`rate_topic`)."""
     total_topics: int = 15_000
+    max_store_bytes: int = 0
 
     @classmethod
     def from_settings(cls, settings: Settings) -> LimitConfig:
@@ -92,6 +93,7 @@ class LimitConfig(NamedTuple):
             subscriptions=settings.limit_subscriptions,
             subscriber_rate=settings.limit_subscriber_rate,
             total_topics=settings.limit_total_topics,
+            max_store_bytes=settings.max_store_bytes,
         )
 
     @property

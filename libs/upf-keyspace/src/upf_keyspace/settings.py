@@ -92,6 +92,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     limit_subscriptions: int = 30
     """Open subscriptions a visitor may hold across the fleet (42903)."""
     limit_total_topics: int = 15_000
+    max_store_bytes: int = 0
+    """Stored message bytes the fleet may hold; past it publishes get 507 50702 (0: no bound)."""
     """Active topics the fleet may have (ntfy's global-topic-limit); a new one past it gets 42904."""
     limit_subscriber_rate: bool = False
     """ntfy's visitor-subscriber-rate-limiting: a UnifiedPush topic's publishes are charged to its
@@ -243,6 +245,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         limit_subscriptions=_int(env, "UPF_LIMIT_SUBSCRIPTIONS", 30, 1, 1_000_000),
         limit_subscriber_rate=_bool(env, "UPF_LIMIT_SUBSCRIBER_RATE", False),
         limit_total_topics=_int(env, "UPF_LIMIT_TOTAL_TOPICS", 15_000, 1, 1_000_000_000),
+        max_store_bytes=_int(env, "UPF_MAX_STORE_BYTES", 0, 0, 2**62),
     )
     if settings.delay_min_secs > settings.delay_max_secs:
         raise SettingsError(

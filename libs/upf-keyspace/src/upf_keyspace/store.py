@@ -158,6 +158,10 @@ class Store:
         total, history = await self.db.transact(body)
         return total, ops.stats.rate(history)
 
+    async def stored_bytes(self) -> int:
+        """What ``UPF_MAX_STORE_BYTES`` bounds: the bytes of every stored message, fleet-wide."""
+        return int(await self.db.transact(ops.stats.stored_bytes))
+
     async def sample_stats(self, now: int, every: int = 60, keep: int = 10) -> bool:
         return await self.db.transact(ops.stats.sample, now, every, keep)
 

@@ -222,6 +222,7 @@ class WriterFront:
             await limiter.require_subscriber(ingested.topic, ingest.unifiedpush_requested(headers, params))  # 507
             await limiter.message(visitor)  # 42908, after the ACL as in ntfy
             await limiter.touch_topics((ingested.topic,), visitor)  # 42904
+            await limiter.require_storage()  # 507 past UPF_MAX_STORE_BYTES
             payload, replayed = await publish_one(ctx, ingested, headers, len(body), start_ns, route)
         except PublishError as exc:
             ctx.metrics.rejected(exc.problem.code)

@@ -36,6 +36,13 @@ def count_message(tr: Transaction, topic: str) -> None:
     tr.add(keys.stat_key("messages", keys.shard_of(topic, STAT_SLOTS)), _ONE)
 
 
+def count_bytes(tr: Transaction, topic: str, delta: int) -> None:
+    """The fleet's stored message bytes (Q values), for ``UPF_MAX_STORE_BYTES``: added by a publish,
+    taken off by the janitor's expiry and by a Web Push Topic replacement; an atomic add like the
+    message counter. Messages stored before this counter existed are not in it."""
+    tr.add(keys.stat_key("bytes", keys.shard_of(topic, STAT_SLOTS)), keys.pack_i64(delta))
+
+
 async def publish(
     tr: Transaction, topic: str, env: Envelope, *, shard_count: int, idem: str = "", origin: bytes = b"", count: bool = True
 ) -> Pending:
@@ -55,7 +62,9 @@ async def publish(
     if env.push_topic:
         await replace_push_topic(tr, topic, env.push_topic)
     uv = tr.next_user_version()
-    tr.set_versionstamped_key(keys.queue_key_incomplete(topic, uv), encode_envelope(env))
+    value = encode_envelope(env)
+    tr.set_versionstamped_key(keys.queue_key_incomplete(topic, uv), value)
+    count_bytes(tr, topic, len(value))
     if env.push_topic:
         tr.set_versionstamped_key(keys.push_topic_key_incomplete(topic, env.push_topic, uv), b"")
     x_value = RELEASED_MARK + encode_id(origin).encode() if origin else idem.encode()
@@ -88,6 +97,7 @@ async def replace_push_topic(tr: Transaction, topic: str, push_topic: str) -> in
         if raw is not None:
             old = decode_envelope(raw)
             tr.clear(qkey)
+            count_bytes(tr, topic, -len(raw))
             tr.clear(keys.expiry_key(old.expires, topic, stamp))
             if old.idem:
                 tr.clear(keys.idem_key(topic, old.idem, stamp))

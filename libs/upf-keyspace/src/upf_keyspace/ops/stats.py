@@ -7,12 +7,19 @@ from __future__ import annotations
 from .. import keys
 from ..contract import Transaction
 
-__all__ = ["total", "sample", "samples", "rate"]
+__all__ = ["total", "stored_bytes", "sample", "samples", "rate"]
 
 
 async def total(tr: Transaction) -> int:
     rows = await tr.get_range(*keys.stat_range("messages"), snapshot=True)
     return sum(keys.unpack_i64(v) for _, v in rows)
+
+
+async def stored_bytes(tr: Transaction) -> int:
+    """The fleet's stored message bytes (``publish.count_bytes``); never below 0 (messages stored
+    before the counter existed are taken off when they expire)."""
+    rows = await tr.get_range(*keys.stat_range("bytes"), snapshot=True)
+    return max(0, sum(keys.unpack_i64(v) for _, v in rows))
 
 
 async def samples(tr: Transaction) -> list[tuple[int, int]]:

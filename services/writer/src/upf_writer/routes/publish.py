@@ -166,6 +166,7 @@ def build(ctx: WriterContext) -> list[ControllerRouterHandler]:
             assert limiter is not None  # admit() checked it
             await limiter.message(visitor)
             await limiter.touch_topics((outcome.ingested.topic,), visitor)
+            await limiter.require_storage()
             await publish_one(ctx, outcome.ingested, headers, len(body), start_ns, "matrix")
         except ClientGone:
             raise
