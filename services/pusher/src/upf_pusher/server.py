@@ -41,7 +41,7 @@ from upf_edge.http11 import (
     reply_response,
 )
 from upf_edge.access import Identity
-from upf_edge.errors import NtfyError
+from upf_edge.errors import NtfyError, Problem
 from upf_edge.gate import AccessGate, auth_param
 from upf_edge.limiter import RequestLimiter
 from upf_edge.limits_os import Acceptor, PeerCounter
@@ -52,7 +52,7 @@ from upf_keyspace import telemetry as tm
 from . import __version__
 from .asgi_bridge import MAX_BODY, ASGIApp, Cycle, Lifespan
 from .hub import Hub
-from .query import QueryError, Subscribe, match_subscribe_path, parse_subscribe
+from .query import Subscribe, match_subscribe_path, parse_subscribe
 from .session import Session
 from .transports import StreamSubscriber, Subscriber, WsSubscriber, ws_handshake
 
@@ -68,7 +68,9 @@ _monotonic = time.monotonic
 _MAX_PENDING = 64 * 1024
 REFUSED_HEAD_TIMEOUT = 5.0
 """How long a connection over its address's cap may take to send the head its 429 answers."""
-_TOO_MANY_CONNECTIONS = QueryError(429, 42903, "limit reached: too many open connections")
+_TOO_MANY_CONNECTIONS = NtfyError(Problem(42903, 429, "limit reached: too many open connections"))
+_NOT_WEBSOCKET = Problem(40016, 400, "invalid request: client not using the websocket protocol")
+_BAD_HANDSHAKE = Problem(40000, 400, "invalid request: bad websocket handshake")
 
 
 def _package_version() -> str:
@@ -221,7 +223,7 @@ class HttpProtocol(asyncio.Protocol):
             self.transport.close()
 
     # --- requests -----------------------------------------------------------------------------------
-    def _refuse(self, e: HttpError | QueryError) -> None:
+    def _refuse(self, e: NtfyError) -> None:
         """Answer with ntfy's error JSON and close: the stream position is unknown after bad input."""
         if not self.transport.is_closing():
             self.transport.write(error_response(e.http, e.code, e.error))
@@ -296,12 +298,12 @@ class HttpProtocol(asyncio.Protocol):
         try:
             headers, query = head.header_map(), head.query()
             req = parse_subscribe(topics_raw, transport_name, headers, query, time.time, p.settings.max_topics_per_subscribe)
-        except QueryError as e:
-            self._reply(head, error_response(e.http, e.code, e.error, keep_alive=keep), keep)
-            return False
-        except HttpError as e:
+        except HttpError as e:  # the head itself (a query that is not UTF-8): the stream is in doubt
             self._refuse(e)
             return True
+        except NtfyError as e:
+            self._reply(head, error_response(e.http, e.code, e.error, keep_alive=keep), keep)
+            return False
         if p.closing:
             self._reply(head, error_response(503, 50300, "service unavailable: shutting down"), False)
             return True
@@ -357,16 +359,16 @@ class HttpProtocol(asyncio.Protocol):
         sub: Subscriber
         if transport_name == "ws":
             if not head.has_token(b"upgrade", b"websocket"):
-                e = QueryError(400, 40016, "invalid request: client not using the websocket protocol")
+                e = _NOT_WEBSOCKET
                 self._reply(head, error_response(e.http, e.code, e.error, keep_alive=keep), keep)
                 return False
             try:
                 ws, accept = ws_handshake(head)
             except InvalidUpgrade:
-                self._refuse(QueryError(400, 40016, "invalid request: client not using the websocket protocol"))
+                self._refuse(NtfyError(_NOT_WEBSOCKET))
                 return True
             except InvalidHandshake:
-                self._refuse(QueryError(400, 40000, "invalid request: bad websocket handshake"))
+                self._refuse(NtfyError(_BAD_HANDSHAKE))
                 return True
             sub = WsSubscriber(p.hub, session, self.transport, ws, accept)
         else:
