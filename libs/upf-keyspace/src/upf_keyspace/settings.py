@@ -275,6 +275,11 @@ def _declared() -> tuple[_Field, ...]:
 _FIELDS: tuple[_Field, ...] | None = None
 
 
+def variables() -> tuple[str, ...]:
+    """Every variable the loader reads, in declaration order (``UPF_BIND`` once)."""
+    return tuple(dict.fromkeys(f.name for f in _declared()))
+
+
 def load_settings(env: Mapping[str, str] | None = None) -> Settings:
     global _FIELDS
     env = os.environ if env is None else env

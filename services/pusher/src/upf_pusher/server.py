@@ -41,7 +41,7 @@ from upf_edge.http11 import (
     reply_response,
 )
 from upf_edge.access import Identity
-from upf_edge.errors import NtfyError, Problem
+from upf_edge.errors import NOT_FOUND, NtfyError, Problem
 from upf_edge.gate import AccessGate, auth_param
 from upf_edge.limiter import RequestLimiter
 from upf_edge.limits_os import Acceptor, PeerCounter
@@ -50,7 +50,7 @@ from upf_keyspace import Settings, Store
 from upf_keyspace import telemetry as tm
 
 from . import __version__
-from .asgi_bridge import MAX_BODY, ASGIApp, Cycle, Lifespan
+from .asgi_bridge import INTERNAL_ERROR, MAX_BODY, ASGIApp, Cycle, Lifespan
 from .hub import Hub
 from .query import Subscribe, match_subscribe_path, parse_subscribe
 from .session import Session
@@ -69,6 +69,7 @@ _MAX_PENDING = 64 * 1024
 REFUSED_HEAD_TIMEOUT = 5.0
 """How long a connection over its address's cap may take to send the head its 429 answers."""
 _TOO_MANY_CONNECTIONS = NtfyError(Problem(42903, 429, "limit reached: too many open connections"))
+_SHUTTING_DOWN = Problem(50300, 503, "service unavailable: shutting down")
 _NOT_WEBSOCKET = Problem(40016, 400, "invalid request: client not using the websocket protocol")
 _BAD_HANDSHAKE = Problem(40000, 400, "invalid request: bad websocket handshake")
 
@@ -144,7 +145,7 @@ class HandlerCycle:
         except Exception:
             log.exception("handler failed", extra={"method": method})  # never the path: it names a topic
             if not t.is_closing():
-                t.write(error_response(500, 50000, "internal server error"))
+                t.write(error_response(INTERNAL_ERROR))
         finally:
             self.owner.cycle_done(self, self.keep_alive and finished)
 
@@ -226,7 +227,7 @@ class HttpProtocol(asyncio.Protocol):
     def _refuse(self, e: NtfyError) -> None:
         """Answer with ntfy's error JSON and close: the stream position is unknown after bad input."""
         if not self.transport.is_closing():
-            self.transport.write(error_response(e.http, e.code, e.error))
+            self.transport.write(error_response(e.problem))
             self.transport.close()
 
     def _process(self) -> None:
@@ -273,7 +274,7 @@ class HttpProtocol(asyncio.Protocol):
             return self._begin(HandlerCycle(self, head, handler))
         if p.fallback is not None:
             return self._begin(Cycle(self, head, p.fallback, p.lifespan.state if p.lifespan else None))
-        self._reply(head, error_response(404, 40401, "page not found", keep_alive=keep), keep)
+        self._reply(head, error_response(NOT_FOUND, keep_alive=keep), keep)
         return False
 
     def _begin(self, cycle: Cycle | HandlerCycle) -> bool:
@@ -302,10 +303,10 @@ class HttpProtocol(asyncio.Protocol):
             self._refuse(e)
             return True
         except NtfyError as e:
-            self._reply(head, error_response(e.http, e.code, e.error, keep_alive=keep), keep)
+            self._reply(head, error_response(e.problem, keep_alive=keep), keep)
             return False
         if p.closing:
-            self._reply(head, error_response(503, 50300, "service unavailable: shutting down"), False)
+            self._reply(head, error_response(_SHUTTING_DOWN), False)
             return True
         # ntfy's order: bad credentials (401), then the request limit (429), then a denied topic (403;
         # one denied topic fails them all). A subscribe is a request: it spends a token.
@@ -318,7 +319,7 @@ class HttpProtocol(asyncio.Protocol):
                 return True
             p.gate.authorize(who, req.topics, write=False)
         except NtfyError as e:
-            self._reply(head, error_response(e.http, e.code, e.error, keep_alive=keep, extra=e.headers), keep)
+            self._reply(head, error_response(e.problem, keep_alive=keep, extra=e.headers), keep)
             return False
         return self._attach(head, req, transport_name)
 
@@ -333,13 +334,13 @@ class HttpProtocol(asyncio.Protocol):
             p.gate.authorize(who, req.topics, write=False)
         except NtfyError as e:
             if not self.gone and not self.transport.is_closing():
-                self._reply(head, error_response(e.http, e.code, e.error, keep_alive=keep, extra=e.headers), keep)
+                self._reply(head, error_response(e.problem, keep_alive=keep, extra=e.headers), keep)
                 self._resume()
             return
         if self.gone or self.transport.is_closing():
             return
         if p.closing:
-            self._reply(head, error_response(503, 50300, "service unavailable: shutting down"), False)
+            self._reply(head, error_response(_SHUTTING_DOWN), False)
             return
         if not self._attach(head, req, transport_name):
             self._resume()
@@ -359,8 +360,7 @@ class HttpProtocol(asyncio.Protocol):
         sub: Subscriber
         if transport_name == "ws":
             if not head.has_token(b"upgrade", b"websocket"):
-                e = _NOT_WEBSOCKET
-                self._reply(head, error_response(e.http, e.code, e.error, keep_alive=keep), keep)
+                self._reply(head, error_response(_NOT_WEBSOCKET, keep_alive=keep), keep)
                 return False
             try:
                 ws, accept = ws_handshake(head)
