@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from upf_keyspace.settings import load_settings
+from upf_keyspace.settings import load_settings, variables
 
 ROLES = ("writer", "pusher", "janitor")
 LINE = re.compile(r"#?([A-Z][A-Z0-9_]*)=(.*)")
@@ -30,8 +30,7 @@ def entries(path: Path) -> tuple[dict[str, str], set[str]]:
 
 
 def known_upf_variables(repo: Path) -> set[str]:
-    source = (repo / "libs/upf-keyspace/src/upf_keyspace/settings.py").read_text()
-    return set(re.findall(r'"(UPF_[A-Z_]+)"', source))
+    return {name for name in variables() if name.startswith("UPF_")}
 
 
 @pytest.mark.parametrize("role", ROLES)

@@ -80,15 +80,15 @@ async def test_a_cached_range_many_commits_old_is_read_again_not_scanned(pair, m
     """Checking a cached range against every commit since it was cached costs more than one read
     once many commits passed (1,000 topics published round-robin): past _RANGE_CACHE_SCAN commits
     the range is read from the file, and the answer is the same."""
-    from upf_keyspace.drivers import embedded
+    from upf_keyspace.drivers.embedded import reads
 
     a, _ = pair
     begin, end = b"\x01test-stale/", b"\x01test-stale0"
     assert await _rows(a, begin, end) == []
-    for i in range(embedded._RANGE_CACHE_SCAN + 2):
+    for i in range(reads._RANGE_CACHE_SCAN + 2):
         await _set(a, b"%d" % i)
     scanned: list[tuple[int, int]] = []
     real = a._changed_since
     monkeypatch.setattr(a, "_changed_since", lambda lo, hi, ranges: scanned.append((lo, hi)) or real(lo, hi, ranges))
     assert await _rows(a, begin, end) == []
-    assert not [s for s in scanned if s[1] - s[0] > embedded._RANGE_CACHE_SCAN]
+    assert not [s for s in scanned if s[1] - s[0] > reads._RANGE_CACHE_SCAN]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 
 import pytest
 
@@ -105,3 +106,33 @@ def test_vapid_settings_default_permissive_and_read():
     assert not load_settings({}).vapid_verify and not load_settings({}).vapid_restrict
     on = load_settings({"UPF_VAPID_VERIFY": "1", "UPF_VAPID_RESTRICT": "1"})
     assert on.vapid_verify and on.vapid_restrict
+
+
+def test_each_setting_is_declared_once_and_documented():
+    """Every Settings field says how it is read (settings.var), numbers with their bounds; each variable
+    is a row of the README's settings table. Only UPF_BIND feeds two fields (host and port)."""
+    from pathlib import Path
+
+    from upf_keyspace.settings import Settings, _declared, _int, _secs
+
+    fields = _declared()
+    assert [f.attr for f in fields] == list(Settings.__struct_fields__)
+    names = [f.name for f in fields]
+    assert [n for n in names if names.count(n) > 1] == ["UPF_BIND", "UPF_BIND"]
+    assert all(f.ge is not None and f.le is not None for f in fields if f.convert in (_int, _secs))
+    readme = (Path(__file__).resolve().parents[3] / "README.md").read_text()
+    rows = set(re.findall(r"^\| `([A-Z0-9_]+)` \|", readme, re.M))
+    assert [n for n in names if n not in rows] == []
+
+
+@pytest.mark.parametrize("name, value", [("UPF_SHARD_COUNT", "4097"), ("UPF_SAFETY_POLL_SECS", "nan"), ("UPF_BIND", "")])
+def test_bounds_and_blank_values_keep_their_messages(name, value):
+    """The messages the loader gave before settings were declared once, word for word."""
+    expected = {
+        "UPF_SHARD_COUNT": "UPF_SHARD_COUNT must be between 1 and 4096, got 4097",
+        "UPF_SAFETY_POLL_SECS": "UPF_SAFETY_POLL_SECS must be between 0.05 and 86400, got nan",
+        "UPF_BIND": "UPF_BIND must be HOST:PORT, got ''",
+    }[name]
+    with pytest.raises(SettingsError) as info:
+        load_settings({name: value})
+    assert str(info.value) == expected

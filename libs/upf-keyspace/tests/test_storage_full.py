@@ -10,7 +10,8 @@ import time
 import pytest
 
 from upf_keyspace import errors, keys
-from upf_keyspace.drivers.embedded import _is_full, open_embedded
+from upf_keyspace.drivers.embedded import open_embedded
+from upf_keyspace.drivers.embedded.health import _is_full
 
 
 @pytest.fixture

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from upf_keyspace.drivers import embedded
+from upf_keyspace.drivers.embedded import writelog
 from upf_keyspace.errors import NOT_COMMITTED, StoreError
 
 BUDGET = 1 << 20
@@ -14,7 +15,7 @@ BUDGET = 1 << 20
 
 @pytest.fixture
 async def db(tmp_path, monkeypatch):
-    monkeypatch.setattr(embedded, "_WLOG_CACHE_BYTES", BUDGET)
+    monkeypatch.setattr(writelog, "_WLOG_CACHE_BYTES", BUDGET)
     database = await embedded.open_embedded(str(tmp_path / "store.db"))
     yield database
     await database.close()
@@ -33,7 +34,7 @@ async def test_write_log_cache_stays_within_its_byte_budget(db):
     for n in range(40):
         await big_commit(db, n)
     cache = db._wlog_cache
-    held = sum(embedded._set_bytes(cache.get(v)) for v in range(1, 60) if cache.get(v) is not None)
+    held = sum(writelog._set_bytes(cache.get(v)) for v in range(1, 60) if cache.get(v) is not None)
     assert 0 < held == cache.bytes <= BUDGET
     assert len(cache) < 40
 

@@ -11,7 +11,7 @@ from typing import NamedTuple
 
 import msgspec
 
-__all__ = ["ErrorBody", "NtfyError", "Problem", "STORE_UNAVAILABLE", "INSUFFICIENT_STORAGE", "error_body"]
+__all__ = ["ErrorBody", "NtfyError", "Problem", "NOT_FOUND", "STORE_UNAVAILABLE", "INSUFFICIENT_STORAGE", "error_body"]
 
 
 class ErrorBody(msgspec.Struct, frozen=True, omit_defaults=True):
@@ -70,6 +70,8 @@ def error_body(problem: Problem) -> bytes:
             _BODIES[problem] = body
     return body
 
+
+NOT_FOUND = Problem(40401, 404, "page not found")
 
 STORE_UNAVAILABLE = Problem(50301, 503, "service unavailable: store not responding")
 """UPF's: the store did not answer (publishers retry a 5xx; health reports it)."""

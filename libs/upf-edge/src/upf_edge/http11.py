@@ -34,6 +34,8 @@ from .handler import Reply
 __all__ = [
     "MAX_HEAD",
     "HttpError",
+    "HEADERS_TOO_LARGE",
+    "ENTITY_TOO_LARGE",
     "RequestHead",
     "ChunkedDecoder",
     "RequestBody",
@@ -61,18 +63,22 @@ _FRAMING = frozenset((b"content-length", b"transfer-encoding", b"host"))
 
 
 class HttpError(NtfyError):
-    """A request the server answers with an ntfy error body and then closes the connection."""
+    """A request the server answers with an ntfy error body and then closes the connection. Its own
+    kind because front doors catch it apart from other refusals: after it the stream's framing is
+    unknown, so the connection cannot serve another request."""
 
-    def __init__(self, http: int, code: int, error: str) -> None:
-        super().__init__(Problem(code, http, error))
+
+HEADERS_TOO_LARGE = Problem(43100, 431, "request header fields too large")
+ENTITY_TOO_LARGE = Problem(41300, 413, "request entity too large")
 
 
 def too_large() -> HttpError:
-    return HttpError(431, 43100, "request header fields too large")
+    return HttpError(HEADERS_TOO_LARGE)
 
 
 def bad_request(error: str = "invalid request: malformed HTTP request") -> HttpError:
-    return HttpError(400, 40000, error)
+    """400 40000 with one of this module's static messages (which framing rule the request broke)."""
+    return HttpError(Problem(40000, 400, error))
 
 
 class RequestHead:
@@ -261,11 +267,11 @@ def json_response(
 
 
 def error_response(
-    http: int, code: int, error: str, *, keep_alive: bool = False, extra: tuple[tuple[bytes, bytes], ...] = ()
+    problem: Problem, *, keep_alive: bool = False, extra: tuple[tuple[bytes, bytes], ...] = ()
 ) -> bytes:
     """ntfy's error reply: the JSON body plus a newline, ``Content-Type: application/json``; ``extra``
     are further headers (a 429's ``Retry-After``)."""
-    return json_response(http, error_body(Problem(code, http, error)), keep_alive=keep_alive, extra=extra)
+    return json_response(problem.http, error_body(problem), keep_alive=keep_alive, extra=extra)
 
 
 def reply_response(reply: Reply, *, keep_alive: bool = True, head_only: bool = False) -> bytes:
@@ -361,7 +367,7 @@ class ChunkedDecoder:
                     self._state = 3
                 else:
                     if len(self.body) + self._need > self.limit:
-                        raise HttpError(413, 41300, "request entity too large")
+                        raise HttpError(ENTITY_TOO_LARGE)
                     self._state = 1
             elif self._state == 1:
                 take = min(self._need, len(buf) - pos)
@@ -417,7 +423,7 @@ class RequestBody:
         elif head.content_length is not None:
             self.remaining = head.content_length
             if self.remaining > limit:
-                raise HttpError(413, 41300, "request entity too large")
+                raise HttpError(ENTITY_TOO_LARGE)
         expects_body = self.decoder is not None or self.remaining > 0
         self.expect_continue = expects_body and (head.header(b"expect") or b"").lower() == b"100-continue"
 

@@ -11,13 +11,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
-from .errors import Problem
+from .errors import NOT_FOUND
 from .handler import NO_BODY, Handler, Reply
 from .http11 import HttpError, RequestBody, error_response, find_head_end, parse_head, reply_response
 
 __all__ = ["serve_handler", "HandlerServer", "NOT_FOUND", "HEAD_TIMEOUT_SECS"]
 
-NOT_FOUND = Problem(40401, 404, "page not found")
 HEAD_TIMEOUT_SECS = 10.0
 _READ = 65536
 
@@ -97,9 +96,8 @@ async def serve_handler(handler: Handler, host: str, port: int, *, head_timeout:
                 if not keep_alive:
                     return
         except HttpError as exc:
-            p = exc.problem
             with contextlib.suppress(ConnectionError):
-                writer.write(error_response(p.http, p.code, p.error))
+                writer.write(error_response(exc.problem))
                 await writer.drain()
         except (TimeoutError, ConnectionError):
             pass

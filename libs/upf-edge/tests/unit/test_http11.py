@@ -93,7 +93,7 @@ def test_http10_is_not_keep_alive_by_default() -> None:
 
 def test_error_response_is_ntfy_json() -> None:
     """Errors carry ntfy's body shape, a newline and Content-Type application/json."""
-    raw = error_response(400, 40009, "invalid request: topic invalid")
+    raw = error_response(Problem(40009, 400, "invalid request: topic invalid"))
     head_, _, body = raw.partition(b"\r\n\r\n")
     assert head_.startswith(b"HTTP/1.1 400 Bad Request\r\n") and b"Content-Type: application/json" in head_
     assert json.loads(body) == {"code": 40009, "http": 400, "error": "invalid request: topic invalid"}
@@ -197,7 +197,7 @@ def test_ntfy_error_body_and_the_one_error_type() -> None:
     problem = Problem(40009, 400, "invalid request: topic invalid")
     assert error_body(problem) == b'{"code":40009,"http":400,"error":"invalid request: topic invalid"}\n'
     assert problem.body() == error_body(problem)
-    e = HttpError(431, 43100, "request header fields too large")
+    e = HttpError(Problem(43100, 431, "request header fields too large"))
     assert isinstance(e, NtfyError) and e.problem == Problem(43100, 431, "request header fields too large")
     assert (e.http, e.code, e.error) == (431, 43100, "request header fields too large")
 

@@ -2,6 +2,21 @@
 
 Validated once at start: a bad value stops the process with a message naming the variable, instead of
 surfacing later as a confusing runtime error.
+
+Each setting is declared once, as one field of :class:`Settings` (type, how it is read, default)::
+
+    shard_count: Annotated[int, var(_int, ge=1, le=4096)] = 64
+
+- the variable is ``UPF_`` + the field name upper-cased (``UPF_SHARD_COUNT``), or ``var(..., name=...)``;
+- the converter turns the variable's text into the value or raises :class:`SettingsError` naming the
+  variable: ``_int``, ``_secs`` (a float), ``_choice(*allowed)``, ``_flag`` (``0``/``1``), ``_networks``
+  (CIDR list, host names resolved), ``_text``, or a function ``(variable, text) -> value`` of its own;
+- ``ge``/``le`` are the bounds (msgspec ``Meta`` constraints), checked after conversion;
+- unset, or set and empty, means the field's default; ``blank_is_value=True`` converts an empty value
+  instead (``UPF_LIMIT_EXEMPT=`` exempts nobody), and ``unset=f`` computes the default at start
+  (``UPF_WORKERS``: the cores).
+
+:func:`load_settings` walks the fields; nothing else lists them. Checks across settings follow it.
 """
 
 from __future__ import annotations
@@ -10,138 +25,74 @@ import ipaddress
 import os
 import re
 import socket
+import typing
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from typing import Annotated, Any, NamedTuple
 
 import msgspec
 
 __all__ = ["Settings", "SettingsError", "load_settings", "ROLES"]
 
 ROLES = ("writer", "pusher", "janitor")
+DEFAULT_ACCESS = ("read-write", "read-only", "write-only", "deny-all")
 
 
 class SettingsError(ValueError):
     """A UPF_* variable has a value the process cannot start with."""
 
 
-class Settings(msgspec.Struct, frozen=True, kw_only=True):
-    bind_host: str = "0.0.0.0"
-    bind_port: int = 8080
-    roles: tuple[str, ...] = ROLES
-    node_id: str = ""
-    shard_count: int = 64
-    max_message_bytes: int = 4096
-    default_ttl_secs: int = 2_419_200
-    safety_poll_secs: float = 60.0
-    keepalive_secs: float = 45.0
-    heartbeat_secs: float = 10.0
-    janitor_interval_secs: float = 30.0
-    public_url: str = "http://localhost:8080"
-    store_path: str = "data/upf.db"
-    """The embedded store's file; ignored when fdb_cluster_file is set."""
-    fdb_cluster_file: str = ""
-    """Use FoundationDB (the real bindings) through this cluster file instead of the embedded store."""
-    slow_subscriber_timeout_secs: float = 60.0
-    """A subscriber whose socket stays above its high-water mark this long is closed (it resumes with since=)."""
-    max_topics_per_subscribe: int = 128
-    """Topics one subscribe may name (400 40093 beyond): each costs a registration and an affinity write."""
-    max_field_bytes: int = 1024
-    """UTF-8 bytes each of a publish's title, tags, click and icon may have (413 41301 beyond)."""
-    auth_default_access: str = "read-write"
-    """What a request no ACL entry matches may do (ntfy's auth-default-access): read-write keeps a UPF
-    with no users as open as before; read-only, write-only or deny-all close it."""
-    shutdown_grace_secs: float = 10.0
-    """After SIGTERM: how long in-flight publishes may take and streams may end cleanly before the process
-    cuts what remains and exits."""
-    workers: int = 1
-    """Worker processes of the all-in-one with the pusher role, on one port (SO_REUSEPORT); default: the cores."""
-    limit_exempt: tuple[str, ...] = ("127.0.0.0/8", "::1/128")
-    """Networks (CIDR) whose clients no request limit applies to; hosts were resolved at start."""
-    limit_request_burst: int = 60
-    limit_request_refill_secs: float = 5.0
-    visitor_prefix_bits_ipv4: int = 32
-    visitor_prefix_bits_ipv6: int = 64
-    proxy_trusted: tuple[str, ...] = ()
-    """Proxies (CIDR) whose forwarded header names the client; from anyone else it is ignored."""
-    proxy_forwarded_header: str = "X-Forwarded-For"
-    delay_min_secs: int = 10
-    """The earliest a scheduled message (X-Delay/X-At/X-In) may be due, in seconds from now (ntfy: 10 s)."""
-    delay_max_secs: int = 259_200
-    """The latest, in seconds from now (ntfy: 3 days)."""
-    release_poll_secs: float = 1.0
-    """How often a pusher looks for scheduled messages that are due (it sleeps less when one is due sooner)."""
-    nocache_keep_secs: int = 120
-    """How long an X-Cache: no message stays in the store for live delivery (never replayed) before the
-    janitor may delete it; covers a live subscriber whose bell was lost until the safety poll."""
-    stats_sample_secs: int = 60
-    """The janitor samples the fleet's message counter this often; /v1/stats' rate spans the last 10 samples."""
-    subscriber_send_buffer_bytes: int = 65536
-    """SO_SNDBUF of each subscriber socket (0: the kernel's autotuning, which grows to MBs per slow reader)."""
-    max_connections_per_ip: int = 300
-    """Open connections one peer address may hold (429 beyond; 0: no cap); UPF_LIMIT_EXEMPT peers are exempt."""
-    vapid_verify: bool = False
-    """Refuse (401) every Web Push publish whose VAPID token does not verify; off, a bad token is only
-    counted (a wrong UPF_PUBLIC_URL must not cut off every app server)."""
-    vapid_restrict: bool = False
-    """Bind a UnifiedPush topic to the first valid VAPID key that publishes to it; other keys get 401."""
-    limit_auth_failure_burst: int = 30
-    """Failed logins a visitor may have before 429 42909 (ntfy's visitor-auth-failure-limit-burst)."""
-    limit_auth_failure_refill_secs: float = 60.0
-    limit_messages_daily: int = 0
-    """Messages a visitor may publish per UTC day (42908); 0 is ntfy's default: a day of request refills."""
-    limit_subscriptions: int = 30
-    """Open subscriptions a visitor may hold across the fleet (42903)."""
-    limit_total_topics: int = 15_000
-    max_store_bytes: int = 0
-    """Stored message bytes the fleet may hold; past it publishes get 507 50702 (0: no bound)."""
-    """Active topics the fleet may have (ntfy's global-topic-limit); a new one past it gets 42904."""
-    limit_subscriber_rate: bool = False
-    """ntfy's visitor-subscriber-rate-limiting: a UnifiedPush topic's publishes are charged to its
-    subscriber; a UnifiedPush publish to a topic nobody subscribed to gets 507 50701."""
+Converter = Callable[[str, str], Any]
+"""(variable name, its text) -> the setting's value; raises SettingsError naming the variable."""
 
 
-DEFAULT_ACCESS = ("read-write", "read-only", "write-only", "deny-all")
+def var(
+    convert: Converter,
+    *,
+    name: str | None = None,
+    ge: float | None = None,
+    le: float | None = None,
+    blank_is_value: bool = False,
+    unset: Callable[[], Any] | None = None,
+) -> msgspec.Meta:
+    """How a field is read from the environment (see the module docstring)."""
+    if (ge is None) != (le is None):
+        raise TypeError("a setting's bounds come in pairs (ge and le)")
+    return msgspec.Meta(
+        ge=ge, le=le, extra={"convert": convert, "name": name, "blank_is_value": blank_is_value, "unset": unset}
+    )
 
 
-def _choice(env: Mapping[str, str], name: str, default: str, choices: tuple[str, ...]) -> str:
-    raw = env.get(name)
-    if raw is None or raw == "":
-        return default
-    if raw not in choices:
-        raise SettingsError(f"{name} must be one of {', '.join(choices)}, got {raw!r}")
-    return raw
-
-
-def _int(env: Mapping[str, str], name: str, default: int, lo: int, hi: int) -> int:
-    raw = env.get(name)
-    if raw is None or raw == "":
-        return default
+# --- converters -------------------------------------------------------------------------------------
+def _int(name: str, raw: str) -> int:
     try:
-        value = int(raw)
+        return int(raw)
     except ValueError:
         raise SettingsError(f"{name} must be an integer, got {raw!r}") from None
-    if not lo <= value <= hi:
-        raise SettingsError(f"{name} must be between {lo} and {hi}, got {value}")
-    return value
 
 
-def _float(env: Mapping[str, str], name: str, default: float, lo: float, hi: float) -> float:
-    raw = env.get(name)
-    if raw is None or raw == "":
-        return default
+def _secs(name: str, raw: str) -> float:
     try:
-        value = float(raw)
+        return float(raw)
     except ValueError:
         raise SettingsError(f"{name} must be a number of seconds, got {raw!r}") from None
-    if not lo <= value <= hi:
-        raise SettingsError(f"{name} must be between {lo} and {hi}, got {value}")
-    return value
 
 
-def _bool(env: Mapping[str, str], name: str, default: bool) -> bool:
-    raw = env.get(name)
-    if raw is None or raw == "":
-        return default
+def _choice(*choices: str) -> Converter:
+    def convert(name: str, raw: str) -> str:
+        if raw not in choices:
+            raise SettingsError(f"{name} must be one of {', '.join(choices)}, got {raw!r}")
+        return raw
+
+    return convert
+
+
+def _flag(name: str, raw: str) -> bool:
+    return _choice("0", "1")(name, raw) == "1"
+
+
+def _bool(name: str, raw: str) -> bool:
+    """``true``/``false`` in the forms ntfy's YAML accepts (``1``, ``yes``, ``on``...)."""
     value = raw.strip().lower()
     if value in ("1", "true", "yes", "on"):
         return True
@@ -150,17 +101,19 @@ def _bool(env: Mapping[str, str], name: str, default: bool) -> bool:
     raise SettingsError(f"{name} must be true or false, got {raw!r}")
 
 
-DEFAULT_EXEMPT = "127.0.0.0/8,::1"
+def _text(name: str, raw: str) -> str:
+    return raw
+
+
 _HOSTNAME = re.compile(r"(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*")
 _HEADER_NAME = re.compile(r"[A-Za-z0-9-]{1,64}")
 
 
-def _networks(env: Mapping[str, str], name: str, default: str) -> tuple[str, ...]:
+def _networks(name: str, raw: str) -> tuple[str, ...]:
     """A comma list of IPs, CIDR ranges and host names as CIDR strings (names resolved now, as ntfy
-    does at start). Unset is ``default``; set and empty is nothing."""
-    raw = env.get(name)
+    does at start); empty is nothing."""
     out: list[str] = []
-    for item in (default if raw is None else raw).split(","):
+    for item in raw.split(","):
         item = item.strip()
         if not item:
             continue
@@ -179,74 +132,197 @@ def _networks(env: Mapping[str, str], name: str, default: str) -> tuple[str, ...
     return tuple(dict.fromkeys(out))
 
 
-def load_settings(env: Mapping[str, str] | None = None) -> Settings:
-    env = os.environ if env is None else env
-    bind = env.get("UPF_BIND", "0.0.0.0:8080")
-    host, sep, port_text = bind.rpartition(":")
+def _bind(name: str, raw: str) -> tuple[str, int]:
+    host, sep, port_text = raw.rpartition(":")
     if not sep or not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
-        raise SettingsError(f"UPF_BIND must be HOST:PORT, got {bind!r}")
-    host = host.strip("[]") or "0.0.0.0"
-    roles = tuple(r.strip() for r in env.get("UPF_ROLES", ",".join(ROLES)).split(",") if r.strip())
-    unknown = [r for r in roles if r not in ROLES]
-    if unknown or not roles:
-        raise SettingsError(f"UPF_ROLES must be a comma list of {', '.join(ROLES)}, got {env.get('UPF_ROLES')!r}")
-    node_id = env.get("UPF_NODE_ID", "") or uuid.uuid4().hex[:16]
-    if len(node_id) > 64 or not all(c.isalnum() or c in "-_." for c in node_id):
-        raise SettingsError(f"UPF_NODE_ID must be 1-64 of [A-Za-z0-9._-], got {node_id!r}")
-    cluster_file = env.get("FDB_CLUSTER_FILE", "")
-    if cluster_file and not os.path.isfile(cluster_file):
-        raise SettingsError(f"FDB_CLUSTER_FILE names no file: {cluster_file!r}")
-    public_url = env.get("UPF_PUBLIC_URL", "http://localhost:8080").rstrip("/")
-    if not public_url.startswith(("http://", "https://")):
-        raise SettingsError(f"UPF_PUBLIC_URL must start with http:// or https://, got {public_url!r}")
-    forwarded = env.get("UPF_PROXY_FORWARDED_HEADER", "") or "X-Forwarded-For"
-    if _HEADER_NAME.fullmatch(forwarded) is None:
-        raise SettingsError(f"UPF_PROXY_FORWARDED_HEADER must be a header name, got {forwarded!r}")
-    settings = Settings(
-        bind_host=host,
-        bind_port=int(port_text),
-        roles=roles,
-        node_id=node_id,
-        shard_count=_int(env, "UPF_SHARD_COUNT", 64, 1, 4096),
-        max_message_bytes=_int(env, "UPF_MAX_MESSAGE_BYTES", 4096, 1, 65536),
-        default_ttl_secs=_int(env, "UPF_DEFAULT_TTL_SECS", 2_419_200, 1, 10 * 365 * 86400),
-        safety_poll_secs=_float(env, "UPF_SAFETY_POLL_SECS", 60.0, 0.05, 86400),
-        keepalive_secs=_float(env, "UPF_KEEPALIVE_SECS", 45.0, 0.05, 3600),
-        heartbeat_secs=_float(env, "UPF_HEARTBEAT_SECS", 10.0, 0.05, 3600),
-        janitor_interval_secs=_float(env, "UPF_JANITOR_INTERVAL_SECS", 30.0, 0.05, 86400),
-        public_url=public_url,
-        store_path=env.get("UPF_STORE_PATH", "data/upf.db"),
-        fdb_cluster_file=cluster_file,
-        slow_subscriber_timeout_secs=_float(env, "UPF_SLOW_SUBSCRIBER_TIMEOUT_SECS", 60.0, 0.05, 86400),
-        max_topics_per_subscribe=_int(env, "UPF_MAX_TOPICS_PER_SUBSCRIBE", 128, 1, 4096),
-        max_field_bytes=_int(env, "UPF_MAX_FIELD_BYTES", 1024, 1, 65536),
-        shutdown_grace_secs=_float(env, "UPF_SHUTDOWN_GRACE_SECS", 10.0, 0.1, 3600),
-        workers=_int(env, "UPF_WORKERS", os.cpu_count() or 1, 1, 256),
-        auth_default_access=_choice(env, "UPF_AUTH_DEFAULT_ACCESS", "read-write", DEFAULT_ACCESS),
-        limit_exempt=_networks(env, "UPF_LIMIT_EXEMPT", DEFAULT_EXEMPT),
-        limit_request_burst=_int(env, "UPF_LIMIT_REQUEST_BURST", 60, 1, 1_000_000),
-        limit_request_refill_secs=_float(env, "UPF_LIMIT_REQUEST_REFILL_SECS", 5.0, 0.0001, 86400),
-        visitor_prefix_bits_ipv4=_int(env, "UPF_VISITOR_PREFIX_BITS_IPV4", 32, 1, 32),
-        visitor_prefix_bits_ipv6=_int(env, "UPF_VISITOR_PREFIX_BITS_IPV6", 64, 1, 128),
-        proxy_trusted=_networks(env, "UPF_PROXY_TRUSTED", ""),
-        proxy_forwarded_header=forwarded,
-        delay_min_secs=_int(env, "UPF_DELAY_MIN_SECS", 10, 0, 10 * 365 * 86400),
-        delay_max_secs=_int(env, "UPF_DELAY_MAX_SECS", 259_200, 1, 10 * 365 * 86400),
-        release_poll_secs=_float(env, "UPF_RELEASE_POLL_SECS", 1.0, 0.05, 3600),
-        nocache_keep_secs=_int(env, "UPF_NOCACHE_KEEP_SECS", 120, 1, 86400),
-        stats_sample_secs=_int(env, "UPF_STATS_SAMPLE_SECS", 60, 1, 86400),
-        subscriber_send_buffer_bytes=_int(env, "UPF_SUBSCRIBER_SEND_BUFFER_BYTES", 65536, 0, 64 * 1024 * 1024),
-        max_connections_per_ip=_int(env, "UPF_MAX_CONNECTIONS_PER_IP", 300, 0, 10_000_000),
-        vapid_verify=_choice(env, "UPF_VAPID_VERIFY", "0", ("0", "1")) == "1",
-        vapid_restrict=_choice(env, "UPF_VAPID_RESTRICT", "0", ("0", "1")) == "1",
-        limit_auth_failure_burst=_int(env, "UPF_LIMIT_AUTH_FAILURE_BURST", 30, 1, 1_000_000),
-        limit_auth_failure_refill_secs=_float(env, "UPF_LIMIT_AUTH_FAILURE_REFILL_SECS", 60.0, 0.0001, 86400),
-        limit_messages_daily=_int(env, "UPF_LIMIT_MESSAGES_DAILY", 0, 0, 1_000_000_000),
-        limit_subscriptions=_int(env, "UPF_LIMIT_SUBSCRIPTIONS", 30, 1, 1_000_000),
-        limit_subscriber_rate=_bool(env, "UPF_LIMIT_SUBSCRIBER_RATE", False),
-        limit_total_topics=_int(env, "UPF_LIMIT_TOTAL_TOPICS", 15_000, 1, 1_000_000_000),
-        max_store_bytes=_int(env, "UPF_MAX_STORE_BYTES", 0, 0, 2**62),
-    )
+        raise SettingsError(f"{name} must be HOST:PORT, got {raw!r}")
+    return host.strip("[]") or "0.0.0.0", int(port_text)
+
+
+def _bind_host(name: str, raw: str) -> str:
+    return _bind(name, raw)[0]
+
+
+def _bind_port(name: str, raw: str) -> int:
+    return _bind(name, raw)[1]
+
+
+def _roles(name: str, raw: str) -> tuple[str, ...]:
+    roles = tuple(r.strip() for r in raw.split(",") if r.strip())
+    if not roles or any(r not in ROLES for r in roles):
+        raise SettingsError(f"{name} must be a comma list of {', '.join(ROLES)}, got {raw!r}")
+    return roles
+
+
+def _node_id(name: str, raw: str) -> str:
+    if len(raw) > 64 or not all(c.isalnum() or c in "-_." for c in raw):
+        raise SettingsError(f"{name} must be 1-64 of [A-Za-z0-9._-], got {raw!r}")
+    return raw
+
+
+def _random_node_id() -> str:
+    return uuid.uuid4().hex[:16]
+
+
+def _cores() -> int:
+    return os.cpu_count() or 1
+
+
+def _cluster_file(name: str, raw: str) -> str:
+    if not os.path.isfile(raw):
+        raise SettingsError(f"{name} names no file: {raw!r}")
+    return raw
+
+
+def _public_url(name: str, raw: str) -> str:
+    url = raw.rstrip("/")
+    if not url.startswith(("http://", "https://")):
+        raise SettingsError(f"{name} must start with http:// or https://, got {url!r}")
+    return url
+
+
+def _header_name(name: str, raw: str) -> str:
+    if _HEADER_NAME.fullmatch(raw) is None:
+        raise SettingsError(f"{name} must be a header name, got {raw!r}")
+    return raw
+
+
+# --- the settings -----------------------------------------------------------------------------------
+class Settings(msgspec.Struct, frozen=True, kw_only=True):
+    """Every UPF_* setting: one line each (type, bounds, converter, default); see the module docstring."""
+
+    bind_host: Annotated[str, var(_bind_host, name="UPF_BIND", blank_is_value=True)] = "0.0.0.0"
+    bind_port: Annotated[int, var(_bind_port, name="UPF_BIND", blank_is_value=True)] = 8080
+    roles: Annotated[tuple[str, ...], var(_roles, blank_is_value=True)] = ROLES
+    node_id: Annotated[str, var(_node_id, unset=_random_node_id)] = ""
+    shard_count: Annotated[int, var(_int, ge=1, le=4096)] = 64
+    max_message_bytes: Annotated[int, var(_int, ge=1, le=65536)] = 4096
+    default_ttl_secs: Annotated[int, var(_int, ge=1, le=10 * 365 * 86400)] = 2_419_200
+    safety_poll_secs: Annotated[float, var(_secs, ge=0.05, le=86400)] = 60.0
+    keepalive_secs: Annotated[float, var(_secs, ge=0.05, le=3600)] = 45.0
+    heartbeat_secs: Annotated[float, var(_secs, ge=0.05, le=3600)] = 10.0
+    janitor_interval_secs: Annotated[float, var(_secs, ge=0.05, le=86400)] = 30.0
+    public_url: Annotated[str, var(_public_url, blank_is_value=True)] = "http://localhost:8080"
+    store_path: Annotated[str, var(_text, blank_is_value=True)] = "data/upf.db"
+    """The embedded store's file; ignored when fdb_cluster_file is set."""
+    fdb_cluster_file: Annotated[str, var(_cluster_file, name="FDB_CLUSTER_FILE")] = ""
+    """Use FoundationDB (the real bindings) through this cluster file instead of the embedded store."""
+    slow_subscriber_timeout_secs: Annotated[float, var(_secs, ge=0.05, le=86400)] = 60.0
+    """A subscriber whose socket stays above its high-water mark this long is closed (it resumes with since=)."""
+    max_topics_per_subscribe: Annotated[int, var(_int, ge=1, le=4096)] = 128
+    """Topics one subscribe may name (400 40093 beyond): each costs a registration and an affinity write."""
+    max_field_bytes: Annotated[int, var(_int, ge=1, le=65536)] = 1024
+    """UTF-8 bytes each of a publish's title, tags, click and icon may have (413 41301 beyond)."""
+    auth_default_access: Annotated[str, var(_choice(*DEFAULT_ACCESS))] = "read-write"
+    """What a request no ACL entry matches may do (ntfy's auth-default-access): read-write keeps a UPF
+    with no users as open as before; read-only, write-only or deny-all close it."""
+    workers: Annotated[int, var(_int, ge=1, le=256, unset=_cores)] = 1
+    """Worker processes of the all-in-one with the pusher role, on one port (SO_REUSEPORT); default: the cores."""
+    limit_exempt: Annotated[tuple[str, ...], var(_networks, blank_is_value=True)] = ("127.0.0.0/8", "::1/128")
+    """Networks (CIDR) whose clients no request limit applies to; hosts were resolved at start."""
+    limit_request_burst: Annotated[int, var(_int, ge=1, le=1_000_000)] = 60
+    limit_request_refill_secs: Annotated[float, var(_secs, ge=0.0001, le=86400)] = 5.0
+    visitor_prefix_bits_ipv4: Annotated[int, var(_int, ge=1, le=32)] = 32
+    visitor_prefix_bits_ipv6: Annotated[int, var(_int, ge=1, le=128)] = 64
+    proxy_trusted: Annotated[tuple[str, ...], var(_networks, blank_is_value=True)] = ()
+    """Proxies (CIDR) whose forwarded header names the client; from anyone else it is ignored."""
+    proxy_forwarded_header: Annotated[str, var(_header_name)] = "X-Forwarded-For"
+    delay_min_secs: Annotated[int, var(_int, ge=0, le=10 * 365 * 86400)] = 10
+    """The earliest a scheduled message (X-Delay/X-At/X-In) may be due, in seconds from now (ntfy: 10 s)."""
+    delay_max_secs: Annotated[int, var(_int, ge=1, le=10 * 365 * 86400)] = 259_200
+    """The latest, in seconds from now (ntfy: 3 days)."""
+    release_poll_secs: Annotated[float, var(_secs, ge=0.05, le=3600)] = 1.0
+    """How often a pusher looks for scheduled messages that are due (it sleeps less when one is due sooner)."""
+    nocache_keep_secs: Annotated[int, var(_int, ge=1, le=86400)] = 120
+    """How long an X-Cache: no message stays in the store for live delivery (never replayed) before the
+    janitor may delete it; covers a live subscriber whose bell was lost until the safety poll."""
+    stats_sample_secs: Annotated[int, var(_int, ge=1, le=86400)] = 60
+    """The janitor samples the fleet's message counter this often; /v1/stats' rate spans the last 10 samples."""
+    subscriber_send_buffer_bytes: Annotated[int, var(_int, ge=0, le=64 * 1024 * 1024)] = 65536
+    """SO_SNDBUF of each subscriber socket (0: the kernel's autotuning, which grows to MBs per slow reader)."""
+    max_connections_per_ip: Annotated[int, var(_int, ge=0, le=10_000_000)] = 300
+    """Open connections one peer address may hold (429 beyond; 0: no cap); UPF_LIMIT_EXEMPT peers are exempt."""
+    vapid_verify: Annotated[bool, var(_flag)] = False
+    """Refuse (401) every Web Push publish whose VAPID token does not verify; off, a bad token is only
+    counted (a wrong UPF_PUBLIC_URL must not cut off every app server)."""
+    vapid_restrict: Annotated[bool, var(_flag)] = False
+    """Bind a UnifiedPush topic to the first valid VAPID key that publishes to it; other keys get 401."""
+    shutdown_grace_secs: Annotated[float, var(_secs, ge=0.1, le=3600)] = 10.0
+    """After SIGTERM: how long in-flight publishes may take and streams may end cleanly before the process
+    cuts what remains and exits."""
+    limit_auth_failure_burst: Annotated[int, var(_int, ge=1, le=1_000_000)] = 30
+    """Failed logins a visitor may have before 429 42909 (ntfy's visitor-auth-failure-limit-burst)."""
+    limit_auth_failure_refill_secs: Annotated[float, var(_secs, ge=0.0001, le=86400)] = 60.0
+    limit_messages_daily: Annotated[int, var(_int, ge=0, le=1_000_000_000)] = 0
+    """Messages a visitor may publish per UTC day (42908); 0 is ntfy's default: a day of request refills."""
+    limit_subscriptions: Annotated[int, var(_int, ge=1, le=1_000_000)] = 30
+    """Open subscriptions a visitor may hold across the fleet (42903)."""
+    limit_total_topics: Annotated[int, var(_int, ge=1, le=1_000_000_000)] = 15_000
+    """Active topics the fleet may have (ntfy's global-topic-limit); a new one past it gets 42904."""
+    limit_subscriber_rate: Annotated[bool, var(_bool)] = False
+    """ntfy's visitor-subscriber-rate-limiting: a UnifiedPush topic's publishes are charged to its
+    subscriber; a UnifiedPush publish to a topic nobody subscribed to gets 507 50701."""
+    max_store_bytes: Annotated[int, var(_int, ge=0, le=2**62)] = 0
+    """Stored message bytes the fleet may hold; past it publishes get 507 50702 (0: no bound)."""
+
+
+class _Field(NamedTuple):
+    attr: str
+    name: str
+    convert: Converter
+    ge: float | None
+    le: float | None
+    blank_is_value: bool
+    unset: Callable[[], Any] | None
+
+
+def _declared() -> tuple[_Field, ...]:
+    """Every field's ``var`` declaration, in declaration order."""
+    hints = typing.get_type_hints(Settings, include_extras=True)
+    out = []
+    for attr in Settings.__struct_fields__:
+        meta = next((m for m in typing.get_args(hints[attr])[1:] if isinstance(m, msgspec.Meta)), None)
+        if meta is None or not meta.extra or "convert" not in meta.extra:
+            raise TypeError(f"Settings.{attr} is not declared with var(...): the loader cannot read it")
+        extra = meta.extra
+        out.append(
+            _Field(
+                attr,
+                extra["name"] or "UPF_" + attr.upper(),
+                extra["convert"],
+                meta.ge,
+                meta.le,
+                extra["blank_is_value"],
+                extra["unset"],
+            )
+        )
+    return tuple(out)
+
+
+_FIELDS: tuple[_Field, ...] | None = None
+
+
+def variables() -> tuple[str, ...]:
+    """Every variable the loader reads, in declaration order (``UPF_BIND`` once)."""
+    return tuple(dict.fromkeys(f.name for f in _declared()))
+
+
+def load_settings(env: Mapping[str, str] | None = None) -> Settings:
+    global _FIELDS
+    env = os.environ if env is None else env
+    fields = _FIELDS = _FIELDS or _declared()
+    values: dict[str, Any] = {}
+    for f in fields:
+        raw = env.get(f.name)
+        if raw is None or (raw == "" and not f.blank_is_value):
+            if f.unset is not None:
+                values[f.attr] = f.unset()
+            continue
+        value = f.convert(f.name, raw)
+        if f.ge is not None and f.le is not None and not f.ge <= value <= f.le:
+            raise SettingsError(f"{f.name} must be between {f.ge} and {f.le}, got {value}")
+        values[f.attr] = value
+    settings = Settings(**values)
     if settings.delay_min_secs > settings.delay_max_secs:
         raise SettingsError(
             f"UPF_DELAY_MIN_SECS ({settings.delay_min_secs}) must not exceed UPF_DELAY_MAX_SECS ({settings.delay_max_secs})"

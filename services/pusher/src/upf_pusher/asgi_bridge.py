@@ -19,6 +19,7 @@ import logging
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any, Protocol
 
+from upf_edge.errors import Problem
 from upf_edge.http11 import LAST_CHUNK, RequestBody, RequestHead, chunk, error_response, response_head
 
 __all__ = ["ASGIApp", "MAX_BODY", "Cycle", "Lifespan"]
@@ -28,6 +29,8 @@ log = logging.getLogger("upf.pusher.asgi")
 ASGIApp = Callable[[MutableMapping[str, Any], Callable[[], Awaitable[dict]], Callable[[dict], Awaitable[None]]], Awaitable[None]]
 MAX_BODY = 64 * 1024
 _NO_BODY_STATUS = frozenset({204, 304})
+INTERNAL_ERROR = Problem(50000, 500, "internal server error")
+"""The pusher's (ntfy and the writer answer 50001)."""
 
 
 class Owner(Protocol):
@@ -140,7 +143,7 @@ class Cycle:
         t = self.owner.transport
         self.keep_alive = False
         if not self.head_sent and not t.is_closing():
-            t.write(error_response(500, 50000, "internal server error"))
+            t.write(error_response(INTERNAL_ERROR))
         self.finished = False
 
     async def receive(self) -> dict[str, Any]:

@@ -29,6 +29,7 @@ import time
 from collections.abc import Callable, Coroutine, Iterable
 from typing import TYPE_CHECKING, Any
 
+from upf_edge.errors import Problem
 from upf_keyspace import Message, Settings, Since, Store, StoreError, Watch, message_from_envelope
 from upf_keyspace import telemetry as tm
 
@@ -60,6 +61,8 @@ INBOX_CLEAR_SECS = 1.0
 TRANSPORTS = ("ws", "json", "sse", "raw")
 MAX_LINKS = 128
 """Links on one ``deliver`` span (the SDK's default limit): a catch-up batch may carry more messages."""
+STORE_SILENT = Problem(50301, 503, "service unavailable: the store did not answer")
+"""A subscribe whose first reads failed (the writer's 50301, ``STORE_UNAVAILABLE``, words it differently)."""
 
 _Wanted = dict[tuple[str, bytes | None, int], list[tuple["Subscriber", str]]]
 _Outbox = dict["Subscriber", list[tuple[Send, str]]]
@@ -234,7 +237,7 @@ class Hub:
             log.warning("subscribe failed", extra={"topics": len(session.topics)}, exc_info=True)
             self._subscribing.discard(sub)
             if not session.closed:
-                sub.fail(503, 50301, "service unavailable: the store did not answer")
+                sub.fail(STORE_SILENT)
                 session.peer_closed()
             self._forget(sub)
             return

@@ -10,11 +10,14 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Mapping
 
+from upf_edge.errors import NtfyError, Problem
 from upf_keyspace import SINCE_ALL, SINCE_LATEST, SINCE_NONE, Since, decode_id
 
 __all__ = [
     "TRANSPORTS",
-    "QueryError",
+    "SINCE_INVALID",
+    "TOO_MANY_TOPICS",
+    "TOPIC_INVALID",
     "Subscribe",
     "match_subscribe_path",
     "parse_topics",
@@ -37,27 +40,10 @@ _DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|μs|ms|s|m|h|d)")
 _UNIT_SECS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "μs": 1e-6, "ms": 1e-3, "s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
-class QueryError(ValueError):
-    """A subscribe request ntfy would refuse; carries ntfy's HTTP status and error code."""
-
-    def __init__(self, http: int, code: int, error: str) -> None:
-        super().__init__(error)
-        self.http = http
-        self.code = code
-        self.error = error
-
-
-def bad_since() -> QueryError:
-    return QueryError(400, 40008, "invalid request: since parameter invalid")
-
-
-def bad_topic() -> QueryError:
-    return QueryError(400, 40009, "invalid request: topic invalid")
-
-
-def too_many_topics() -> QueryError:
-    """UPF's code (ntfy has no per-subscribe cap): the first code after the writer's 40091/40092."""
-    return QueryError(400, 40093, "invalid request: too many topics")
+SINCE_INVALID = Problem(40008, 400, "invalid request: since parameter invalid")
+TOPIC_INVALID = Problem(40009, 400, "invalid request: topic invalid")
+TOO_MANY_TOPICS = Problem(40093, 400, "invalid request: too many topics")
+"""UPF's code (ntfy has no per-subscribe cap): the first code after the writer's 40091/40092."""
 
 
 class Subscribe:
@@ -86,11 +72,11 @@ def parse_topics(raw: str, max_topics: int = 128) -> tuple[str, ...]:
     """The comma-joined topic list of the path, deduplicated in order; any invalid or disallowed name is
     40009, more than ``max_topics`` names (counted before deduplication, so before any work per name) 40093."""
     if raw.count(",") >= max_topics:
-        raise too_many_topics()
+        raise NtfyError(TOO_MANY_TOPICS)
     topics: dict[str, None] = {}
     for t in raw.split(","):
         if not _TOPIC.fullmatch(t) or t in DISALLOWED_TOPICS:
-            raise bad_topic()
+            raise NtfyError(TOPIC_INVALID)
         topics[t] = None
     return tuple(topics)
 
@@ -123,7 +109,7 @@ def parse_since(value: str, *, poll: bool, now: float) -> Since:
     if value == "latest":
         return SINCE_LATEST
     if len(value) > _MAX_SINCE_CHARS:
-        raise bad_since()
+        raise NtfyError(SINCE_INVALID)
     stamp = decode_id(value)
     if stamp is not None:
         return Since("stamp", stamp=stamp)
@@ -132,11 +118,11 @@ def parse_since(value: str, *, poll: bool, now: float) -> Since:
     if _UNIX.fullmatch(value):
         unix = int(value)
         if not -_INT64_MAX - 1 <= unix <= _INT64_MAX:  # ntfy's ParseInt fails, and it is no duration either
-            raise bad_since()
+            raise NtfyError(SINCE_INVALID)
         return Since("time", time=unix)
     secs = _duration_secs(value)
     if secs is None:
-        raise bad_since()
+        raise NtfyError(SINCE_INVALID)
     return Since("time", time=int(now - secs))
 
 

@@ -41,7 +41,7 @@ from upf_edge.http11 import (
     reply_response,
 )
 from upf_edge.access import Identity
-from upf_edge.errors import NtfyError
+from upf_edge.errors import NOT_FOUND, NtfyError, Problem
 from upf_edge.gate import AccessGate, auth_param
 from upf_edge.limiter import RequestLimiter
 from upf_edge.limits_os import Acceptor, PeerCounter
@@ -50,9 +50,9 @@ from upf_keyspace import Settings, Store
 from upf_keyspace import telemetry as tm
 
 from . import __version__
-from .asgi_bridge import MAX_BODY, ASGIApp, Cycle, Lifespan
+from .asgi_bridge import INTERNAL_ERROR, MAX_BODY, ASGIApp, Cycle, Lifespan
 from .hub import Hub
-from .query import QueryError, Subscribe, match_subscribe_path, parse_subscribe
+from .query import Subscribe, match_subscribe_path, parse_subscribe
 from .session import Session
 from .transports import StreamSubscriber, Subscriber, WsSubscriber, ws_handshake
 
@@ -68,7 +68,10 @@ _monotonic = time.monotonic
 _MAX_PENDING = 64 * 1024
 REFUSED_HEAD_TIMEOUT = 5.0
 """How long a connection over its address's cap may take to send the head its 429 answers."""
-_TOO_MANY_CONNECTIONS = QueryError(429, 42903, "limit reached: too many open connections")
+_TOO_MANY_CONNECTIONS = NtfyError(Problem(42903, 429, "limit reached: too many open connections"))
+_SHUTTING_DOWN = Problem(50300, 503, "service unavailable: shutting down")
+_NOT_WEBSOCKET = Problem(40016, 400, "invalid request: client not using the websocket protocol")
+_BAD_HANDSHAKE = Problem(40000, 400, "invalid request: bad websocket handshake")
 
 
 def _package_version() -> str:
@@ -144,7 +147,7 @@ class HandlerCycle:
         except Exception:
             log.exception("handler failed", extra={"method": method})  # never the path: it names a topic
             if not t.is_closing():
-                t.write(error_response(500, 50000, "internal server error"))
+                t.write(error_response(INTERNAL_ERROR))
         finally:
             self.owner.cycle_done(self, self.keep_alive and finished)
 
@@ -223,10 +226,10 @@ class HttpProtocol(asyncio.Protocol):
             self.transport.close()
 
     # --- requests -----------------------------------------------------------------------------------
-    def _refuse(self, e: HttpError | QueryError) -> None:
+    def _refuse(self, e: NtfyError) -> None:
         """Answer with ntfy's error JSON and close: the stream position is unknown after bad input."""
         if not self.transport.is_closing():
-            self.transport.write(error_response(e.http, e.code, e.error))
+            self.transport.write(error_response(e.problem))
             self.transport.close()
 
     def _process(self) -> None:
@@ -273,7 +276,7 @@ class HttpProtocol(asyncio.Protocol):
             return self._begin(HandlerCycle(self, head, handler))
         if p.fallback is not None:
             return self._begin(Cycle(self, head, p.fallback, p.lifespan.state if p.lifespan else None))
-        self._reply(head, error_response(404, 40401, "page not found", keep_alive=keep), keep)
+        self._reply(head, error_response(NOT_FOUND, keep_alive=keep), keep)
         return False
 
     def _begin(self, cycle: Cycle | HandlerCycle) -> bool:
@@ -298,14 +301,14 @@ class HttpProtocol(asyncio.Protocol):
         try:
             headers, query = head.header_map(), head.query()
             req = parse_subscribe(topics_raw, transport_name, headers, query, time.time, p.settings.max_topics_per_subscribe)
-        except QueryError as e:
-            self._reply(head, error_response(e.http, e.code, e.error, keep_alive=keep), keep)
-            return False
-        except HttpError as e:
+        except HttpError as e:  # the head itself (a query that is not UTF-8): the stream is in doubt
             self._refuse(e)
             return True
+        except NtfyError as e:
+            self._reply(head, error_response(e.problem, keep_alive=keep), keep)
+            return False
         if p.closing:
-            self._reply(head, error_response(503, 50300, "service unavailable: shutting down"), False)
+            self._reply(head, error_response(_SHUTTING_DOWN), False)
             return True
         # ntfy's order: bad credentials (401), then the request limit (429), then a denied topic (403;
         # one denied topic fails them all). A subscribe is a request: it spends a token.
@@ -318,7 +321,7 @@ class HttpProtocol(asyncio.Protocol):
             who = p.gate.identify(headers.get("authorization"), auth_param(query))
             p.gate.authorize(who, req.topics, write=False)
         except NtfyError as e:
-            self._reply(head, error_response(e.http, e.code, e.error, keep_alive=keep, extra=e.headers), keep)
+            self._reply(head, error_response(e.problem, keep_alive=keep, extra=e.headers), keep)
             return False
         return self._attach(head, req, transport_name)
 
@@ -347,7 +350,7 @@ class HttpProtocol(asyncio.Protocol):
                 await limiter.open_subscription(visitor, p.hub.node)
         except NtfyError as e:
             if not self.gone and not self.transport.is_closing():
-                self._reply(head, error_response(e.http, e.code, e.error, keep_alive=keep, extra=e.headers), keep)
+                self._reply(head, error_response(e.problem, keep_alive=keep, extra=e.headers), keep)
                 self._resume()
             return
         node = p.hub.node
@@ -360,7 +363,7 @@ class HttpProtocol(asyncio.Protocol):
             return
         if p.closing:
             uncount()
-            self._reply(head, error_response(503, 50300, "service unavailable: shutting down"), False)
+            self._reply(head, error_response(_SHUTTING_DOWN), False)
             return
         if not self._attach(head, req, transport_name, uncount if visitor is not None else None):
             self._resume()
@@ -388,16 +391,15 @@ class HttpProtocol(asyncio.Protocol):
         sub: Subscriber
         if transport_name == "ws":
             if not head.has_token(b"upgrade", b"websocket"):
-                e = QueryError(400, 40016, "invalid request: client not using the websocket protocol")
-                self._reply(head, error_response(e.http, e.code, e.error, keep_alive=keep), keep)
+                self._reply(head, error_response(_NOT_WEBSOCKET, keep_alive=keep), keep)
                 return False, False
             try:
                 ws, accept = ws_handshake(head)
             except InvalidUpgrade:
-                self._refuse(QueryError(400, 40016, "invalid request: client not using the websocket protocol"))
+                self._refuse(NtfyError(_NOT_WEBSOCKET))
                 return True, False
             except InvalidHandshake:
-                self._refuse(QueryError(400, 40000, "invalid request: bad websocket handshake"))
+                self._refuse(NtfyError(_BAD_HANDSHAKE))
                 return True, False
             sub = WsSubscriber(p.hub, session, self.transport, ws, accept)
         else:

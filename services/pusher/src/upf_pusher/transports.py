@@ -47,6 +47,7 @@ from websockets.http11 import Request
 from websockets.protocol import SEND_EOF, State
 from websockets.server import ServerProtocol
 
+from upf_edge.errors import Problem
 from upf_edge.http11 import LAST_CHUNK, RequestHead, chunk, error_response, response_head
 from upf_edge.limits_os import PeerCounter
 from upf_keyspace import Message
@@ -168,10 +169,10 @@ class Subscriber(asyncio.Protocol, abc.ABC):
     def close(self, reason: str) -> None:
         """End the stream (last chunk, or a WebSocket close frame) and the connection."""
 
-    def fail(self, http: int, code: int, error: str) -> None:
+    def fail(self, problem: Problem) -> None:
         """Refuse the request before anything was written (e.g. the store is unreachable)."""
         if not self.transport.is_closing():
-            self.transport.write(error_response(http, code, error))
+            self.transport.write(error_response(problem))
             self.transport.close()
 
 

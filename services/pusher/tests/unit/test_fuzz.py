@@ -5,9 +5,10 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from upf_edge.errors import NtfyError
 from upf_edge.http11 import ChunkedDecoder, HttpError, RequestHead, find_head_end, parse_head
 from upf_keyspace import Since
-from upf_pusher.query import QueryError, parse_since, parse_subscribe
+from upf_pusher.query import parse_since, parse_subscribe
 
 _HEADISH = st.lists(
     st.one_of(st.binary(max_size=40), st.sampled_from([b"GET ", b"/t/json", b"?since=", b" HTTP/1.1", b"\r\n", b":", b"%ff", b"%41"])),
@@ -30,20 +31,20 @@ def test_request_heads(data: bytes) -> None:
 @settings(max_examples=400, deadline=None)
 @given(st.text(max_size=30), st.booleans())
 def test_since_values(value: str, poll: bool) -> None:
-    """parse_since returns a Since or raises QueryError 40008."""
+    """parse_since returns a Since or raises NtfyError 40008."""
     try:
         assert isinstance(parse_since(value, poll=poll, now=1_700_000_000.0), Since)
-    except QueryError as e:
+    except NtfyError as e:
         assert e.code == 40008
 
 
 @settings(max_examples=300, deadline=None)
 @given(st.text(max_size=80), st.dictionaries(st.sampled_from(["since", "si", "poll", "po", "x"]), st.text(max_size=20)))
 def test_subscribe_requests(topics: str, query: dict[str, str]) -> None:
-    """parse_subscribe accepts or raises QueryError with 40008/40009."""
+    """parse_subscribe accepts or raises NtfyError with 40008/40009."""
     try:
         parse_subscribe(topics, "json", {}, query, 1_700_000_000.0)
-    except QueryError as e:
+    except NtfyError as e:
         assert e.code in (40008, 40009)
 
 

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from upf_edge.errors import NtfyError
 from upf_keyspace import SINCE_ALL, SINCE_LATEST, SINCE_NONE, Since, encode_id
-from upf_pusher.query import QueryError, match_subscribe_path, parse_since, parse_subscribe, parse_topics
+from upf_pusher.query import match_subscribe_path, parse_since, parse_subscribe, parse_topics
 
 NOW = 1_700_000_000.0
 STAMP = bytes(range(12))
@@ -51,14 +52,14 @@ def test_signed_unix_time_and_duration_as_go_parses_them() -> None:
     assert since(str(-(1 << 63))) == Since("time", time=-(1 << 63))
     assert since("-1h") == Since("time", time=int(NOW + 3600))
     assert since("+1h") == Since("time", time=int(NOW - 3600))
-    with pytest.raises(QueryError):
+    with pytest.raises(NtfyError):
         since(str(-(1 << 63) - 1))
 
 
 def test_disallowed_topics_are_40009_on_subscribe() -> None:
     """ntfy's reserved names (docs, settings, v1...) cannot be subscribed: 400 40009, as ntfy answers."""
     for raw in ("settings", "a,docs", "v1"):
-        with pytest.raises(QueryError) as e:
+        with pytest.raises(NtfyError) as e:
             parse_topics(raw)
         assert (e.value.http, e.value.code) == (400, 40009)
     assert parse_topics("Settings,v2") == ("Settings", "v2")  # exact and case-sensitive, as ntfy's
@@ -76,7 +77,7 @@ def test_durations_mean_now_minus(value: str, secs: float) -> None:
 @pytest.mark.parametrize("value", ["yesterday", "10x", "--5", "-", "+-1h", "1h-", "h", "abc!", "12345678901$", "1 h"])
 def test_anything_else_is_40008(value: str) -> None:
     """A since that is no id, timestamp or duration is 400 with code 40008."""
-    with pytest.raises(QueryError) as e:
+    with pytest.raises(NtfyError) as e:
         since(value)
     assert (e.value.http, e.value.code) == (400, 40008)
 
@@ -94,7 +95,7 @@ def test_topics_are_validated_and_deduplicated() -> None:
     """Each topic must match ntfy's regex (else 40009); repeats collapse in order."""
     assert parse_topics("b,a,b") == ("b", "a")
     for bad in ("a,,b", "a b", "x" * 65, "ä", ""):
-        with pytest.raises(QueryError) as e:
+        with pytest.raises(NtfyError) as e:
             parse_topics(bad)
         assert e.value.code == 40009
 
@@ -117,7 +118,7 @@ def test_parameter_aliases_and_header_precedence() -> None:
 def test_since_that_overflows_is_40008_not_an_exception(value: str) -> None:
     """Huge numbers and durations (ntfy: Go's int64 parse fails) are 40008, never OverflowError or
     Python's digit-limit ValueError escaping the handler."""
-    with pytest.raises(QueryError) as err:
+    with pytest.raises(NtfyError) as err:
         since(value)
     assert (err.value.http, err.value.code) == (400, 40008)
 
@@ -133,10 +134,10 @@ def test_topic_count_is_capped() -> None:
     per-name work), else 400 40093; the cap also reaches parse_subscribe."""
     assert len(parse_topics(",".join(f"t{i}" for i in range(128)))) == 128
     for raw in (",".join(f"t{i}" for i in range(129)), ",".join(["t"] * 129)):
-        with pytest.raises(QueryError) as e:
+        with pytest.raises(NtfyError) as e:
             parse_topics(raw)
         assert (e.value.http, e.value.code) == (400, 40093)
-    with pytest.raises(QueryError) as e:
+    with pytest.raises(NtfyError) as e:
         parse_subscribe("a,b,c", "json", {}, {}, 0.0, max_topics=2)
     assert e.value.code == 40093
     assert parse_subscribe("a,b", "json", {}, {}, 0.0, max_topics=2).topics == ("a", "b")

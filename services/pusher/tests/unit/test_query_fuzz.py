@@ -1,7 +1,7 @@
 """The subscribe query and ``since=`` parser, fuzzed beyond test_fuzz.py's free text: generated forms near
 every rule (durations with any units and magnitudes, digit runs around int64, our ids and near-ids), and
 whole request targets through the real chain (head parser, route match, header/query decoding, parse).
-Every input is a Subscribe or a QueryError/HttpError with ntfy's code; valid forms mean what they say."""
+Every input is a Subscribe or a NtfyError (HttpError among them) with ntfy's code; valid forms mean what they say."""
 
 from __future__ import annotations
 
@@ -10,9 +10,10 @@ from urllib.parse import quote
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from upf_edge.errors import NtfyError
 from upf_edge.http11 import HttpError, parse_head
 from upf_keyspace import SINCE_ALL, Since, decode_id, encode_id
-from upf_pusher.query import QueryError, match_subscribe_path, parse_since, parse_subscribe
+from upf_pusher.query import match_subscribe_path, parse_since, parse_subscribe
 
 NOW = 1_700_000_000.0
 INT64_MAX = (1 << 63) - 1
@@ -45,7 +46,7 @@ since_values = st.one_of(
 def test_since_forms(value: str, poll: bool) -> None:
     try:
         since = parse_since(value, poll=poll, now=NOW)
-    except QueryError as e:
+    except NtfyError as e:
         assert (e.http, e.code) == (400, 40008)
         return
     assert isinstance(since, Since)
@@ -71,7 +72,7 @@ def test_unix_times_up_to_int64(n: int) -> None:
     elif n > INT64_MAX:
         try:
             parse_since(str(n), poll=False, now=NOW)
-        except QueryError as e:
+        except NtfyError as e:
             assert e.code == 40008
         else:
             raise AssertionError("beyond int64 must be refused")
@@ -86,7 +87,7 @@ def test_durations_count_back_from_now(amount: int, unit: str) -> None:
     if amount * secs * 1e9 > INT64_MAX:  # Go's int64 nanoseconds, as ntfy parses it (~292 years)
         try:
             parse_since(f"{amount}{unit}", poll=False, now=NOW)
-        except QueryError as e:
+        except NtfyError as e:
             assert e.code == 40008
         else:
             raise AssertionError("a duration beyond int64 nanoseconds must be refused")
@@ -126,7 +127,7 @@ def test_whole_subscribe_requests(topics: str, transport: str, query: list, head
     except HttpError as e:
         assert e.http in (400, 431)
         return
-    except QueryError as e:
+    except NtfyError as e:
         assert (e.http, e.code) in ((400, 40008), (400, 40009), (400, 40093))
         return
     assert req.transport == transport and 1 <= len(req.topics) <= 128

@@ -47,7 +47,7 @@ from urllib.parse import unquote, urlsplit
 import msgspec
 
 from upf_edge import NtfyError, Problem, vapid
-from upf_edge.errors import STORE_UNAVAILABLE
+from upf_edge.errors import NOT_FOUND, STORE_UNAVAILABLE
 from upf_keyspace import Envelope, Settings
 
 from .actions import ActionsError, count_json_actions, encode_actions, parse_actions
@@ -134,7 +134,6 @@ PUSH_TOPIC_INVALID = Problem(40097, 400, "invalid request: Topic header invalid,
 URGENCY_INVALID = Problem(40098, 400, "invalid request: Urgency header invalid, one of very-low, low, normal, high")  # UPF
 VAPID_INVALID = Problem(40191, 401, "unauthorized: VAPID token invalid")  # UPF
 VAPID_KEY_REFUSED = Problem(40192, 401, "unauthorized: topic is restricted to another VAPID key")  # UPF
-NOT_FOUND = Problem(40401, 404, "page not found")
 METHOD_NOT_ALLOWED = Problem(40501, 405, "method not allowed")  # UPF (ntfy answers 404)
 MESSAGE_TOO_LARGE = Problem(41301, 413, "message too large")  # ntfy's "entity too large" code
 MATRIX_TOO_LARGE = Problem(41302, 413, "Matrix request is larger than the max allowed length")

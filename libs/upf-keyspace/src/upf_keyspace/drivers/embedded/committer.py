@@ -1,0 +1,169 @@
+"""The group commit: one thread per process takes every waiting transaction, resolves each against
+the write log and the batch, applies them in one SQLite write transaction, stamps them, and hands the
+results back to the event loop."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import queue
+import sqlite3
+import time
+from typing import TYPE_CHECKING
+
+from ... import errors
+from ...contract import LIFETIME_SECS
+from .. import _metrics
+from .._ranges import BatchWrites
+from .._wake import Doorbell
+from .file import _begin_write, _connect
+from .health import _FullLog, _is_full
+from .mutations import _Applier, _apply
+from .watches import _Watches
+from .writelog import _WLOG_KEEP_SECS
+
+if TYPE_CHECKING:
+    from .transaction import EmbeddedTransaction
+
+log = logging.getLogger("upf.store.embedded")
+
+_MAX_BATCH = 2048
+_BATCH_SIZE = _metrics.COMMIT_BATCH.cell("embedded")
+_COMMIT_DURATION = _metrics.COMMIT_DURATION.cell("embedded")
+
+
+class _Pending:
+    """A transaction handed to the committer thread, with what it needs to resolve and check."""
+
+    __slots__ = ("read_version", "reads", "writes", "mutations", "started", "future", "stamp")
+
+    def __init__(self, tr: EmbeddedTransaction, future: asyncio.Future[bytes]) -> None:
+        self.read_version = tr._read_version
+        self.reads = tr._reads
+        self.writes = tr._writes
+        self.mutations = tr._mutations
+        self.started = tr._started
+        self.future = future
+        self.stamp: bytes | BaseException | None = None
+
+
+class _Committer(_Watches):
+    path: str
+    _queue: queue.SimpleQueue[_Pending | None]
+    _doorbell: Doorbell | None
+    _last_prune: float
+    _full_log: _FullLog
+
+    def _submit(self, pending: _Pending) -> None:
+        self._queue.put(pending)
+
+    def _commit_loop(self) -> None:
+        # No SQLite busy handler here: its sleeps (1, 2, 5, 10 ... 25 ms) let a waiter oversleep the
+        # other process's lock by tens of ms; _begin_write polls the lock far more finely instead.
+        conn = _connect(self.path, busy_timeout_ms=0)
+        try:
+            while True:
+                first = self._queue.get()
+                if first is None:
+                    return
+                batch = [first]
+                while len(batch) < _MAX_BATCH:
+                    try:
+                        nxt = self._queue.get_nowait()
+                    except queue.Empty:
+                        break
+                    if nxt is None:
+                        self._queue.put(None)
+                        break
+                    batch.append(nxt)
+                started = time.perf_counter()
+                try:
+                    if self._commit_batch(conn, batch):
+                        self._ring()
+                    _COMMIT_DURATION.record(time.perf_counter() - started)
+                    _BATCH_SIZE.record(len(batch))
+                except Exception as exc:  # a failed physical commit fails every transaction in it
+                    with contextlib.suppress(sqlite3.Error):
+                        conn.execute("ROLLBACK")
+                    if _is_full(exc):
+                        # Not retryable: each caller learns at once, and the log gets one line a minute.
+                        failure = errors.StoreError(errors.STORAGE_FULL, type(exc).__name__)
+                        self._full_log.add(len(batch))
+                    else:
+                        log.exception("embedded commit failed")
+                        failure = errors.StoreError(errors.NOT_COMMITTED, type(exc).__name__)
+                    for p in batch:
+                        if p.stamp is None or isinstance(p.stamp, bytes):
+                            p.stamp = failure
+                try:
+                    self._loop.call_soon_threadsafe(self._resolve, batch)
+                except RuntimeError:  # the loop is gone: nobody is waiting any more
+                    return
+        finally:
+            conn.close()
+
+    def _ring(self) -> None:
+        try:
+            if self._doorbell is not None:
+                self._doorbell.ring()
+        except Exception:  # a wake is advisory: peers' fallback poll still sees the commit
+            log.exception("embedded wake failed")
+
+    def _commit_batch(self, conn: sqlite3.Connection, batch: list[_Pending]) -> bool:
+        """Apply one physical commit; True if it committed anything."""
+        _begin_write(conn)
+        version = conn.execute("SELECT version FROM meta").fetchone()[0]
+        new_version = version + 1
+        prefix = new_version.to_bytes(8, "big")
+        now = time.monotonic()
+        in_batch = BatchWrites()
+        applier = _Applier(conn)
+        order = 0
+        for p in batch:
+            if now - p.started > LIFETIME_SECS:
+                p.stamp = errors.StoreError(errors.TRANSACTION_TOO_OLD)
+                continue
+            if p.reads:
+                try:
+                    sets = self._write_sets(conn, p.read_version or 0, version)
+                except errors.StoreError as exc:
+                    p.stamp = exc
+                    continue
+                if in_batch.overlaps_any(p.reads) or any(s.overlaps_any(p.reads) for s in sets):
+                    p.stamp = errors.StoreError(errors.NOT_COMMITTED)
+                    continue
+            stamp = prefix + order.to_bytes(2, "big")
+            order += 1
+            for b, e in _apply(applier, p.mutations, stamp):
+                in_batch.add(b, e)
+            for b, e in p.writes:
+                in_batch.add(b, e)
+            p.stamp = stamp
+        applier.flush()
+        if order:
+            wall = time.time()
+            written = in_batch.to_set()
+            conn.execute("UPDATE meta SET version = ?", (new_version,))
+            if wall - self._last_prune > 1.0:  # before the insert, so a full file can reuse the space
+                self._last_prune = wall
+                conn.execute("DELETE FROM wlog WHERE t < ?", (wall - _WLOG_KEEP_SECS,))
+            conn.execute("INSERT INTO wlog VALUES (?, ?, ?)", (new_version, wall, written.encode()))
+            conn.execute("COMMIT")
+            self._wlog_cache.put(new_version, written)
+            return True
+        conn.execute("ROLLBACK")
+        return False
+
+    def _resolve(self, batch: list[_Pending]) -> None:
+        self._grv = None  # what starts after these acknowledgements reads past them
+        for p in batch:
+            if isinstance(p.stamp, errors.StoreError) and p.stamp.storage_full:
+                errors.STORAGE.write_refused()
+            if p.future.done():
+                continue
+            if isinstance(p.stamp, BaseException):
+                p.future.set_exception(p.stamp)
+            else:
+                p.future.set_result(p.stamp)  # type: ignore[arg-type]
+        self._schedule_watch_check()

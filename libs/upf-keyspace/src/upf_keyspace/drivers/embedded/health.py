@@ -1,0 +1,64 @@
+"""A full disk: how it is recognised, logged (once a minute, not per commit) and shared with the other
+processes on the file for the health endpoints; and ``UPF_EMBEDDED_MAX_BYTES``, the size quota that
+fails writes the same way (how the tests fill a "disk" without root)."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+import os
+import sqlite3
+import time
+
+from .._private import create_private_file
+
+log = logging.getLogger("upf.store.embedded")
+
+_FULL_LOG_SECS = 60.0  # a full disk is logged once a minute (with the count refused since), not per commit
+
+
+def _quota_bytes() -> int:
+    raw = os.environ.get("UPF_EMBEDDED_MAX_BYTES", "").strip() or "0"
+    if not raw.isdigit() or len(raw) > 20:
+        raise RuntimeError("UPF_EMBEDDED_MAX_BYTES must be a whole number of bytes (0: no quota)")
+    return int(raw)
+
+
+def _is_full(exc: BaseException) -> bool:
+    """SQLite's SQLITE_FULL ("database or disk is full") or the OS's ENOSPC, however it surfaced."""
+    if isinstance(exc, sqlite3.Error):
+        code = getattr(exc, "sqlite_errorcode", None)
+        if code is not None and code & 0xFF == sqlite3.SQLITE_FULL:
+            return True
+        return "database or disk is full" in str(exc)
+    return isinstance(exc, OSError) and exc.errno == errno.ENOSPC
+
+
+def _health_marker(path: str) -> str:
+    """``<store>-full``: its mtime is the last refused write of any process on the file (see
+    ``errors.StorageHealth``); created with an mtime long past, so a new one says healthy."""
+    marker = path + "-full"
+    if not os.path.exists(marker):
+        with contextlib.suppress(OSError):  # a disk too full for it: this process still reports its own
+            create_private_file(marker)
+            os.utime(marker, (0, 0))
+    return marker
+
+
+class _FullLog:
+    """Transactions refused for a full disk, counted and logged once every ``_FULL_LOG_SECS``."""
+
+    __slots__ = ("logged", "refused")
+
+    def __init__(self) -> None:
+        self.logged = -_FULL_LOG_SECS
+        self.refused = 0
+
+    def add(self, refused: int) -> None:
+        self.refused += refused
+        now = time.monotonic()
+        if now - self.logged >= _FULL_LOG_SECS:
+            log.error("embedded store full: writes refused", extra={"refused_transactions": self.refused})
+            self.logged = now
+            self.refused = 0

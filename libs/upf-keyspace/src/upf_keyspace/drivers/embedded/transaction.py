@@ -1,0 +1,295 @@
+"""A transaction: reads kept on one snapshot, writes kept as an ordered mutation list (and an overlay
+its own reads see), handed to the committer at commit."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import Awaitable
+from typing import TYPE_CHECKING, Any
+
+from ... import errors
+from ...contract import KEY_LIMIT, LIFETIME_SECS, TRANSACTION_LIMIT, VALUE_LIMIT
+from .._ranges import point
+from .committer import _Pending
+from .mutations import _ADD, _CLEAR, _CLEAR_RANGE, _SET, _VS_KEY, _VS_VALUE, _add_le
+from .watches import _Watch
+
+if TYPE_CHECKING:
+    from .database import EmbeddedDatabase
+
+_CHANGED = object()  # a watched value no committed value equals: the watch fires when armed
+_MAX_WATCHES = 10_000
+_RETRY_LIMIT = 100
+
+
+class EmbeddedTransaction:
+    __slots__ = (
+        "_db",
+        "_read_version",
+        "_reads",
+        "_seen",
+        "_writes",
+        "_mutations",
+        "_overlay",
+        "_cleared",
+        "_adds",
+        "_unreadable",
+        "_watches",
+        "_stamp_future",
+        "_user_version",
+        "_size",
+        "_started",
+        "_attempts",
+        "_committing",
+    )
+
+    def __init__(self, db: EmbeddedDatabase) -> None:
+        self._db = db
+        self._attempts = 0
+        self._reset()
+
+    def _reset(self) -> None:
+        self._read_version: int | None = None
+        self._reads: list[tuple[bytes, bytes]] = []  # conflict ranges (non-snapshot reads)
+        self._seen: list[tuple[bytes, bytes]] = []  # everything read, for snapshot consistency
+        self._writes: list[tuple[bytes, bytes]] = []
+        self._mutations: list[tuple[int, bytes, bytes]] = []
+        self._overlay: dict[bytes, bytes | None] = {}
+        self._cleared: list[tuple[bytes, bytes]] = []
+        self._adds: dict[bytes, list[bytes]] = {}
+        self._unreadable: list[tuple[bytes, bytes]] = []
+        self._watches: list[tuple[bytes, bytes | None]] = []
+        self._stamp_future: asyncio.Future[bytes] | None = None
+        self._user_version = 0
+        self._size = 0
+        self._started = time.monotonic()
+        self._committing = False
+
+    # --- reads -------------------------------------------------------------------------------------
+    def _check_alive(self) -> None:
+        if self._committing:
+            raise errors.StoreError(errors.USED_DURING_COMMIT)
+        if time.monotonic() - self._started > LIFETIME_SECS:
+            raise errors.StoreError(errors.TRANSACTION_TOO_OLD)
+
+    def _check_readable(self, begin: bytes, end: bytes) -> None:
+        for b, e in self._unreadable:
+            if b < end and begin < e:
+                raise errors.StoreError(errors.ACCESSED_UNREADABLE)
+
+    def _note_read(self, begin: bytes, end: bytes, snapshot: bool, version: int) -> None:
+        """Record a read and keep the transaction on one snapshot (see the module docstring)."""
+        if self._read_version is None:
+            self._read_version = version
+        self._seen.append((begin, end))
+        if not snapshot:
+            self._reads.append((begin, end))
+            self._size += len(begin) + len(end)
+        if version != self._read_version and self._db._changed_since(self._read_version, version, self._seen):
+            raise errors.StoreError(errors.NOT_COMMITTED, "snapshot moved")
+
+    def _local_value(self, key: bytes, base: bytes | None) -> bytes | None:
+        if key in self._overlay:
+            value = self._overlay[key]
+        elif any(b <= key < e for b, e in self._cleared):
+            value = None
+        else:
+            value = base
+        for param in self._adds.get(key, ()):
+            value = _add_le(value, param)
+        return value
+
+    def _touched(self, begin: bytes, end: bytes) -> bool:
+        return (
+            any(begin <= k < end for k in self._overlay)
+            or any(b < end and begin < e for b, e in self._cleared)
+            or any(begin <= k < end for k in self._adds)
+        )
+
+    def _get_sync(self, key: bytes, snapshot: bool) -> bytes | None:
+        self._check_alive()
+        self._check_readable(key, key + b"\x00")
+        version, base = self._db._read_point(key)
+        self._note_read(*point(key), snapshot, version)
+        return self._local_value(key, base)
+
+    async def get(self, key: bytes, *, snapshot: bool = False) -> bytes | None:
+        return self._get_sync(key, snapshot)
+
+    async def get_range(
+        self,
+        begin: bytes,
+        end: bytes,
+        *,
+        limit: int = 0,
+        reverse: bool = False,
+        snapshot: bool = False,
+    ) -> list[tuple[bytes, bytes]]:
+        self._check_alive()
+        if begin >= end:
+            return []
+        self._check_readable(begin, end)
+        local = self._touched(begin, end)
+        version, rows = self._db._read_range_at(begin, end, 0 if local else limit, reverse, self._read_version)
+        if local:
+            merged = {k: v for k, v in rows}
+            for k in list(merged) + [k for k in self._overlay if begin <= k < end] + [
+                k for k in self._adds if begin <= k < end
+            ]:
+                value = self._local_value(k, merged.get(k))
+                if value is None:
+                    merged.pop(k, None)
+                else:
+                    merged[k] = value
+            rows = sorted(merged.items(), reverse=reverse)
+            if limit:
+                rows = rows[:limit]
+        # Like FoundationDB, a read that stopped at its limit only conflicts on what it covered.
+        lo, hi = begin, end
+        if limit and len(rows) >= limit:
+            if reverse:
+                lo = rows[-1][0]
+            else:
+                hi = rows[-1][0] + b"\x00"
+        self._note_read(lo, hi, snapshot, version)
+        return rows
+
+    # --- writes ------------------------------------------------------------------------------------
+    def _check_write(self, key: bytes, value: bytes) -> None:
+        if self._committing:
+            raise errors.StoreError(errors.USED_DURING_COMMIT)
+        if len(key) > KEY_LIMIT:
+            raise errors.StoreError(errors.KEY_TOO_LARGE, f"{len(key)} bytes")
+        if len(value) > VALUE_LIMIT:
+            raise errors.StoreError(errors.VALUE_TOO_LARGE, f"{len(value)} bytes")
+        self._size += len(key) + len(value)
+
+    def set(self, key: bytes, value: bytes) -> None:
+        self._check_write(key, value)
+        self._mutations.append((_SET, key, value))
+        self._writes.append(point(key))
+        self._overlay[key] = value
+        self._adds.pop(key, None)
+
+    def clear(self, key: bytes) -> None:
+        self._check_write(key, b"")
+        self._mutations.append((_CLEAR, key, b""))
+        self._writes.append(point(key))
+        self._overlay[key] = None
+        self._adds.pop(key, None)
+
+    def clear_range(self, begin: bytes, end: bytes) -> None:
+        self._check_write(begin, end)
+        if begin >= end:
+            return
+        self._mutations.append((_CLEAR_RANGE, begin, end))
+        self._writes.append((begin, end))
+        for k in [k for k in self._overlay if begin <= k < end]:
+            del self._overlay[k]
+        for k in [k for k in self._adds if begin <= k < end]:
+            del self._adds[k]
+        self._cleared.append((begin, end))
+
+    def add(self, key: bytes, param: bytes) -> None:
+        self._check_write(key, param)
+        self._mutations.append((_ADD, key, param))
+        self._writes.append(point(key))
+        if key in self._overlay and self._overlay[key] is not None:
+            self._overlay[key] = _add_le(self._overlay[key], param)
+        else:
+            self._adds.setdefault(key, []).append(param)
+
+    def set_versionstamped_key(self, key: bytes, value: bytes) -> None:
+        if len(key) < 14:
+            raise errors.StoreError(errors.CLIENT_INVALID_OPERATION, "versionstamped key shorter than 14 bytes")
+        offset = int.from_bytes(key[-4:], "little")
+        if offset + 10 > len(key) - 4:
+            raise errors.StoreError(errors.CLIENT_INVALID_OPERATION, "versionstamp offset past the key")
+        self._check_write(key[:-4], value)
+        self._mutations.append((_VS_KEY, key, value))
+        prefix = key[:offset]
+        self._unreadable.append((prefix, prefix + b"\xff" * 11))
+
+    def set_versionstamped_value(self, key: bytes, value: bytes) -> None:
+        if len(value) < 14:
+            raise errors.StoreError(errors.CLIENT_INVALID_OPERATION, "versionstamped value shorter than 14 bytes")
+        offset = int.from_bytes(value[-4:], "little")
+        if offset + 10 > len(value) - 4:
+            raise errors.StoreError(errors.CLIENT_INVALID_OPERATION, "versionstamp offset past the value")
+        self._check_write(key, value[:-4])
+        self._mutations.append((_VS_VALUE, key, value))
+        self._writes.append(point(key))
+        self._overlay.pop(key, None)
+        self._adds.pop(key, None)
+        self._unreadable.append(point(key))
+
+    def add_read_conflict_range(self, begin: bytes, end: bytes) -> None:
+        self._reads.append((begin, end))
+
+    def next_user_version(self) -> int:
+        uv = self._user_version
+        if uv > 0xFFFF:
+            raise errors.StoreError(errors.CLIENT_INVALID_OPERATION, "more than 65536 stamped entries")
+        self._user_version += 1
+        return uv
+
+    def get_versionstamp(self) -> Awaitable[bytes]:
+        if self._stamp_future is None:
+            self._stamp_future = self._db._loop.create_future()
+        return self._stamp_future
+
+    def watch(self, key: bytes) -> _Watch:
+        if self._db._watch_count() + len(self._watches) >= _MAX_WATCHES:
+            raise errors.StoreError(errors.TOO_MANY_WATCHES)
+        self._check_alive()
+        version, base = self._db._read_point(key)
+        value: Any = self._local_value(key, base)
+        if self._read_version is None:
+            self._read_version = version
+        elif version != self._read_version and self._db._changed_since(self._read_version, version, [point(key)]):
+            value = _CHANGED  # changed after our snapshot: FoundationDB's watch would fire at once
+        w = _Watch(self._db, key, value)
+        self._watches.append(w)  # type: ignore[arg-type]
+        return w
+
+    # --- commit ------------------------------------------------------------------------------------
+    async def commit(self) -> None:
+        self._check_alive()
+        if self._size > TRANSACTION_LIMIT:
+            raise errors.StoreError(errors.TRANSACTION_TOO_LARGE, f"{self._size} bytes")
+        watches = self._watches
+        if not self._mutations:
+            if self._stamp_future is not None and not self._stamp_future.done():
+                self._stamp_future.set_exception(errors.StoreError(errors.NO_COMMIT_VERSION))
+                self._stamp_future.exception()  # retrieved: a read-only caller may never await it
+            self._db._arm(watches)  # type: ignore[arg-type]
+            return
+        if self._read_version is None:
+            self._read_version = self._db._committed_version()
+        self._committing = True
+        future: asyncio.Future[bytes] = self._db._loop.create_future()
+        self._db._submit(_Pending(self, future))
+        try:
+            # A cancelled caller cancels only its wait: the committer still commits (or fails) it.
+            stamp = await future
+        finally:
+            self._committing = False
+        if self._stamp_future is not None and not self._stamp_future.done():
+            self._stamp_future.set_result(stamp)
+        self._db._arm(watches)  # type: ignore[arg-type]
+
+    async def on_error(self, exc: BaseException) -> None:
+        if not isinstance(exc, errors.StoreError) or not exc.retryable or self._attempts >= _RETRY_LIMIT:
+            raise exc
+        self.cancel()
+        self._attempts += 1
+        await asyncio.sleep(min(1.0, 0.002 * (2 ** min(self._attempts, 9))) * random.random())
+        self._reset()
+
+    def cancel(self) -> None:
+        for w in self._watches:
+            w.future.cancel()  # type: ignore[attr-defined]
+        if self._stamp_future is not None and not self._stamp_future.done():
+            self._stamp_future.cancel()

@@ -1,0 +1,125 @@
+"""Watches: registered at commit with the value the transaction saw, checked against the keys later
+commits wrote, woken by this process's commits, other processes' wake datagrams, or the backstop poll."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING, Any
+
+from ... import errors
+from .._ranges import point
+from .._wake import Inbox
+from .reads import _Reads
+
+if TYPE_CHECKING:
+    from .database import EmbeddedDatabase
+
+_FALLBACK_POLL_SECS = 1.0  # the backstop for lost wake datagrams
+_NO_WAKE_POLL_SECS = 0.05  # without a wake socket (a read-only directory, no /proc for long paths)
+
+
+class _Watch:
+    """One registered watch; awaiting it waits for the change. ``cancel`` unregisters it."""
+
+    __slots__ = ("key", "value", "future", "_db")
+
+    def __init__(self, db: EmbeddedDatabase, key: bytes, value: bytes | None) -> None:
+        self._db = db
+        self.key = key
+        self.value = value
+        self.future: asyncio.Future[None] = db._loop.create_future()
+        self.future.add_done_callback(lambda _f: db._unregister(self))
+
+    def __await__(self) -> Any:
+        # Not shielded: a waiter that gives up (a timeout) cancels the watch, as destroying an FDB
+        # watch future does, so abandoned watches never pile up.
+        return self.future.__await__()
+
+    def done(self) -> bool:
+        return self.future.done()
+
+    def cancel(self) -> None:
+        if not self.future.done():
+            self.future.cancel()
+
+
+class _Watches(_Reads):
+    _watches: dict[bytes, set[_Watch]]
+    _closed: bool
+    _check_scheduled: bool
+    _watch_version: int
+    _fallback: asyncio.TimerHandle | None
+    _inbox: Inbox | None
+    fallback_poll_secs: float
+
+    def _watch_count(self) -> int:
+        return sum(len(s) for s in self._watches.values())
+
+    def _arm(self, watches: list[_Watch]) -> None:
+        """Register watches, firing at once those whose key already changed (before this point the
+        incremental check below cannot see the change: it may predate the checked version)."""
+        for w in watches:
+            if w.future.done():
+                continue
+            _, value = self._read_point(w.key)
+            if value != w.value:
+                w.future.set_result(None)
+            else:
+                self._watches.setdefault(w.key, set()).add(w)
+        if self._watches and self._fallback is None and not self._closed:
+            self._fallback = self._loop.call_later(self.fallback_poll_secs, self._fallback_poll)
+
+    def _unregister(self, w: _Watch) -> None:
+        s = self._watches.get(w.key)
+        if s is not None:
+            s.discard(w)
+            if not s:
+                del self._watches[w.key]
+
+    def _schedule_watch_check(self) -> None:
+        if self._watches and not self._check_scheduled and not self._closed:
+            self._check_scheduled = True
+            self._loop.call_soon(self._check_watches)
+
+    def _check_watches(self) -> None:
+        """Compare the watched keys that commits since the last check wrote: their write sets come
+        from the write log (this process's from memory), so a commit that touched no watched key
+        costs one version read, not a read of every watched key."""
+        self._check_scheduled = False
+        if not self._watches or self._closed:
+            return
+        current_version = self._committed_version()
+        if current_version == self._watch_version:
+            return
+        try:
+            sets = self._write_sets(self._reader, self._watch_version, current_version)
+        except errors.StoreError:  # the log no longer reaches back that far: compare them all
+            sets = None
+        self._watch_version = current_version
+        keys = [k for k in self._watches if sets is None or any(ws.overlaps(*point(k)) for ws in sets)]
+        if not keys:
+            return
+        current: dict[bytes, bytes] = {}
+        for i in range(0, len(keys), 500):
+            chunk = keys[i : i + 500]
+            marks = ",".join("?" * len(chunk))
+            current.update(self._reader.execute(f"SELECT k, v FROM kv WHERE k IN ({marks})", chunk).fetchall())
+        for key in keys:
+            value = current.get(key)
+            for w in list(self._watches.get(key, ())):
+                if w.value != value and not w.future.done():
+                    w.future.set_result(None)
+
+    def _on_wake(self) -> None:
+        """Another process committed (one or many datagrams): one check covers them all."""
+        if self._inbox is not None:
+            self._inbox.drain()
+        self._schedule_watch_check()
+
+    def _fallback_poll(self) -> None:
+        """The backstop for lost datagrams: one commit-counter read a second, only while watched."""
+        self._fallback = None
+        if self._closed or not self._watches:
+            return
+        self._schedule_watch_check()
+        self._fallback = self._loop.call_later(self.fallback_poll_secs, self._fallback_poll)
