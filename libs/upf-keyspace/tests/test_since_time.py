@@ -114,6 +114,16 @@ async def test_unindexed_rows_are_scanned_in_bounded_resumable_batches(store):
     assert tally["reads"] == 1 and (await messages_from(store, "old", cursor, 1)) == ["m10"]
 
 
+async def test_a_live_subscribe_finishes_an_unindexed_scan(store):
+    """The pusher's subscribe (with live marks) resolves since=<time> on pre-index rows to a cursor, not
+    a half-done scan."""
+    base = 1_000_000
+    await fill(store, "old", 3_000, base, indexed=False)
+    cursors, marks = await store.subscribe_live(["old"], "n1", Since("time", time=base + 250))
+    assert (await messages_from(store, "old", cursors["old"], 2)) == ["m2500", "m2501"]
+    assert marks["old"] is not None and marks["old"] > cursors["old"]
+
+
 async def test_subscribe_resolves_time_with_the_index(store):
     await fill(store, "s", 2_000, 5_000)
     cur = await store.subscribe(["s", "empty"], "n1", Since("time", time=5_100))

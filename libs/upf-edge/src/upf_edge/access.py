@@ -19,9 +19,11 @@ import base64
 import binascii
 import hashlib
 import re
+from collections.abc import Sequence
 from typing import NamedTuple
 
 import bcrypt
+
 from upf_keyspace.auth import EVERYONE, ROLE_ADMIN, AuthState, Permission, User, token_digest
 
 from .errors import NtfyError, Problem
@@ -243,7 +245,7 @@ class Authorizer:
             self._rules[user] = rules
         return rules
 
-    def check(self, who: Identity, topics: tuple[str, ...] | list[str], *, write: bool) -> None:
+    def check(self, who: Identity, topics: Sequence[str], *, write: bool) -> None:
         """Raise 403 when ``who`` may not read (or write) every one of ``topics``: on a multi-topic
         path, one denied topic fails the whole request, as in ntfy."""
         for topic in topics:

@@ -151,4 +151,4 @@ class AccessGate:
 
 
 async def _awaitable(watch: object) -> None:
-    await watch  # type: ignore[misc]
+    await watch  # type: ignore[misc]  # a driver's watch: an asyncio future or the bindings' own awaitable, typed as neither

@@ -18,6 +18,7 @@ import os
 from collections.abc import Mapping
 
 import msgspec
+
 from upf_keyspace import SettingsError, Store
 from upf_keyspace.auth import EVERYONE, ROLES, Access, Permission, Token, User, token_digest
 

@@ -88,7 +88,8 @@ def _choice(*choices: str) -> Converter:
 
 
 def _flag(name: str, raw: str) -> bool:
-    return _choice("0", "1")(name, raw) == "1"
+    _choice("0", "1")(name, raw)
+    return raw == "1"
 
 
 def _bool(name: str, raw: str) -> bool:
@@ -128,7 +129,7 @@ def _networks(name: str, raw: str) -> tuple[str, ...]:
             infos = socket.getaddrinfo(item, None, proto=socket.IPPROTO_TCP)
         except OSError:
             raise SettingsError(f"{name} names a host that does not resolve: {item!r}") from None
-        out.extend(str(ipaddress.ip_network(info[4][0].partition("%")[0])) for info in infos)
+        out.extend(str(ipaddress.ip_network(str(info[4][0]).partition("%")[0])) for info in infos)
     return tuple(dict.fromkeys(out))
 
 

@@ -68,7 +68,7 @@ class Store:
     async def ping(self) -> int:
         """One cheap read (the format record): what a ``__heartbeat__`` endpoint asks of the store."""
 
-        async def body(tr):  # type: ignore[no-untyped-def]
+        async def body(tr):  # type: ignore[no-untyped-def]  # a transaction body: typed by the op it returns
             return keys.unpack_i64(await tr.get(keys.format_key(), snapshot=True))
 
         return await self.db.transact(body)
@@ -107,7 +107,7 @@ class Store:
         """Hold ``topics`` for ``node`` and resolve ``since`` to a cursor per topic, atomically: any
         publish either lands at or before the cursor or sees the affinity and pokes ``node``."""
 
-        async def body(tr):  # type: ignore[no-untyped-def]
+        async def body(tr):  # type: ignore[no-untyped-def]  # a transaction body: typed by the op it returns
             ops.affinity.hold(tr, topics, node)
             return await ops.read.positions(tr, topics, since)
 
@@ -127,11 +127,18 @@ class Store:
         """``subscribe`` that also returns each topic's live mark (``ops.read.live_mark``): what is above
         it arrived while the subscriber was connected, so ``X-Cache: no`` messages there are sent."""
 
-        async def body(tr):  # type: ignore[no-untyped-def]
+        async def body(tr):  # type: ignore[no-untyped-def]  # a transaction body: typed by the op it returns
             ops.affinity.hold(tr, topics, node)
             return await ops.read.positions_and_marks(tr, topics, since)
 
-        return await self.db.transact(body)
+        try:
+            found, marks = await self.db.transact(body)
+        except StoreError as exc:
+            if not exc.storage_full:
+                raise
+            # As ``subscribe``: the store refuses writes, so stream without the affinity (the safety poll).
+            found, marks = await self.db.transact(ops.read.positions_and_marks, topics, since)
+        return await self._resumed(found, since), marks
 
     async def schedule(self, topic: str, envelope: Envelope, due: int) -> Published:
         """Keep ``envelope`` hidden until ``due`` (unix secs); its id is the one delivered later."""
@@ -152,7 +159,7 @@ class Store:
     async def stats(self) -> tuple[int, float]:
         """``/v1/stats``: the fleet's message total and its rate per second (ntfy's fields)."""
 
-        async def body(tr):  # type: ignore[no-untyped-def]
+        async def body(tr):  # type: ignore[no-untyped-def]  # a transaction body: typed by the op it returns
             return await ops.stats.total(tr), await ops.stats.samples(tr)
 
         total, history = await self.db.transact(body)
@@ -181,13 +188,13 @@ class Store:
         return out
 
     async def hold(self, topics: Sequence[str], node: str) -> None:
-        async def body(tr):  # type: ignore[no-untyped-def]
+        async def body(tr):  # type: ignore[no-untyped-def]  # a transaction body: typed by the op it returns
             ops.affinity.hold(tr, topics, node)
 
         await self.db.transact(body)
 
     async def release(self, topics: Sequence[str], node: str) -> None:
-        async def body(tr):  # type: ignore[no-untyped-def]
+        async def body(tr):  # type: ignore[no-untyped-def]  # a transaction body: typed by the op it returns
             ops.affinity.release(tr, topics, node)
 
         await self.db.transact(body)
@@ -278,7 +285,7 @@ class Store:
         return await self.db.transact(ops.limits.sweep_topics, now, after, limit)
 
     async def topic_count(self) -> int:
-        async def body(tr):  # type: ignore[no-untyped-def]
+        async def body(tr):  # type: ignore[no-untyped-def]  # a transaction body: typed by the op it returns
             return keys.unpack_i64(await tr.get(keys.topic_count_key(), snapshot=True))
 
         return await self.db.transact(body)
@@ -290,7 +297,7 @@ class Store:
     async def watch_auth(self) -> tuple[int, Watch]:
         """The auth version now and a watch that fires when it changes (await it with a timeout)."""
 
-        async def body(tr):  # type: ignore[no-untyped-def]
+        async def body(tr):  # type: ignore[no-untyped-def]  # a transaction body: typed by the op it returns
             return await ops.auth.version(tr), tr.watch(keys.auth_version_key())
 
         return await self.db.transact(body)

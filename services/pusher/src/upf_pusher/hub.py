@@ -329,7 +329,7 @@ class Hub:
             if not cmd.rows:
                 continue
             queued.append((cmd, trigger))
-            for topic, row in zip(cmd.topics, cmd.rows):
+            for topic, row in zip(cmd.topics, cmd.rows, strict=True):
                 cached = frames.get(row.stamp)
                 if cached is None:
                     cached = frames[row.stamp] = _Framed(message_from_envelope(row.stamp, topic, row.envelope))
@@ -431,7 +431,7 @@ class Hub:
                     self.run(sub, sub.session.read_failed(key[0]), trigger)
             return
         out: _Outbox = {}
-        for key, rows in zip(keys, answers):
+        for key, rows in zip(keys, answers, strict=True):
             topic = key[0]
             for sub, trigger in wanted[key]:
                 try:

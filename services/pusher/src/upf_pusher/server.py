@@ -30,6 +30,9 @@ from typing import Any
 from websockets.exceptions import InvalidHandshake, InvalidUpgrade
 
 from upf_edge import NO_BODY, Handler
+from upf_edge.access import Identity
+from upf_edge.errors import NOT_FOUND, NtfyError, Problem
+from upf_edge.gate import AccessGate, auth_param
 from upf_edge.handler import PREFLIGHT
 from upf_edge.http11 import (
     HttpError,
@@ -40,9 +43,6 @@ from upf_edge.http11 import (
     parse_head,
     reply_response,
 )
-from upf_edge.access import Identity
-from upf_edge.errors import NOT_FOUND, NtfyError, Problem
-from upf_edge.gate import AccessGate, auth_param
 from upf_edge.limiter import RequestLimiter
 from upf_edge.limits_os import Acceptor, PeerCounter
 from upf_edge.ops import OpsRoutes
@@ -159,7 +159,7 @@ class HttpProtocol(asyncio.Protocol):
 
     def __init__(self, pusher: Pusher) -> None:
         self.pusher = pusher
-        self.transport: asyncio.Transport = None  # type: ignore[assignment]
+        self.transport: asyncio.Transport = None  # type: ignore[assignment]  # set by connection_made before any use
         self.client = ""
         """The peer's IP ("" when the socket has none): who the request limit counts."""
         self.buf = b""
@@ -172,7 +172,7 @@ class HttpProtocol(asyncio.Protocol):
 
     # --- asyncio callbacks --------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
+        self.transport = transport  # type: ignore[assignment]  # asyncio passes a BaseTransport; a stream server's is a Transport
         peer = transport.get_extra_info("peername")
         if isinstance(peer, tuple) and peer:
             self.client = str(peer[0])

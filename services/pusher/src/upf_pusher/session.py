@@ -70,7 +70,7 @@ class Send(msgspec.Struct, frozen=True):
     @property
     def messages(self) -> list[Message]:
         """The ntfy Message objects this sends (events, then rows): tests and diagnostics."""
-        return [*self.events, *(message_from_envelope(r.stamp, t, r.envelope) for t, r in zip(self.topics, self.rows))]
+        return [*self.events, *(message_from_envelope(r.stamp, t, r.envelope) for t, r in zip(self.topics, self.rows, strict=True))]
 
     @property
     def envelopes(self) -> list[Envelope] | None:
@@ -315,7 +315,7 @@ class Session:
                         if not ts.reading:
                             ts.reading = True
                             reads.append(Read(t, ts.cursor, self.config.batch))
-                elif best is None or buf[0].stamp < best[1].buffer[0].stamp:  # type: ignore[index]
+                elif best is None or buf[0].stamp < best[1].buffer[0].stamp:  # type: ignore[index]  # best only holds a topic whose buffer is non-empty
                     best = (t, ts)
             if waiting:
                 break
@@ -323,7 +323,7 @@ class Session:
                 done = True
                 break
             t, ts = best
-            row = ts.buffer.popleft()  # type: ignore[union-attr]
+            row = ts.buffer.popleft()  # type: ignore[union-attr]  # the same: chosen for its non-empty buffer
             ts.cursor = row.stamp
             if row.envelope.nocache and ts.live is not None and row.stamp <= ts.live:
                 continue  # X-Cache: no, and it landed before this subscription: never replayed

@@ -55,7 +55,7 @@ async def run_with_pusher(settings: Settings, sock: socket.socket | None = None)
         fallback = create_app(settings, store, telemetry=telemetry)
         handler = fallback.front
     try:
-        pusher = await serve(settings, store, fallback=fallback, handler=handler, telemetry=telemetry, sock=sock)
+        pusher = await serve(settings, store, fallback=fallback, handler=handler, telemetry=telemetry, sock=sock)  # type: ignore[arg-type]  # litestar types its ASGI app with its own aliases, not the bridge's Callable
         janitor_task = None
         if "janitor" in settings.roles:
             janitor_task = asyncio.create_task(Janitor(store, settings, telemetry).run(stop))

@@ -101,15 +101,16 @@ def _parser() -> argparse.ArgumentParser:
     trm.add_argument("name")
     trm.add_argument("token")
 
-    vapid = sub.add_parser("vapid", help="VAPID-restricted topics (UPF_VAPID_RESTRICT=1)")
-    vapid = vapid.add_subparsers(dest="action", required=True)
+    vapid = sub.add_parser("vapid", help="VAPID-restricted topics (UPF_VAPID_RESTRICT=1)").add_subparsers(
+        dest="action", required=True
+    )
     vapid.add_parser("list", help="list restricted topics and their keys, or one topic's").add_argument("topic", nargs="?")
     vapid.add_parser("reset", help="unbind a topic: the next valid VAPID key to publish binds it").add_argument("topic")
     _backup_parsers(sub)
     return ap
 
 
-def _backup_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def _backup_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     sub.add_parser("backup", help="write the store's messages, users and ACL to FILE (safe while serving)").add_argument("file")
     sub.add_parser("restore", help="load FILE (from upf backup) into an empty store; new ids sort after it").add_argument("file")
 
@@ -162,9 +163,10 @@ async def _user(store: Store, args: argparse.Namespace) -> str:
     if args.action == "del":
         await store.delete_user(name)
         return f"user {name} removed"
-    user = await store.get_user(name)
-    if user is None:
+    found = await store.get_user(name)
+    if found is None:
         raise NoSuchUser(name)
+    user = found
     if args.action == "change-pass":
         await store.put_user(name, User(role=user.role, password_hash=hash_password(_password(name)), created=user.created))
         return f"changed password for user {name}"

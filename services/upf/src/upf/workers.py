@@ -196,7 +196,7 @@ class Supervisor:
                                 w.proc.wait()
                                 w.proc = None
                         continue
-                    timeout = max(0.0, min(0.1, deadline - time.monotonic()))
+                    timeout: float | None = max(0.0, min(0.1, deadline - time.monotonic()))
                 else:
                     now = time.monotonic()
                     due = [w for w in self.workers if w.proc is None]

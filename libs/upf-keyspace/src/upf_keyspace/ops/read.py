@@ -126,11 +126,12 @@ async def live_mark(tr: Transaction, topic: str, since: Since, cursor: bytes | N
 
 async def positions_and_marks(
     tr: Transaction, topics: Sequence[str], since: Since
-) -> tuple[dict[str, bytes | None], dict[str, bytes | None]]:
-    """``positions`` and, per topic, its ``live_mark``."""
-    cursors: dict[str, bytes | None] = {}
+) -> tuple[dict[str, bytes | None | Resume], dict[str, bytes | None]]:
+    """``positions`` (a ``Resume`` for the caller to finish, as ``positions``) and, per topic, its
+    ``live_mark``."""
+    cursors: dict[str, bytes | None | Resume] = {}
     marks: dict[str, bytes | None] = {}
     for t in topics:
-        cursors[t] = await position(tr, t, since)
-        marks[t] = await live_mark(tr, t, since, cursors[t])
+        cursor = cursors[t] = await position(tr, t, since)
+        marks[t] = await live_mark(tr, t, since, None if isinstance(cursor, Resume) else cursor)
     return cursors, marks
