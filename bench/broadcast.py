@@ -64,10 +64,14 @@ async def serve(n: int, payload: int, duration: float) -> None:
         finally:
             conns.discard(ws)
 
-    message = ('{"id":"AAAAAAAAAAIAAAAA","event":"message","message":"' + "x" * payload)[:payload - 2] + '"}'
+    message = ('{"id":"AAAAAAAAAAIAAAAA","event":"message","message":"' + "x" * payload)[: payload - 2] + '"}'
     assert len(message) == payload, (len(message), payload)
     async with ws_serve(handler, "127.0.0.1", 0, compression=None, ping_interval=None, max_queue=None) as server:
-        port = server.sockets[0].getsockname()[1] if hasattr(server, "sockets") else list(server.server.sockets)[0].getsockname()[1]
+        port = (
+            server.sockets[0].getsockname()[1]
+            if hasattr(server, "sockets")
+            else list(server.server.sockets)[0].getsockname()[1]
+        )
         print(port, flush=True)
         await asyncio.wait_for(all_in.wait(), 120)
         targets = list(conns)
@@ -91,8 +95,17 @@ async def serve(n: int, payload: int, duration: float) -> None:
         while any(t.get_write_buffer_size() for t in transports):
             await asyncio.sleep(0.001)
         cpu1, t1 = _cpu(), time.perf_counter()
-        print(json.dumps({"broadcasts": sent, "frames_sent": sent * len(targets), "secs": round(t1 - t0, 3),
-                          "server_cpu_self": round(cpu1 - cpu0, 3)}), flush=True)
+        print(
+            json.dumps(
+                {
+                    "broadcasts": sent,
+                    "frames_sent": sent * len(targets),
+                    "secs": round(t1 - t0, 3),
+                    "server_cpu_self": round(cpu1 - cpu0, 3),
+                }
+            ),
+            flush=True,
+        )
         # stay up until the parent has read the clients' counts and closes stdin
         await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
 
@@ -147,8 +160,14 @@ async def clients(port: int, n: int) -> None:
 
 
 # --- parent -----------------------------------------------------------------------------------------
-def run(n: int, payload: int, duration: float, server_cpus: set[int] | None = None, client_cpus: set[int] | None = None,
-        cpu_reader=None) -> dict[str, float]:
+def run(
+    n: int,
+    payload: int,
+    duration: float,
+    server_cpus: set[int] | None = None,
+    client_cpus: set[int] | None = None,
+    cpu_reader=None,
+) -> dict[str, float]:
     """Start server and clients, broadcast, return the figures. ``cpu_reader(pid)`` (optional) reads
     the server's CPU seconds from outside (the bench's /proc reader)."""
 
@@ -158,8 +177,14 @@ def run(n: int, payload: int, duration: float, server_cpus: set[int] | None = No
             if cpus:
                 os.sched_setaffinity(0, cpus)
 
-        return subprocess.Popen([sys.executable, HERE, *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                                preexec_fn=pre, start_new_session=True)
+        return subprocess.Popen(
+            [sys.executable, HERE, *args],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            preexec_fn=pre,
+            start_new_session=True,
+        )
 
     server = spawn(["--serve", "--n", str(n), "--payload", str(payload), "--duration", str(duration)], server_cpus)
     cl = None

@@ -171,8 +171,22 @@ def stop_popen(p: subprocess.Popen[str]) -> None:
 def pubdrive(url: str, roots: list[int], *, secs: float, conns: int, topics: int, prefix: str = "upBENCH") -> Drive:
     """Run bench/pubdrive.py pinned to the driver CPU; snapshot the server trees' CPU on its start and
     stop lines, so only the measured window counts."""
-    argv = [PY, str(BENCH / "pubdrive.py"), "--url", url, "--duration", str(secs), "--connections", str(conns),
-            "--topics", str(topics), "--topic-prefix", prefix, "--body-size", str(BODY)]
+    argv = [
+        PY,
+        str(BENCH / "pubdrive.py"),
+        "--url",
+        url,
+        "--duration",
+        str(secs),
+        "--connections",
+        str(conns),
+        "--topics",
+        str(topics),
+        "--topic-prefix",
+        prefix,
+        "--body-size",
+        str(BODY),
+    ]
     p = spawn_pinned(argv, DRIVER_CPUS, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         assert p.stdout is not None
@@ -218,7 +232,10 @@ class LoadgenRun:
         self.cpu0 = shape.cpu()
         self.t0 = time.monotonic()
         self.p = spawn_pinned([LOADGEN, *argv, "--json", "-"], None, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        self._threads = [threading.Thread(target=self._read_err, daemon=True), threading.Thread(target=self._read_out, daemon=True)]
+        self._threads = [
+            threading.Thread(target=self._read_err, daemon=True),
+            threading.Thread(target=self._read_out, daemon=True),
+        ]
         for t in self._threads:
             t.start()
 
@@ -234,8 +251,13 @@ class LoadgenRun:
             ev: dict[str, Any] | None = None
             m = _LIVE.match(line)
             if m:
-                ev = {"kind": "live", "lt": float(m.group(1)), "phase": m.group(2), "accepted": int(m.group(4)),
-                      "delivered": int(m.group(5))}
+                ev = {
+                    "kind": "live",
+                    "lt": float(m.group(1)),
+                    "phase": m.group(2),
+                    "accepted": int(m.group(4)),
+                    "delivered": int(m.group(5)),
+                }
             elif line.startswith("sweep step:"):
                 ev = {"kind": "step"}
             elif line.startswith("sweep point:"):
@@ -273,43 +295,65 @@ def steady(events: list[dict[str, Any]]) -> dict[str, Any] | None:
         acc += cur["accepted"] * span
         dlv += cur["delivered"] * span
     cpu = {k: load[-1]["cpu"][k] - load[0]["cpu"][k] for k in load[0]["cpu"]}
-    return {"secs": round(load[-1]["lt"] - load[0]["lt"], 2), "accepted": round(acc), "delivered": round(dlv), "cpu": cpu}
+    return {
+        "secs": round(load[-1]["lt"] - load[0]["lt"], 2),
+        "accepted": round(acc),
+        "delivered": round(dlv),
+        "cpu": cpu,
+    }
 
 
 def lg_common(shape: Shape, topics: int, secs: float) -> list[str]:
-    return ["--writer", shape.writer, "--pusher", shape.pusher, "--topics", str(topics), "--duration", str(secs),
-            "--message-size", str(BODY), "--transport", "ws", "--drain-timeout", "60"]
+    return [
+        "--writer",
+        shape.writer,
+        "--pusher",
+        shape.pusher,
+        "--topics",
+        str(topics),
+        "--duration",
+        str(secs),
+        "--message-size",
+        str(BODY),
+        "--transport",
+        "ws",
+        "--drain-timeout",
+        "60",
+    ]
 
 
 def summarize_run(r: dict[str, Any], cls: type[R], **extra: Any) -> R:
     """The figures the bench keeps from one loadgen JSON report (loadgen's own schema, read as JSON),
     as ``cls`` (RunSummary or a subclass, whose extra fields come in ``extra``), type-checked here."""
     th, lat, v = r["throughput"], r["latency"], r["violations"]
-    return msgspec.convert(dict(
-        rate=r["scenario"]["rate"],
-        verdict=r["verdict"],
-        offered=th["offered"],
-        accepted=th["accepted"],
-        delivered=th["delivered"],
-        expected=th["expected_deliveries"],
-        offered_per_s=th["offered_per_s"],
-        accepted_per_s=th["accepted_per_s"],
-        delivered_per_s=th["delivered_per_s"],
-        rejected=th["rejected"],
-        errors=th["errors"],
-        p50_ms=lat["p50_ms"],
-        p99_ms=lat["p99_ms"],
-        max_ms=lat["max_ms"],
-        publish_p99_ms=r["publish_latency"]["p99_ms"],
-        drain_secs=r["drain"]["secs"],
-        drain_complete=r["drain"]["complete"],
-        violations=v,
-        violations_total=sum(v.values()),
-        disconnects=r["subscriptions"]["disconnects"],
-        loadgen_cpu_pct=r["cpu"]["pct_of_wall"],
-        loadgen_saturated=r["cpu"]["saturated"],
-        **extra,
-    ), cls)
+    return msgspec.convert(
+        dict(
+            rate=r["scenario"]["rate"],
+            verdict=r["verdict"],
+            offered=th["offered"],
+            accepted=th["accepted"],
+            delivered=th["delivered"],
+            expected=th["expected_deliveries"],
+            offered_per_s=th["offered_per_s"],
+            accepted_per_s=th["accepted_per_s"],
+            delivered_per_s=th["delivered_per_s"],
+            rejected=th["rejected"],
+            errors=th["errors"],
+            p50_ms=lat["p50_ms"],
+            p99_ms=lat["p99_ms"],
+            max_ms=lat["max_ms"],
+            publish_p99_ms=r["publish_latency"]["p99_ms"],
+            drain_secs=r["drain"]["secs"],
+            drain_complete=r["drain"]["complete"],
+            violations=v,
+            violations_total=sum(v.values()),
+            disconnects=r["subscriptions"]["disconnects"],
+            loadgen_cpu_pct=r["cpu"]["pct_of_wall"],
+            loadgen_saturated=r["cpu"]["saturated"],
+            **extra,
+        ),
+        cls,
+    )
 
 
 def price(acc: int, dlv: int, cpu: dict[str, float]) -> Price:
@@ -335,5 +379,3 @@ def price_run(s: RunSummary, events: list[dict[str, Any]], cpu_whole: dict[str, 
     s.steady = price(st["accepted"], st["delivered"], st["cpu"]) if st else Price()
     if st:
         s.steady.secs = st["secs"]
-
-

@@ -112,8 +112,17 @@ async def _measure(args: argparse.Namespace, work: Path) -> dict[str, float]:
     if args.cprofile is not None:
         argv = [sys.executable, __file__, "--child", str(args.cprofile.resolve()), module]
     else:
-        argv = ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}",
-                sys.executable, __file__, "--child", str(lib), module]
+        argv = [
+            "valgrind",
+            "--tool=callgrind",
+            "--instr-atstart=no",
+            f"--callgrind-out-file={out}",
+            sys.executable,
+            __file__,
+            "--child",
+            str(lib),
+            module,
+        ]
     log = open(work / "role.log", "wb")  # noqa: SIM115 - the role writes to it until it is stopped, past this block
     proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
@@ -159,7 +168,10 @@ async def _measure(args: argparse.Namespace, work: Path) -> dict[str, float]:
             delivered.clear()
             await asyncio.gather(
                 *(
-                    store.publish(topics[(sent + j) % len(topics)], Envelope(now, now + 3600, f"m{sent + j}", published_ms=int(time.time() * 1000)))
+                    store.publish(
+                        topics[(sent + j) % len(topics)],
+                        Envelope(now, now + 3600, f"m{sent + j}", published_ms=int(time.time() * 1000)),
+                    )
                     for j in range(n)
                 )
             )

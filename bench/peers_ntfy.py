@@ -33,10 +33,18 @@ from tests.peers.ntfy import NTFY_VERSION, NtfyServer, Unavailable, ensure_ntfy
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--duration", type=float, default=0, help="stop after this many seconds (0: until signalled)")
-    ap.add_argument("--cache", choices=("file", "memory"), default="file",
-                    help="ntfy's message cache: an SQLite file (as deployed) or in memory")
-    ap.add_argument("--cache-batch-size", type=int, default=0,
-                    help="ntfy's cache-batch-size (0: each message written synchronously, its default)")
+    ap.add_argument(
+        "--cache",
+        choices=("file", "memory"),
+        default="file",
+        help="ntfy's message cache: an SQLite file (as deployed) or in memory",
+    )
+    ap.add_argument(
+        "--cache-batch-size",
+        type=int,
+        default=0,
+        help="ntfy's cache-batch-size (0: each message written synchronously, its default)",
+    )
     ap.add_argument("--keepalive-secs", type=int, default=45)
     ap.add_argument("--workdir", type=Path, default=None, help="config, cache and log here (default: a temp dir)")
     ap.add_argument("--json", action="store_true", help="print one JSON line instead of the bare URL")
@@ -66,12 +74,16 @@ def main() -> int:
         "global-topic-limit": 100_000_000,
         "log-level": "error",
     }
-    server = NtfyServer(binary, workdir, keepalive_secs=args.keepalive_secs, cache_file=args.cache == "file",
-                        **extra)
+    server = NtfyServer(binary, workdir, keepalive_secs=args.keepalive_secs, cache_file=args.cache == "file", **extra)
     try:
         server.wait_ready()
-        info = {"base": server.base, "pid": server.proc.pid, "binary": str(binary), "version": NTFY_VERSION,
-                "config": str(server.config_path)}
+        info = {
+            "base": server.base,
+            "pid": server.proc.pid,
+            "binary": str(binary),
+            "version": NTFY_VERSION,
+            "config": str(server.config_path),
+        }
         print(json.dumps(info) if args.json else server.base, flush=True)
         done.wait(args.duration or None)
     finally:

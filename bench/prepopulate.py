@@ -17,7 +17,9 @@ from upf_keyspace import Envelope, Settings, open_store
 async def populate(path: str, topics: int, prefix: str, concurrency: int) -> float:
     store = await open_store(Settings(store_path=path))
     now = int(time.time())
-    env = Envelope(time=now, expires=now + 7 * 86400, message=("lg:0:0:" + "abcdefghijklmnopqrstuvwxyz0123456789" * 3)[:100])
+    env = Envelope(
+        time=now, expires=now + 7 * 86400, message=("lg:0:0:" + "abcdefghijklmnopqrstuvwxyz0123456789" * 3)[:100]
+    )
     counter = iter(range(topics))
 
     async def worker() -> None:

@@ -150,8 +150,15 @@ def tree_rss_kb(pids: list[int], field: str = "VmRSS:") -> int:
 class Proc:
     """One started process (in its own session, so its whole group can be stopped)."""
 
-    def __init__(self, name: str, argv: list[str], env: dict[str, str] | None, log: Path, cpus: set[int] | None = None,
-                 cwd: Path | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        argv: list[str],
+        env: dict[str, str] | None,
+        log: Path,
+        cpus: set[int] | None = None,
+        cwd: Path | None = None,
+    ) -> None:
         self.name = name
         self.log_path = log
         self._log = open(log, "ab")  # noqa: SIM115 - the process writes to it until stop() closes it
@@ -160,8 +167,9 @@ class Proc:
             if cpus:
                 os.sched_setaffinity(0, cpus)
 
-        self.popen = subprocess.Popen(argv, env=env, cwd=cwd, stdout=self._log, stderr=subprocess.STDOUT,
-                                      start_new_session=True, preexec_fn=pre)
+        self.popen = subprocess.Popen(
+            argv, env=env, cwd=cwd, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=pre
+        )
         self.pid = self.popen.pid
         _STARTED.append(self)
 
@@ -220,7 +228,9 @@ def wait_http(proc: Proc, port: int, path: str = "/__lbheartbeat__", timeout: fl
     raise TimeoutError(f"{proc.name} not ready: {proc.log_tail()}")
 
 
-def _start_role(module: str, label: str, node: str, workdir: Path, store: Path, cpus: set[int] | None, extra: dict[str, str]) -> tuple[Proc, int]:
+def _start_role(
+    module: str, label: str, node: str, workdir: Path, store: Path, cpus: set[int] | None, extra: dict[str, str]
+) -> tuple[Proc, int]:
     port = free_port()
     env = _env(UPF_BIND=f"127.0.0.1:{port}", UPF_STORE_PATH=str(store), UPF_NODE_ID=node, **extra)
     p = Proc(module, [PY, "-m", module], env, workdir / f"{label}-{port}.log", cpus)
@@ -246,8 +256,25 @@ def start_bare_asgi(workdir: Path, cpus: set[int] | None = None) -> tuple[Proc, 
     """bench/bare_asgi.py:app on granian, configured as upf_writer configures granian."""
     port = free_port()
     granian = str(Path(PY).parent / "granian")
-    argv = [granian, "--interface", "asgi", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
-            "--http", "1", "--no-ws", "--log-level", "warning", "--working-dir", str(REPO / "bench"), "bare_asgi:app"]
+    argv = [
+        granian,
+        "--interface",
+        "asgi",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--workers",
+        "1",
+        "--http",
+        "1",
+        "--no-ws",
+        "--log-level",
+        "warning",
+        "--working-dir",
+        str(REPO / "bench"),
+        "bare_asgi:app",
+    ]
     p = Proc("bare-asgi", argv, _env(), workdir / f"bare-{port}.log", cpus)
     wait_http(p, port, path="/probe")
     return p, port

@@ -42,8 +42,22 @@ def _uv_tool_run() -> list[str]:
 
 
 def py_spy(pid: int, secs: float, out: Path, idle: bool, rate: int) -> subprocess.Popen[bytes]:
-    argv = [*_uv_tool_run(), "py-spy", "record", "-p", str(pid), "-d", str(int(secs)), "-r", str(rate),
-            "-f", "raw", "-o", str(out), "--threads"]
+    argv = [
+        *_uv_tool_run(),
+        "py-spy",
+        "record",
+        "-p",
+        str(pid),
+        "-d",
+        str(int(secs)),
+        "-r",
+        str(rate),
+        "-f",
+        "raw",
+        "-o",
+        str(out),
+        "--threads",
+    ]
     if idle:
         argv.append("--idle")
     return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=REPO)
@@ -115,7 +129,9 @@ def main() -> None:
     ap.add_argument("--idle", action="store_true", help="include waiting threads (wall-clock view)")
     ap.add_argument("--sample-rate", type=int, default=200)
     ap.add_argument("--top", type=int, default=50)
-    ap.add_argument("--threads-only", action="store_true", help="no py-spy: only each thread's CPU from /proc (undisturbed)")
+    ap.add_argument(
+        "--threads-only", action="store_true", help="no py-spy: only each thread's CPU from /proc (undisturbed)"
+    )
     ap.add_argument("--keep", action="store_true", help="keep the work directory (py-spy raw files, server logs)")
     a = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="upf-profile-"))
@@ -131,9 +147,21 @@ def main() -> None:
             time.sleep(0.5)
             kids = [c for c in procs.tree(p.pid) if c != p.pid]
             targets["granian-worker" if kids else "server"] = kids[-1] if kids else p.pid
-            load = subprocess.Popen([PY, str(REPO / "bench" / "pubdrive.py"), "--url", f"http://127.0.0.1:{port}",
-                                     "--duration", str(a.secs + 4), "--topics", str(a.topics)], stdout=subprocess.DEVNULL,
-                                    text=True, preexec_fn=lambda: __import__("os").sched_setaffinity(0, {1}))
+            load = subprocess.Popen(
+                [
+                    PY,
+                    str(REPO / "bench" / "pubdrive.py"),
+                    "--url",
+                    f"http://127.0.0.1:{port}",
+                    "--duration",
+                    str(a.secs + 4),
+                    "--topics",
+                    str(a.topics),
+                ],
+                stdout=subprocess.DEVNULL,
+                text=True,
+                preexec_fn=lambda: __import__("os").sched_setaffinity(0, {1}),
+            )
         else:
             if a.scenario == "allinone":
                 p, port = procs.start_upf_allinone(work, store)
@@ -146,35 +174,71 @@ def main() -> None:
                 targets["writer(granian worker)"] = kids[-1] if kids else w.pid
                 targets["pusher"] = pu.pid
                 writer, pusher = f"http://127.0.0.1:{wport}", f"http://127.0.0.1:{pport}"
-            extra = ["--topics", "10", "--subs-per-topic", "100", "--rate", "100"] if a.scenario == "fanout" else \
-                ["--topics", str(a.topics), "--rate", str(a.rate)]
-            load = subprocess.Popen([LOADGEN, "run", "--writer", writer, "--pusher", pusher, "--duration", str(a.secs + 4),
-                                     "--message-size", "100", "--quiet", *extra], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                    text=True)
+            extra = (
+                ["--topics", "10", "--subs-per-topic", "100", "--rate", "100"]
+                if a.scenario == "fanout"
+                else ["--topics", str(a.topics), "--rate", str(a.rate)]
+            )
+            load = subprocess.Popen(
+                [
+                    LOADGEN,
+                    "run",
+                    "--writer",
+                    writer,
+                    "--pusher",
+                    pusher,
+                    "--duration",
+                    str(a.secs + 4),
+                    "--message-size",
+                    "100",
+                    "--quiet",
+                    *extra,
+                ],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
         time.sleep(3.0)  # subscribers connected, load running
         before = {name: thread_cpu(pid) for name, pid in targets.items()}
         t0 = time.monotonic()
         if a.threads_only:
             time.sleep(a.secs)
-        spies = {} if a.threads_only else {
-            name: (py_spy(pid, a.secs, work / f"{name}.raw", a.idle, a.sample_rate), work / f"{name}.raw")
-            for name, pid in targets.items()}
+        spies = (
+            {}
+            if a.threads_only
+            else {
+                name: (py_spy(pid, a.secs, work / f"{name}.raw", a.idle, a.sample_rate), work / f"{name}.raw")
+                for name, pid in targets.items()
+            }
+        )
         for spy, _ in spies.values():
             spy.wait(a.secs + 60)
         after = {name: thread_cpu(pid) for name, pid in targets.items()}
         secs = time.monotonic() - t0
         for name in targets:
-            print(f"=== {a.scenario}: {name}: CPU per thread over {secs:.1f}s{'' if a.threads_only else ' (py-spy attached)'} ===")
+            print(
+                f"=== {a.scenario}: {name}: CPU per thread over {secs:.1f}s{'' if a.threads_only else ' (py-spy attached)'} ==="
+            )
             print(thread_report(before[name], after[name], secs))
             if name in spies:
                 spy, out = spies[name]
                 print(f"--- py-spy {'(wall-clock, --idle)' if a.idle else '(on-CPU)'}")
-                print(report(out, a.top) if out.exists() else f"py-spy failed: {spy.stderr.read().decode() if spy.stderr else ''}")
+                print(
+                    report(out, a.top)
+                    if out.exists()
+                    else f"py-spy failed: {spy.stderr.read().decode() if spy.stderr else ''}"
+                )
         if load is not None:
             out_text = load.communicate(timeout=120)[0] if load.stdout else ""
             load = None
             if out_text:
-                print("\n".join(line for line in out_text.splitlines() if line.startswith(("latency", "correctness", "throughput", "VERDICT"))))
+                print(
+                    "\n".join(
+                        line
+                        for line in out_text.splitlines()
+                        if line.startswith(("latency", "correctness", "throughput", "VERDICT"))
+                    )
+                )
     finally:
         if load is not None and load.poll() is None:
             load.terminate()

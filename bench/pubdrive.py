@@ -122,7 +122,13 @@ def build_requests(host: str, prefix: str, topics: list[str], body_size: int) ->
 
 
 async def drive(
-    url: str, *, topics: list[str], connections: int = 64, duration: float = 5.0, warmup: float = 1.0, body_size: int = 100
+    url: str,
+    *,
+    topics: list[str],
+    connections: int = 64,
+    duration: float = 5.0,
+    warmup: float = 1.0,
+    body_size: int = 100,
 ) -> dict[str, object]:
     parts = urlsplit(url)
     host, port = parts.hostname or "127.0.0.1", parts.port or 80
@@ -173,7 +179,9 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     topics = [f"{a.topic_prefix}{i:07d}" for i in range(a.topics)]
     out = asyncio.run(
-        drive(a.url, topics=topics, connections=a.connections, duration=a.duration, warmup=a.warmup, body_size=a.body_size)
+        drive(
+            a.url, topics=topics, connections=a.connections, duration=a.duration, warmup=a.warmup, body_size=a.body_size
+        )
     )
     print(json.dumps(out), flush=True)
     return 0

@@ -49,8 +49,12 @@ def ensure_pushpin() -> str:
     if os.geteuid() == 0 and shutil.which("apt-get"):
         env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
         subprocess.run(["apt-get", "update", "-qq"], env=env, capture_output=True, timeout=600)
-        subprocess.run(["apt-get", "install", "-y", "-qq", "--no-install-recommends", "pushpin"], env=env,
-                       capture_output=True, timeout=900)
+        subprocess.run(
+            ["apt-get", "install", "-y", "-qq", "--no-install-recommends", "pushpin"],
+            env=env,
+            capture_output=True,
+            timeout=900,
+        )
     return shutil.which("pushpin") or ""
 
 
@@ -70,7 +74,9 @@ class _Origin(BaseHTTPRequestHandler):
         pass
 
 
-def write_config(d: Path, http_port: int, publish_port: int, zmq_ports: list[int], origin_port: int) -> tuple[Path, Path]:
+def write_config(
+    d: Path, http_port: int, publish_port: int, zmq_ports: list[int], origin_port: int
+) -> tuple[Path, Path]:
     """The system configs (Pushpin's and its zurl's) with private ports, run and log directories, no
     rate limit below the load, and zurl allowed to reach the loopback origin (its default denies it)."""
     run_dir = d / "run"
@@ -82,11 +88,19 @@ def write_config(d: Path, http_port: int, publish_port: int, zmq_ports: list[int
     text = SYSTEM_CONF.read_text()
     values = {
         "include": str(d / "internal.conf"),
-        "rundir": str(d / "run"), "logdir": str(d / "log"), "ipc_prefix": f"bench-{os.getpid()}-",
-        "http_port": str(http_port), "push_in_http_port": str(publish_port),
-        "push_in_spec": f"tcp://127.0.0.1:{zmq_ports[0]}", "push_in_sub_specs": f"tcp://127.0.0.1:{zmq_ports[1]}",
-        "command_spec": f"tcp://127.0.0.1:{zmq_ports[2]}", "routesfile": "routes",
-        "message_rate": "1000000", "message_hwm": "1000000", "log_level": "1", "updates_check": "off",
+        "rundir": str(d / "run"),
+        "logdir": str(d / "log"),
+        "ipc_prefix": f"bench-{os.getpid()}-",
+        "http_port": str(http_port),
+        "push_in_http_port": str(publish_port),
+        "push_in_spec": f"tcp://127.0.0.1:{zmq_ports[0]}",
+        "push_in_sub_specs": f"tcp://127.0.0.1:{zmq_ports[1]}",
+        "command_spec": f"tcp://127.0.0.1:{zmq_ports[2]}",
+        "routesfile": "routes",
+        "message_rate": "1000000",
+        "message_hwm": "1000000",
+        "log_level": "1",
+        "updates_check": "off",
     }
     for key, value in values.items():
         text, n = re.subn(rf"(?m)^{key}=.*$", f"{key}={value}", text)
@@ -113,8 +127,16 @@ def wait_port(pp: procs.Proc, port: int, timeout: float = 30.0) -> None:
     raise TimeoutError(f"pushpin not listening on {port}: {pp.log_tail()}")
 
 
-def run(channels: int, streams: int, rate: float, secs: float, payload: int, work: Path,
-        server_cpus: set[int] | None, driver_cpus: set[int] | None) -> dict[str, Any]:
+def run(
+    channels: int,
+    streams: int,
+    rate: float,
+    secs: float,
+    payload: int,
+    work: Path,
+    server_cpus: set[int] | None,
+    driver_cpus: set[int] | None,
+) -> dict[str, Any]:
     binary = ensure_pushpin()
     if not binary:
         return {"skipped": "pushpin is not installed and could not be installed (apt-get as root)"}
@@ -125,9 +147,13 @@ def run(channels: int, streams: int, rate: float, secs: float, payload: int, wor
     origin = ThreadingHTTPServer(("127.0.0.1", 0), _Origin)
     threading.Thread(target=origin.serve_forever, daemon=True).start()
     http_port, publish_port = procs.free_port(), procs.free_port()
-    conf, zconf = write_config(d, http_port, publish_port, [procs.free_port() for _ in range(3)], origin.server_address[1])
+    conf, zconf = write_config(
+        d, http_port, publish_port, [procs.free_port() for _ in range(3)], origin.server_address[1]
+    )
     (d / "run").mkdir(exist_ok=True)
-    zurl = procs.Proc("zurl", [shutil.which("zurl") or "zurl", f"--config={zconf}"], None, d / "zurl.log", server_cpus, cwd=d)
+    zurl = procs.Proc(
+        "zurl", [shutil.which("zurl") or "zurl", f"--config={zconf}"], None, d / "zurl.log", server_cpus, cwd=d
+    )
     pp = procs.Proc("pushpin", [binary, "--config", str(conf)], None, d / "pushpin.log", server_cpus, cwd=d)
     roots = [pp.pid, zurl.pid]
     drv: subprocess.Popen[str] | None = None
@@ -140,10 +166,31 @@ def run(channels: int, streams: int, rate: float, secs: float, payload: int, wor
                 os.sched_setaffinity(0, driver_cpus)
 
         drv = subprocess.Popen(
-            [procs.PY, __file__, "--drive", "--port", str(http_port), "--publish-port", str(publish_port),
-             "--channels", str(channels), "--streams", str(streams), "--rate", str(rate), "--secs", str(secs),
-             "--payload", str(payload)],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=pre, start_new_session=True)
+            [
+                procs.PY,
+                __file__,
+                "--drive",
+                "--port",
+                str(http_port),
+                "--publish-port",
+                str(publish_port),
+                "--channels",
+                str(channels),
+                "--streams",
+                str(streams),
+                "--rate",
+                str(rate),
+                "--secs",
+                str(secs),
+                "--payload",
+                str(payload),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            preexec_fn=pre,
+            start_new_session=True,
+        )
         assert drv.stdout is not None
         cpu0 = cpu1 = 0.0
         t0 = t1 = 0.0
@@ -168,10 +215,14 @@ def run(channels: int, streams: int, rate: float, secs: float, payload: int, wor
             raise RuntimeError(f"pushpin exited: {pp.log_tail()}")
         cpu = cpu1 - cpu0
         result.update(
-            cpu_secs=round(cpu, 3), window_secs=round(t1 - t0, 2), rss_kb=procs.tree_rss_kb(roots),
+            cpu_secs=round(cpu, 3),
+            window_secs=round(t1 - t0, 2),
+            rss_kb=procs.tree_rss_kb(roots),
             cpu_us_per_item=round(1e6 * cpu / result["delivered"], 1) if result["delivered"] else None,
             items_per_cpu_sec=round(result["delivered"] / cpu, 1) if cpu > 0 else None,
-            cpu_secs_by_thread={k: round(v - th0.get(k, 0.0), 3) for k, v in th1.items() if v - th0.get(k, 0.0) > 0.005},
+            cpu_secs_by_thread={
+                k: round(v - th0.get(k, 0.0), 3) for k, v in th1.items() if v - th0.get(k, 0.0) > 0.005
+            },
             version=subprocess.run([binary, "--version"], capture_output=True, text=True).stdout.strip(),
         )
         return result
@@ -224,8 +275,10 @@ async def _publisher(port: int, items: list[bytes], rate: float, secs: float, co
                 await asyncio.sleep(delay)
             body = items[i % len(items)]
             reader, writer = await asyncio.open_connection("127.0.0.1", port)
-            writer.write(b"POST /publish/ HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\n"
-                         b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+            writer.write(
+                b"POST /publish/ HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\n"
+                b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body
+            )
             head = await reader.readuntil(b"\r\n\r\n")
             if not head.startswith(b"HTTP/1.1 200"):
                 raise RuntimeError(f"publish failed: {head[:200]!r}")
@@ -246,13 +299,18 @@ async def drive(a: argparse.Namespace) -> None:
         batch = []
         for i in range(lo, min(lo + 10, per_channel * a.channels)):
             opened: asyncio.Future[None] = loop.create_future()
-            _, proto = await loop.create_connection(lambda i=i, o=opened: _Stream(names[i % a.channels], o), "127.0.0.1", a.port)
+            _, proto = await loop.create_connection(
+                lambda i=i, o=opened: _Stream(names[i % a.channels], o), "127.0.0.1", a.port
+            )
             clients.append(proto)
             batch.append(opened)
         await asyncio.wait_for(asyncio.gather(*batch), 30)
     await asyncio.sleep(0.5)  # subscriptions settle in the handler
     content = (MARK + b"x" * max(0, a.payload - 2) + b"\n").decode()
-    items = [json.dumps({"items": [{"channel": n, "formats": {"http-stream": {"content": content}}}]}).encode() for n in names]
+    items = [
+        json.dumps({"items": [{"channel": n, "formats": {"http-stream": {"content": content}}}]}).encode()
+        for n in names
+    ]
     print("start", flush=True)
     t0 = time.monotonic()
     sent = await _publisher(a.publish_port, items, a.rate, a.secs)
@@ -263,9 +321,21 @@ async def drive(a: argparse.Namespace) -> None:
         await asyncio.sleep(0.02)
     print("stop", flush=True)
     delivered = sum(c.items for c in clients)
-    print(json.dumps({"channels": a.channels, "streams": len(clients), "rate": a.rate, "published": sent,
-                      "publish_secs": round(pub_secs, 2), "expected": expected, "delivered": delivered,
-                      "item_bytes": a.payload}), flush=True)
+    print(
+        json.dumps(
+            {
+                "channels": a.channels,
+                "streams": len(clients),
+                "rate": a.rate,
+                "published": sent,
+                "publish_secs": round(pub_secs, 2),
+                "expected": expected,
+                "delivered": delivered,
+                "item_bytes": a.payload,
+            }
+        ),
+        flush=True,
+    )
     for c in clients:
         c.transport.close()
 

@@ -44,15 +44,19 @@ def summarize(res: Results) -> dict[str, Any]:
     rounds = res.rounds
     ings = [r.ingest for r in rounds if r.ingest is not None]
     if rounds and rounds[0].ingest is not None:
-        ing = {k: {"ok_per_s": med([i[k].ok_per_s for i in ings]),
-                   "ok_per_s_range": spread([i[k].ok_per_s for i in ings]),
-                   "cpu_us_range": spread([i[k].cpu_us_per_publish for i in ings]),
-                   "cpu_us_per_publish": med([i[k].cpu_us_per_publish for i in ings]),
-                   "driver_cpu_pct": med([i[k].driver_cpu_pct for i in ings]),
-                   "others_cpu_pct": spread([i[k].others_cpu_pct_of_machine for i in ings]),
-                   "p99_ms": med([i[k].p99_ms for i in ings]),
-                   "rss_mb": round(med([i[k].rss_kb for i in ings]) / 1024, 1)}
-               for k in rounds[0].ingest}
+        ing = {
+            k: {
+                "ok_per_s": med([i[k].ok_per_s for i in ings]),
+                "ok_per_s_range": spread([i[k].ok_per_s for i in ings]),
+                "cpu_us_range": spread([i[k].cpu_us_per_publish for i in ings]),
+                "cpu_us_per_publish": med([i[k].cpu_us_per_publish for i in ings]),
+                "driver_cpu_pct": med([i[k].driver_cpu_pct for i in ings]),
+                "others_cpu_pct": spread([i[k].others_cpu_pct_of_machine for i in ings]),
+                "p99_ms": med([i[k].p99_ms for i in ings]),
+                "rss_mb": round(med([i[k].rss_kb for i in ings]) / 1024, 1),
+            }
+            for k in rounds[0].ingest
+        }
         s["ingest"] = ing
         bare = ing["bare_asgi"]
         for k in ("upf_writer", "upf_allinone"):
@@ -61,16 +65,22 @@ def summarize(res: Results) -> dict[str, Any]:
             ing[k]["ratio_cpu_vs_bare"] = round(bare["cpu_us_per_publish"] / ing[k]["cpu_us_per_publish"], 3)
     if rounds and rounds[0].broadcast is not None:
         b = [r.broadcast for r in rounds if r.broadcast is not None]
-        s["broadcast"] = {"frames_per_cpu_sec": med([x.frames_per_cpu_sec for x in b]),
-                          "frames_per_cpu_sec_range": spread([x.frames_per_cpu_sec for x in b]),
-                          "frames_per_sec": med([x.frames_per_sec for x in b]),
-                          "connections": b[0].connections, "frame_bytes": b[0].frame_bytes}
+        s["broadcast"] = {
+            "frames_per_cpu_sec": med([x.frames_per_cpu_sec for x in b]),
+            "frames_per_cpu_sec_range": spread([x.frames_per_cpu_sec for x in b]),
+            "frames_per_sec": med([x.frames_per_sec for x in b]),
+            "connections": b[0].connections,
+            "frame_bytes": b[0].frame_bytes,
+        }
     if rounds and rounds[0].fanout is not None:
         xs = [r.fanout for r in rounds if r.fanout is not None]
         s["fanout"] = {
-            "topics": xs[0].topics, "subs_per_topic": xs[0].subs_per_topic, "rate": xs[0].rate,
+            "topics": xs[0].topics,
+            "subs_per_topic": xs[0].subs_per_topic,
+            "rate": xs[0].rate,
             "delivered_per_s_total": med([x.delivered_per_s * x.subs_per_topic for x in xs]),
-            "p50_ms": med([x.p50_ms for x in xs]), "p99_ms": med([x.p99_ms for x in xs]),
+            "p50_ms": med([x.p50_ms for x in xs]),
+            "p99_ms": med([x.p99_ms for x in xs]),
             "pusher_frames_per_cpu_sec": med([_p(x.steady, "pusher_frames_per_cpu_sec") for x in xs]),
             "pusher_frames_per_cpu_sec_range": spread([_p(x.steady, "pusher_frames_per_cpu_sec") for x in xs]),
             "pusher_cpu_us_per_delivery": med([_p(x.steady, "pusher_cpu_us_per_delivery") for x in xs]),
@@ -101,8 +111,12 @@ def summarize(res: Results) -> dict[str, Any]:
                     "rss_mb": round(med([sum((x.rss_kb or {}).values()) for x in xs]) / 1024, 1),
                     "loadgen_cpu_pct": med([x.loadgen_cpu_pct for x in xs]),
                 }
-                for key in ("writer_cpu_us_per_publish", "pusher_cpu_us_per_delivery", "pusher_frames_per_cpu_sec",
-                            "allinone_frames_per_cpu_sec"):
+                for key in (
+                    "writer_cpu_us_per_publish",
+                    "pusher_cpu_us_per_delivery",
+                    "pusher_frames_per_cpu_sec",
+                    "allinone_frames_per_cpu_sec",
+                ):
                     if _p(xs[0].steady, key) is not None:
                         a[key] = med([_p(x.steady, key) for x in xs])
                     if _p(xs[0].whole, key) is not None:
@@ -113,8 +127,11 @@ def summarize(res: Results) -> dict[str, Any]:
     pps = [r.pushpin for r in rounds if r.pushpin is not None and not r.pushpin.skipped]
     if pps:
         s["pushpin"] = {
-            "channels": pps[0].channels, "streams": pps[0].streams, "rate": pps[0].rate,
-            "item_bytes": pps[0].item_bytes, "version": pps[0].version or "",
+            "channels": pps[0].channels,
+            "streams": pps[0].streams,
+            "rate": pps[0].rate,
+            "item_bytes": pps[0].item_bytes,
+            "version": pps[0].version or "",
             "cpu_us_per_item": med([x.cpu_us_per_item for x in pps]),
             "cpu_us_per_item_range": spread([x.cpu_us_per_item for x in pps]),
             "items_per_cpu_sec": med([x.items_per_cpu_sec for x in pps]),
@@ -129,26 +146,52 @@ def summarize(res: Results) -> dict[str, Any]:
         s["pushpin"] = {"skipped": next(r.pushpin.skipped for r in rounds if r.pushpin is not None)}
     if res.pubdeliver is not None:
         pd = res.pubdeliver
-        s["pubdeliver"] = {"rate": pd.rate, "topics": pd.topics, "shapes": {
-            k: {"verdict": v.verdict, "accepted_per_s": v.accepted_per_s, "delivered_per_s": v.delivered_per_s,
-                "p99_ms": v.p99_ms, "cpu_us_per_publish_and_delivery": v.cpu_us_per_publish_and_delivery,
-                "writer_cpu_us_per_publish": _p(v.steady, "writer_cpu_us_per_publish"),
-                "pusher_cpu_us_per_delivery": _p(v.steady, "pusher_cpu_us_per_delivery"),
-                "workers_cpu_secs": v.worker_cpu_secs_whole_run,
-                "threads_cpu_secs": dict(list(v.thread_cpu_secs_whole_run.items())[:6])}
-            for k, v in pd.shapes.items()}}
+        s["pubdeliver"] = {
+            "rate": pd.rate,
+            "topics": pd.topics,
+            "shapes": {
+                k: {
+                    "verdict": v.verdict,
+                    "accepted_per_s": v.accepted_per_s,
+                    "delivered_per_s": v.delivered_per_s,
+                    "p99_ms": v.p99_ms,
+                    "cpu_us_per_publish_and_delivery": v.cpu_us_per_publish_and_delivery,
+                    "writer_cpu_us_per_publish": _p(v.steady, "writer_cpu_us_per_publish"),
+                    "pusher_cpu_us_per_delivery": _p(v.steady, "pusher_cpu_us_per_delivery"),
+                    "workers_cpu_secs": v.worker_cpu_secs_whole_run,
+                    "threads_cpu_secs": dict(list(v.thread_cpu_secs_whole_run.items())[:6]),
+                }
+                for k, v in pd.shapes.items()
+            },
+        }
     sweeps = res.sweeps
     if "allinone" in sweeps and "allinone_w2" in sweeps:
         k1, k2 = knee_of(sweeps["allinone"]), knee_of(sweeps["allinone_w2"])
-        s["scaling"] = {"knee_workers_1": k1, "knee_workers_2": k2, "ratio": round(k2 / k1, 2) if k1 else None,
-                        "knee_reached_1": all(sw.knee for sw in sweeps["allinone"]),
-                        "knee_reached_2": all(sw.knee for sw in sweeps["allinone_w2"]),
-                        "last_good_1": min((sw.knee.last_good_rate for sw in sweeps["allinone"] if sw.knee and sw.knee.last_good_rate), default=None),
-                        "last_good_2": min((sw.knee.last_good_rate for sw in sweeps["allinone_w2"] if sw.knee and sw.knee.last_good_rate), default=None)}
+        s["scaling"] = {
+            "knee_workers_1": k1,
+            "knee_workers_2": k2,
+            "ratio": round(k2 / k1, 2) if k1 else None,
+            "knee_reached_1": all(sw.knee for sw in sweeps["allinone"]),
+            "knee_reached_2": all(sw.knee for sw in sweeps["allinone_w2"]),
+            "last_good_1": min(
+                (sw.knee.last_good_rate for sw in sweeps["allinone"] if sw.knee and sw.knee.last_good_rate),
+                default=None,
+            ),
+            "last_good_2": min(
+                (sw.knee.last_good_rate for sw in sweeps["allinone_w2"] if sw.knee and sw.knee.last_good_rate),
+                default=None,
+            ),
+        }
     if res.idle_cpu is not None:
         s["idle_cpu"] = msgspec.to_builtins(res.idle_cpu)
     all_runs: list[Any] = [st for sws in sweeps.values() for sw in sws for st in sw.steps]
-    all_runs += [getattr(f, lbl) for r in rounds for f in (r.allinone, r.split) if f is not None for lbl in ("half_knee", "twice_knee")]
+    all_runs += [
+        getattr(f, lbl)
+        for r in rounds
+        for f in (r.allinone, r.split)
+        if f is not None
+        for lbl in ("half_knee", "twice_knee")
+    ]
     all_runs += [r.fanout for r in rounds if r.fanout is not None]
     all_runs += list(res.pubdeliver.shapes.values()) if res.pubdeliver is not None else []
     if all_runs:
@@ -167,13 +210,17 @@ def _goals(res: Results, s: dict[str, Any]) -> dict[str, Any]:
     g: dict[str, Any] = {}
     if "correctness" in s:
         c = s["correctness"]
-        g["zero_loss_dup_reorder"] = {"met": c["violations"] == 0 and c["undelivered"] == 0,
-                                      "value": f"{c['violations']} violations, {c['undelivered']} undelivered over {c['runs']} runs"}
+        g["zero_loss_dup_reorder"] = {
+            "met": c["violations"] == 0 and c["undelivered"] == 0,
+            "value": f"{c['violations']} violations, {c['undelivered']} undelivered over {c['runs']} runs",
+        }
     if "ingest" in s:
         per = s["ingest"]["upf_writer"]["ratio_rate_vs_bare_per_round"]
         r = med(per)
-        g["writer_vs_bare"] = {"met": r >= GOALS["writer_vs_bare"],
-                               "value": f"{r} (median of per-round ratios {per}; CPU-per-publish ratio {s['ingest']['upf_writer']['ratio_cpu_vs_bare']})"}
+        g["writer_vs_bare"] = {
+            "met": r >= GOALS["writer_vs_bare"],
+            "value": f"{r} (median of per-round ratios {per}; CPU-per-publish ratio {s['ingest']['upf_writer']['ratio_cpu_vs_bare']})",
+        }
     if "broadcast" in s and "split" in s:
         cands = [s["split"][lbl].get("pusher_frames_per_cpu_sec") for lbl in ("half_knee", "twice_knee")]
         cands += [_p(st.steady, "pusher_frames_per_cpu_sec") for sw in res.sweeps.get("split", []) for st in sw.steps]
@@ -188,8 +235,10 @@ def _goals(res: Results, s: dict[str, Any]) -> dict[str, Any]:
             p = s[kind]["half_knee"]["p99_ms"]
             per = [f.half_knee.p99_ms for f in (getattr(r, kind) for r in res.rounds) if f is not None]
             ok = sum(1 for x in per if x is not None and x <= GOALS["p99_half_knee_ms"])
-            g[f"p99_half_knee_{kind}"] = {"met": p <= GOALS["p99_half_knee_ms"],
-                                          "value": f"{p} ms median at {s[kind]['half_knee']['rate']:g}/s; rounds {per}; met in {ok}/{len(per)}"}
+            g[f"p99_half_knee_{kind}"] = {
+                "met": p <= GOALS["p99_half_knee_ms"],
+                "value": f"{p} ms median at {s[kind]['half_knee']['rate']:g}/s; rounds {per}; met in {ok}/{len(per)}",
+            }
     if res.idle is not None:
         kb = {k: v for k, v in res.idle.kb_per_conn.items() if k != "baseline"}
         g["idle_kb"] = {"met": all(v <= GOALS["idle_kb"] for v in kb.values()), "value": kb}
@@ -198,16 +247,21 @@ def _goals(res: Results, s: dict[str, Any]) -> dict[str, Any]:
         g["topics_ratio"] = {"met": r is not None and r <= GOALS["topics_ratio"], "value": r}
     if "idle_cpu" in s:
         by = s["idle_cpu"]["by_workers"]
-        g["idle_cpu_pct_0"] = {"met": all(v["idle_0_pct"] <= GOALS["idle_cpu_pct_0"] for v in by.values()),
-                               "value": ", ".join(f"{v['idle_0_pct']}% ({w} worker{'s' if w != '1' else ''})" for w, v in by.items())}
-        g["idle_cpu_pct_n"] = {"met": all(v["idle_n_pct"] <= GOALS["idle_cpu_pct_n"] for v in by.values()),
-                               "value": ", ".join(f"{v['idle_n_pct']}% ({w} worker{'s' if w != '1' else ''})" for w, v in by.items())
-                               + f" at {s['idle_cpu']['n']:,} subscribers"}
+        g["idle_cpu_pct_0"] = {
+            "met": all(v["idle_0_pct"] <= GOALS["idle_cpu_pct_0"] for v in by.values()),
+            "value": ", ".join(f"{v['idle_0_pct']}% ({w} worker{'s' if w != '1' else ''})" for w, v in by.items()),
+        }
+        g["idle_cpu_pct_n"] = {
+            "met": all(v["idle_n_pct"] <= GOALS["idle_cpu_pct_n"] for v in by.values()),
+            "value": ", ".join(f"{v['idle_n_pct']}% ({w} worker{'s' if w != '1' else ''})" for w, v in by.items())
+            + f" at {s['idle_cpu']['n']:,} subscribers",
+        }
     if "pubdeliver" in s:
         vals = {k: v["cpu_us_per_publish_and_delivery"] for k, v in s["pubdeliver"]["shapes"].items()}
         g["cpu_us_per_publish_and_delivery"] = {
             "met": all(v is not None and v <= GOALS["cpu_us_per_publish_and_delivery"] for v in vals.values()),
-            "value": ", ".join(f"{k} {v} us" for k, v in vals.items()) + f" at {s['pubdeliver']['rate']}/s"}
+            "value": ", ".join(f"{k} {v} us" for k, v in vals.items()) + f" at {s['pubdeliver']['rate']}/s",
+        }
     return g
 
 
@@ -222,72 +276,109 @@ def _f(x: Any, nd: int = 0) -> str:
 def render(res: Results) -> str:
     s = res.summary
     m = res.machine
-    L = [f"# UPF bench results ({res.mode}, {res.started_at})", "",
-         f"Machine: {m.nproc} x {m.cpu_model}, {m.mem_total_mb} MB, Python {m.python}, granian {m.granian}, "
-         f"websockets {m.websockets}, uvloop {'yes' if m.uvloop else 'not installed'}, nofile {m.nofile}, commit {m.git}.",
-         f"Noise: other processes used {res.noise.others_cpu_pct_of_machine}% of the machine during the run "
-         f"(load average {m.loadavg_start} at start, {res.noise.loadavg_end} at end); wall {res.noise.wall_secs}s.",
-         ""]
+    L = [
+        f"# UPF bench results ({res.mode}, {res.started_at})",
+        "",
+        f"Machine: {m.nproc} x {m.cpu_model}, {m.mem_total_mb} MB, Python {m.python}, granian {m.granian}, "
+        f"websockets {m.websockets}, uvloop {'yes' if m.uvloop else 'not installed'}, nofile {m.nofile}, commit {m.git}.",
+        f"Noise: other processes used {res.noise.others_cpu_pct_of_machine}% of the machine during the run "
+        f"(load average {m.loadavg_start} at start, {res.noise.loadavg_end} at end); wall {res.noise.wall_secs}s.",
+        "",
+    ]
     if res.knees:
-        L += ["Knees used (the lower of each shape's sweeps): " + ", ".join(f"{k} {v:g}/s" for k, v in res.knees.items())
-              + "; the fixed-rate runs are at half and twice these.", ""]
+        L += [
+            "Knees used (the lower of each shape's sweeps): "
+            + ", ".join(f"{k} {v:g}/s" for k, v in res.knees.items())
+            + "; the fixed-rate runs are at half and twice these.",
+            "",
+        ]
     if "ingest" in s:
-        L += ["## Ingest: publish-only, server on CPU 0, driver (bench/pubdrive.py) on CPU 1", "",
-              "| target | publishes/s (range) | server CPU us/publish (range) | p99 ms | RSS MB | rate vs bare (per round) | CPU vs bare | driver CPU % | others' CPU % of machine |",
-              "|---|---|---|---|---|---|---|---|---|"]
+        L += [
+            "## Ingest: publish-only, server on CPU 0, driver (bench/pubdrive.py) on CPU 1",
+            "",
+            "| target | publishes/s (range) | server CPU us/publish (range) | p99 ms | RSS MB | rate vs bare (per round) | CPU vs bare | driver CPU % | others' CPU % of machine |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
         for k, v in s["ingest"].items():
             per = v.get("ratio_rate_vs_bare_per_round")
-            L.append(f"| {k} | {_f(v['ok_per_s'])} ({'-'.join(_f(x) for x in v.get('ok_per_s_range', []))}) | "
-                     f"{_f(v['cpu_us_per_publish'], 1)} ({'-'.join(_f(x, 1) for x in v.get('cpu_us_range', []))}) | "
-                     f"{_f(v['p99_ms'], 1)} | {_f(v['rss_mb'], 1)} | "
-                     f"{_f(v.get('ratio_rate_vs_bare'), 2)}{' (' + ', '.join(f'{x:.2f}' for x in per) + ')' if per else ''} | "
-                     f"{_f(v.get('ratio_cpu_vs_bare'), 2)} | {_f(v.get('driver_cpu_pct'))} | {'-'.join(_f(x, 1) for x in v.get('others_cpu_pct', []))} |")
+            L.append(
+                f"| {k} | {_f(v['ok_per_s'])} ({'-'.join(_f(x) for x in v.get('ok_per_s_range', []))}) | "
+                f"{_f(v['cpu_us_per_publish'], 1)} ({'-'.join(_f(x, 1) for x in v.get('cpu_us_range', []))}) | "
+                f"{_f(v['p99_ms'], 1)} | {_f(v['rss_mb'], 1)} | "
+                f"{_f(v.get('ratio_rate_vs_bare'), 2)}{' (' + ', '.join(f'{x:.2f}' for x in per) + ')' if per else ''} | "
+                f"{_f(v.get('ratio_cpu_vs_bare'), 2)} | {_f(v.get('driver_cpu_pct'))} | {'-'.join(_f(x, 1) for x in v.get('others_cpu_pct', []))} |"
+            )
         L.append("")
     if "broadcast" in s:
         b = s["broadcast"]
-        L += [f"## Fan-out ceiling: bare websockets broadcast, {b['connections']} clients, {b['frame_bytes']}-byte frames", "",
-              f"{_f(b['frames_per_cpu_sec'])} frames per server CPU-second (rounds: {'-'.join(_f(x) for x in b.get('frames_per_cpu_sec_range', []))}; "
-              f"{_f(b['frames_per_sec'])} frames/s).", ""]
+        L += [
+            f"## Fan-out ceiling: bare websockets broadcast, {b['connections']} clients, {b['frame_bytes']}-byte frames",
+            "",
+            f"{_f(b['frames_per_cpu_sec'])} frames per server CPU-second (rounds: {'-'.join(_f(x) for x in b.get('frames_per_cpu_sec_range', []))}; "
+            f"{_f(b['frames_per_sec'])} frames/s).",
+            "",
+        ]
     if "fanout" in s:
         f = s["fanout"]
-        L += [f"## Fan-out through UPF (split shape): {f['topics']} topics x {f['subs_per_topic']} ws subscribers, {f['rate']} publishes/s", "",
-              f"{_f(f['delivered_per_s_total'])} deliveries/s, p50 {f['p50_ms']} ms, p99 {f['p99_ms']} ms; pusher "
-              f"{_f(f['pusher_frames_per_cpu_sec'])} frames per CPU-second (rounds: {'-'.join(_f(x) for x in f.get('pusher_frames_per_cpu_sec_range', []))}; "
-              f"{f['pusher_cpu_us_per_delivery']} us per delivery); "
-              f"writer {f['writer_cpu_us_per_publish']} us per publish; {f['violations_total']} violations, {f['undelivered']} undelivered; "
-              f"loadgen at {f['loadgen_cpu_pct']}% of a core.", ""]
+        L += [
+            f"## Fan-out through UPF (split shape): {f['topics']} topics x {f['subs_per_topic']} ws subscribers, {f['rate']} publishes/s",
+            "",
+            f"{_f(f['delivered_per_s_total'])} deliveries/s, p50 {f['p50_ms']} ms, p99 {f['p99_ms']} ms; pusher "
+            f"{_f(f['pusher_frames_per_cpu_sec'])} frames per CPU-second (rounds: {'-'.join(_f(x) for x in f.get('pusher_frames_per_cpu_sec_range', []))}; "
+            f"{f['pusher_cpu_us_per_delivery']} us per delivery); "
+            f"writer {f['writer_cpu_us_per_publish']} us per publish; {f['violations_total']} violations, {f['undelivered']} undelivered; "
+            f"loadgen at {f['loadgen_cpu_pct']}% of a core.",
+            "",
+        ]
     for kind in ("allinone", "split"):
         if kind in s:
-            L += [f"## {kind}: loadgen run, medians over rounds (CPU over the publishing seconds; whole run incl. connects and drain in results.json)", "",
-                  "| load | target/s | offered/s | p50 ms | p99 ms (rounds) | accepted/s | delivered/s | CPU us/publish (all roles) | writer us/publish | pusher us/delivery | frames/CPU-s (pusher; allinone: whole process) | violations | undelivered | RSS MB |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+            L += [
+                f"## {kind}: loadgen run, medians over rounds (CPU over the publishing seconds; whole run incl. connects and drain in results.json)",
+                "",
+                "| load | target/s | offered/s | p50 ms | p99 ms (rounds) | accepted/s | delivered/s | CPU us/publish (all roles) | writer us/publish | pusher us/delivery | frames/CPU-s (pusher; allinone: whole process) | violations | undelivered | RSS MB |",
+                "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+            ]
             for lbl in ("half_knee", "twice_knee"):
                 a = s[kind][lbl]
-                L.append(f"| {lbl} | {_f(a['rate'])} | {_f(a.get('offered_per_s'))} | {_f(a['p50_ms'], 1)} | {_f(a['p99_ms'], 1)} ({'-'.join(_f(x, 1) for x in a.get('p99_ms_range', []))}) | {_f(a['accepted_per_s'])} | "
-                         f"{_f(a['delivered_per_s'])} | {_f(a['cpu_us_per_publish_total'], 0)} | {_f(a.get('writer_cpu_us_per_publish'), 0)} | "
-                         f"{_f(a.get('pusher_cpu_us_per_delivery'), 0)} | {_f(a.get('pusher_frames_per_cpu_sec') or a.get('allinone_frames_per_cpu_sec'))} | "
-                         f"{a['violations_total']} | {a['undelivered']} | {_f(a['rss_mb'], 1)} |")
+                L.append(
+                    f"| {lbl} | {_f(a['rate'])} | {_f(a.get('offered_per_s'))} | {_f(a['p50_ms'], 1)} | {_f(a['p99_ms'], 1)} ({'-'.join(_f(x, 1) for x in a.get('p99_ms_range', []))}) | {_f(a['accepted_per_s'])} | "
+                    f"{_f(a['delivered_per_s'])} | {_f(a['cpu_us_per_publish_total'], 0)} | {_f(a.get('writer_cpu_us_per_publish'), 0)} | "
+                    f"{_f(a.get('pusher_cpu_us_per_delivery'), 0)} | {_f(a.get('pusher_frames_per_cpu_sec') or a.get('allinone_frames_per_cpu_sec'))} | "
+                    f"{a['violations_total']} | {a['undelivered']} | {_f(a['rss_mb'], 1)} |"
+                )
             L.append(f"\nPeak RSS (VmHWM, all roles): {s[kind]['peak_rss_mb']} MB.\n")
     for kind, n, sw in ((k, i, w) for k, ws in res.sweeps.items() for i, w in enumerate(ws, 1)):
         k = sw.knee
-        L += [f"## Sweep {kind} #{n} (p99 bound {sw.p99_bound_ms} ms, tolerance {sw.tolerance})", "",
-              f"Knee: {k.rate if k else 'not reached'}" + (f" (last good {k.last_good_rate}): {'; '.join(k.reasons)}" if k else "")
-              + f". Plot: `{sw.plot}`.", "",
-              "| rate | accepted/s | delivered/s | p50 ms | p99 ms | CPU us/publish (all roles) | writer us/publish | pusher us/delivery | violations | RSS MB |",
-              "|---|---|---|---|---|---|---|---|---|---|"]
+        L += [
+            f"## Sweep {kind} #{n} (p99 bound {sw.p99_bound_ms} ms, tolerance {sw.tolerance})",
+            "",
+            f"Knee: {k.rate if k else 'not reached'}"
+            + (f" (last good {k.last_good_rate}): {'; '.join(k.reasons)}" if k else "")
+            + f". Plot: `{sw.plot}`.",
+            "",
+            "| rate | accepted/s | delivered/s | p50 ms | p99 ms | CPU us/publish (all roles) | writer us/publish | pusher us/delivery | violations | RSS MB |",
+            "|---|---|---|---|---|---|---|---|---|---|",
+        ]
         for st in sw.steps:
-            L.append(f"| {_f(st.rate)} | {_f(st.accepted_per_s)} | {_f(st.delivered_per_s)} | {_f(st.p50_ms, 1)} | {_f(st.p99_ms, 1)} | "
-                     f"{_f(_p(st.steady, 'cpu_us_per_publish_total'))} | {_f(_p(st.steady, 'writer_cpu_us_per_publish'))} | "
-                     f"{_f(_p(st.steady, 'pusher_cpu_us_per_delivery'))} | "
-                     f"{st.violations_total} | {_f(sum((st.rss_kb or {}).values()) / 1024, 1)} |")
+            L.append(
+                f"| {_f(st.rate)} | {_f(st.accepted_per_s)} | {_f(st.delivered_per_s)} | {_f(st.p50_ms, 1)} | {_f(st.p99_ms, 1)} | "
+                f"{_f(_p(st.steady, 'cpu_us_per_publish_total'))} | {_f(_p(st.steady, 'writer_cpu_us_per_publish'))} | "
+                f"{_f(_p(st.steady, 'pusher_cpu_us_per_delivery'))} | "
+                f"{st.violations_total} | {_f(sum((st.rss_kb or {}).values()) / 1024, 1)} |"
+            )
         L.append("")
     if res.topics is not None:
         t = res.topics
-        L += [f"## Publish cost vs topics (store pre-populated with {t.prepopulated_topics:,} topics, no subscribers held)", "",
-              "| topics | writer CPU us/publish | publishes/s |", "|---|---|---|",
-              f"| {t.small_topics:,} | {_f(t.small_cpu_us_per_publish, 1)} | {_f(t.small_ok_per_s)} |",
-              f"| {t.large_topics:,} | {_f(t.large_cpu_us_per_publish, 1)} | {_f(t.large_ok_per_s)} |",
-              f"\nRatio {t.large_topics:,} / {t.small_topics:,}: {t.ratio_large_over_small}.", ""]
+        L += [
+            f"## Publish cost vs topics (store pre-populated with {t.prepopulated_topics:,} topics, no subscribers held)",
+            "",
+            "| topics | writer CPU us/publish | publishes/s |",
+            "|---|---|---|",
+            f"| {t.small_topics:,} | {_f(t.small_cpu_us_per_publish, 1)} | {_f(t.small_ok_per_s)} |",
+            f"| {t.large_topics:,} | {_f(t.large_cpu_us_per_publish, 1)} | {_f(t.large_ok_per_s)} |",
+            f"\nRatio {t.large_topics:,} / {t.small_topics:,}: {t.ratio_large_over_small}.",
+            "",
+        ]
     if res.idle is not None:
         i = res.idle
         L += [f"## Idle subscribers: RSS per connection at {i.n:,}", "", "| kind | KB per connection |", "|---|---|"]
@@ -300,51 +391,82 @@ def render(res: Results) -> str:
         if p.get("skipped"):
             L += ["## Fan-out peer: Pushpin", "", f"Skipped: {p['skipped']}.", ""]
         else:
-            L += [f"## Fan-out peer: {p['version']}, {p['streams']} held HTTP streams on {p['channels']} channels, "
-                  f"{p['rate']:g} publishes/s of {p['item_bytes']}-byte items (CPU of all its processes, publishing and drain)", "",
-                  "| server | CPU us per delivered item |", "|---|---|",
-                  f"| Pushpin (incl. its HTTP publish intake) | {_f(p['cpu_us_per_item'], 1)} (rounds: {'-'.join(_f(x, 1) for x in p.get('cpu_us_per_item_range', []))}) |",
-                  f"| UPF pusher (fan-out round, split shape) | {_f(p.get('upf_pusher_cpu_us_per_delivery'), 1)} |",
-                  f"| bare websockets broadcast | {_f(p.get('broadcast_cpu_us_per_frame'), 1)} |",
-                  f"\n{p['undelivered']} Pushpin items undelivered. Its CPU by process and thread (round 1, CPU s): "
-                  + (", ".join(f"{k} {v:g}" for k, v in p.get("cpu_secs_by_thread_round_1", {}).items()) or "-") + ".", ""]
+            L += [
+                f"## Fan-out peer: {p['version']}, {p['streams']} held HTTP streams on {p['channels']} channels, "
+                f"{p['rate']:g} publishes/s of {p['item_bytes']}-byte items (CPU of all its processes, publishing and drain)",
+                "",
+                "| server | CPU us per delivered item |",
+                "|---|---|",
+                f"| Pushpin (incl. its HTTP publish intake) | {_f(p['cpu_us_per_item'], 1)} (rounds: {'-'.join(_f(x, 1) for x in p.get('cpu_us_per_item_range', []))}) |",
+                f"| UPF pusher (fan-out round, split shape) | {_f(p.get('upf_pusher_cpu_us_per_delivery'), 1)} |",
+                f"| bare websockets broadcast | {_f(p.get('broadcast_cpu_us_per_frame'), 1)} |",
+                f"\n{p['undelivered']} Pushpin items undelivered. Its CPU by process and thread (round 1, CPU s): "
+                + (", ".join(f"{k} {v:g}" for k, v in p.get("cpu_secs_by_thread_round_1", {}).items()) or "-")
+                + ".",
+                "",
+            ]
     if "idle_cpu" in s:
         ic = s["idle_cpu"]
-        L += [f"## Idle CPU of the all-in-one (default timers, keepalives included), {ic['secs']:g} s windows", "",
-              f"| UPF_WORKERS | CPU % of a core, 0 connections (goal <= {GOALS['idle_cpu_pct_0']}) | CPU % with {ic['n']:,} idle ws subscribers (goal <= {GOALS['idle_cpu_pct_n']}) | RSS MB |",
-              "|---|---|---|---|"]
+        L += [
+            f"## Idle CPU of the all-in-one (default timers, keepalives included), {ic['secs']:g} s windows",
+            "",
+            f"| UPF_WORKERS | CPU % of a core, 0 connections (goal <= {GOALS['idle_cpu_pct_0']}) | CPU % with {ic['n']:,} idle ws subscribers (goal <= {GOALS['idle_cpu_pct_n']}) | RSS MB |",
+            "|---|---|---|---|",
+        ]
         L += [f"| {w} | {v['idle_0_pct']} | {v['idle_n_pct']} | {v['rss_mb']} |" for w, v in ic["by_workers"].items()]
         L.append("")
     if "pubdeliver" in s:
         pd = s["pubdeliver"]
-        L += [f"## CPU per publish-and-delivery, all roles together: {pd['rate']}/s over {pd['topics']:,} topics x 1 ws subscriber "
-              f"(goal <= {GOALS['cpu_us_per_publish_and_delivery']:g} us)", "",
-              "| shape | verdict | accepted/s | delivered/s | p99 ms | CPU us per publish-and-delivery | writer us/publish | pusher us/delivery | per-worker CPU s | busiest threads (CPU s, whole run) |",
-              "|---|---|---|---|---|---|---|---|---|---|"]
+        L += [
+            f"## CPU per publish-and-delivery, all roles together: {pd['rate']}/s over {pd['topics']:,} topics x 1 ws subscriber "
+            f"(goal <= {GOALS['cpu_us_per_publish_and_delivery']:g} us)",
+            "",
+            "| shape | verdict | accepted/s | delivered/s | p99 ms | CPU us per publish-and-delivery | writer us/publish | pusher us/delivery | per-worker CPU s | busiest threads (CPU s, whole run) |",
+            "|---|---|---|---|---|---|---|---|---|---|",
+        ]
         for k, v in pd["shapes"].items():
             th = ", ".join(f"{n} {c:g}" for n, c in v["threads_cpu_secs"].items())
-            L.append(f"| {k} | {v['verdict']} | {_f(v['accepted_per_s'])} | {_f(v['delivered_per_s'])} | {_f(v['p99_ms'], 1)} | "
-                     f"{_f(v['cpu_us_per_publish_and_delivery'], 1)} | {_f(v['writer_cpu_us_per_publish'], 1)} | {_f(v['pusher_cpu_us_per_delivery'], 1)} | "
-                     f"{v['workers_cpu_secs'] or '-'} | {th} |")
+            L.append(
+                f"| {k} | {v['verdict']} | {_f(v['accepted_per_s'])} | {_f(v['delivered_per_s'])} | {_f(v['p99_ms'], 1)} | "
+                f"{_f(v['cpu_us_per_publish_and_delivery'], 1)} | {_f(v['writer_cpu_us_per_publish'], 1)} | {_f(v['pusher_cpu_us_per_delivery'], 1)} | "
+                f"{v['workers_cpu_secs'] or '-'} | {th} |"
+            )
         L.append("")
     if "scaling" in s:
         sc = s["scaling"]
-        L += ["## Scaling: the all-in-one's knee with UPF_WORKERS=1 vs 2", "",
-              f"Knee (lower of the sweeps): {sc['knee_workers_1']:g}/s with 1 worker{'' if sc['knee_reached_1'] else ' (not reached: a lower bound)'}, "
-              f"{sc['knee_workers_2']:g}/s with 2{'' if sc['knee_reached_2'] else ' (not reached: a lower bound)'}; ratio {sc['ratio']} "
-              f"(last good rate: {_f(sc.get('last_good_1'))}/s and {_f(sc.get('last_good_2'))}/s; the sweep's rate steps bound the ratio's precision). "
-              "The CPU split between roles is in the publish-and-delivery table (the split shape's writer and pusher, "
-              "the all-in-one's threads and workers).", ""]
+        L += [
+            "## Scaling: the all-in-one's knee with UPF_WORKERS=1 vs 2",
+            "",
+            f"Knee (lower of the sweeps): {sc['knee_workers_1']:g}/s with 1 worker{'' if sc['knee_reached_1'] else ' (not reached: a lower bound)'}, "
+            f"{sc['knee_workers_2']:g}/s with 2{'' if sc['knee_reached_2'] else ' (not reached: a lower bound)'}; ratio {sc['ratio']} "
+            f"(last good rate: {_f(sc.get('last_good_1'))}/s and {_f(sc.get('last_good_2'))}/s; the sweep's rate steps bound the ratio's precision). "
+            "The CPU split between roles is in the publish-and-delivery table (the split shape's writer and pusher, "
+            "the all-in-one's threads and workers).",
+            "",
+        ]
     if "correctness" in s:
         c = s["correctness"]
-        L += ["## Correctness over every loadgen run", "",
-              f"{c['runs']} runs: {c['violations']} violations, {c['undelivered']} accepted-but-undelivered, "
-              f"{c['rejected_or_failed']} rejected/failed publishes; unclean: {c['unclean'] or 'none'}.", ""]
+        L += [
+            "## Correctness over every loadgen run",
+            "",
+            f"{c['runs']} runs: {c['violations']} violations, {c['undelivered']} accepted-but-undelivered, "
+            f"{c['rejected_or_failed']} rejected/failed publishes; unclean: {c['unclean'] or 'none'}.",
+            "",
+        ]
     L += ["## Goals", "", "| goal | target | measured | met |", "|---|---|---|---|"]
-    targets = {"zero_loss_dup_reorder": "0", "writer_vs_bare": ">= 0.5 x bare ASGI", "pusher_vs_broadcast": ">= 0.5 x bare broadcast", "pusher_fanout_vs_broadcast": ">= 0.5 x bare broadcast",
-               "p99_half_knee_allinone": "<= 50 ms", "p99_half_knee_split": "<= 50 ms", "idle_kb": "<= 16 KB", "topics_ratio": "<= 1.2",
-               "idle_cpu_pct_0": "<= 0.2% of a core", "idle_cpu_pct_n": "<= 1% of a core", "cpu_us_per_publish_and_delivery": "<= 250 us"}
+    targets = {
+        "zero_loss_dup_reorder": "0",
+        "writer_vs_bare": ">= 0.5 x bare ASGI",
+        "pusher_vs_broadcast": ">= 0.5 x bare broadcast",
+        "pusher_fanout_vs_broadcast": ">= 0.5 x bare broadcast",
+        "p99_half_knee_allinone": "<= 50 ms",
+        "p99_half_knee_split": "<= 50 ms",
+        "idle_kb": "<= 16 KB",
+        "topics_ratio": "<= 1.2",
+        "idle_cpu_pct_0": "<= 0.2% of a core",
+        "idle_cpu_pct_n": "<= 1% of a core",
+        "cpu_us_per_publish_and_delivery": "<= 250 us",
+    }
     for k, v in s["goals"].items():
         L.append(f"| {k} | {targets.get(k, '')} | {v['value']} | {'yes' if v['met'] else 'NO'} |")
     return "\n".join(L) + "\n"
-

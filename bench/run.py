@@ -100,9 +100,14 @@ def machine() -> Machine:
 
 def _git() -> str:
     try:
-        head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--", "libs", "services", "loadgen"],
-                               capture_output=True, text=True).stdout.strip()
+        head = subprocess.run(
+            ["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", str(REPO), "status", "--porcelain", "--", "libs", "services", "loadgen"],
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
         return head + (" (+ uncommitted changes in libs/services/loadgen)" if dirty else "")
     except OSError:
         return ""
@@ -176,7 +181,9 @@ def main() -> int:
                     sw = phase_sweep(kind, cfg, work, out, n)
                     sweeps.setdefault(kind, []).append(sw)
                     k = sw.knee
-                    log(f"sweep {kind} #{n}: knee {k.rate if k else 'not reached'} ({'; '.join(k.reasons) if k else ''})")
+                    log(
+                        f"sweep {kind} #{n}: knee {k.rate if k else 'not reached'} ({'; '.join(k.reasons) if k else ''})"
+                    )
         parts["sweeps"] = sweeps
 
         if "rounds" not in skip:
@@ -186,7 +193,9 @@ def main() -> int:
             parts["rounds"] = phase_rounds(cfg, work, payload, fixed, pushpin="pushpin" not in skip)
 
         if "idlecpu" not in skip:
-            log(f"idle CPU: 0 and {cfg.idle_cpu_n} idle ws subscribers, {cfg.idle_cpu_secs}s each, UPF_WORKERS {cfg.idle_cpu_workers}")
+            log(
+                f"idle CPU: 0 and {cfg.idle_cpu_n} idle ws subscribers, {cfg.idle_cpu_secs}s each, UPF_WORKERS {cfg.idle_cpu_workers}"
+            )
             parts["idle_cpu"] = phase_idle_cpu(cfg, work)
         if "pubdeliver" not in skip:
             log(f"publish-and-delivery: {cfg.pd_rate}/s over {cfg.pd_topics} topics x 1 ws subscriber, {cfg.pd_shapes}")
@@ -216,7 +225,9 @@ def main() -> int:
             others_cpu_pct_of_machine=round(100 * max(0.0, machine_cpu - own) / (wall * ncpu), 1),
             loadavg_end=loadavg(),
         )
-    res = Results(mode=mode, config=msgspec.to_builtins(cfg), goals=GOALS, machine=m, started_at=started_at, noise=noise, **parts)
+    res = Results(
+        mode=mode, config=msgspec.to_builtins(cfg), goals=GOALS, machine=m, started_at=started_at, noise=noise, **parts
+    )
     res.summary = report.summarize(res)
     (out / "results.json").write_bytes(schema.encode(res))
     md = report.render(res)

@@ -104,7 +104,9 @@ class Subscriber:
             self.last = f["id"]
 
     async def _ws(self, base: str) -> None:
-        async with websockets.connect(f"ws://{base}/{self.topic}/ws?since={self.last}", compression=None, open_timeout=10) as ws:
+        async with websockets.connect(
+            f"ws://{base}/{self.topic}/ws?since={self.last}", compression=None, open_timeout=10
+        ) as ws:
             with contextlib.suppress(websockets.ConnectionClosed):
                 async for msg in ws:
                     self._frame(msg)
@@ -148,7 +150,11 @@ class Subscriber:
 
 
 def table(samples: list[dict], roles: list[str]) -> str:
-    head = f"{'t (s)':>7} " + " ".join(f"{r + ' MB':>12} {r + ' fd':>10}" for r in roles) + f" {'subscribes':>10} {'sent':>9}"
+    head = (
+        f"{'t (s)':>7} "
+        + " ".join(f"{r + ' MB':>12} {r + ' fd':>10}" for r in roles)
+        + f" {'subscribes':>10} {'sent':>9}"
+    )
     rows = [head]
     for s in samples:
         rows.append(
@@ -184,18 +190,29 @@ async def soak(args: argparse.Namespace, workdir: Path) -> int:
     samples: list[dict] = []
     t0 = time.monotonic()
     end = t0 + args.minutes * 60
-    print(f"soak: {args.minutes} min at {args.rate}/s over {args.topics} topics, {args.pushers} pushers, "
-          f"hold ~{args.hold}s; workdir {workdir}", flush=True)
+    print(
+        f"soak: {args.minutes} min at {args.rate}/s over {args.topics} topics, {args.pushers} pushers, "
+        f"hold ~{args.hold}s; workdir {workdir}",
+        flush=True,
+    )
     while True:
         now = time.monotonic()
-        samples.append({
-            "t": now - t0,
-            "roles": {n: {"rss_mb": procs.tree_rss_kb([p.pid]) / 1024, "fds": open_fds(p.pid)} for n, p in roles.items()},
-            "connected": sum(s.connects for s in subs),
-            "sent": sum(p.sent for p in pubs),
-        })
-        print(table(samples[-1:], names).splitlines()[1 if len(samples) > 1 else 0] if len(samples) > 1
-              else table(samples, names), flush=True)
+        samples.append(
+            {
+                "t": now - t0,
+                "roles": {
+                    n: {"rss_mb": procs.tree_rss_kb([p.pid]) / 1024, "fds": open_fds(p.pid)} for n, p in roles.items()
+                },
+                "connected": sum(s.connects for s in subs),
+                "sent": sum(p.sent for p in pubs),
+            }
+        )
+        print(
+            table(samples[-1:], names).splitlines()[1 if len(samples) > 1 else 0]
+            if len(samples) > 1
+            else table(samples, names),
+            flush=True,
+        )
         dead = [n for n, p in roles.items() if not p.alive()]
         if dead:
             print(f"soak: role(s) died: {dead}", flush=True)
@@ -207,7 +224,9 @@ async def soak(args: argparse.Namespace, workdir: Path) -> int:
     await asyncio.gather(*publishing)
     elapsed = time.monotonic() - t0
     drain_until = time.monotonic() + args.drain
-    while time.monotonic() < drain_until and not all(set(p.accepted) <= set(s.seqs) for p, s in zip(pubs, subs, strict=True)):
+    while time.monotonic() < drain_until and not all(
+        set(p.accepted) <= set(s.seqs) for p, s in zip(pubs, subs, strict=True)
+    ):
         await asyncio.sleep(0.5)
     for t in tasks:
         t.cancel()
@@ -216,26 +235,45 @@ async def soak(args: argparse.Namespace, workdir: Path) -> int:
 
     total = Violations()
     for p, s in zip(pubs, subs, strict=True):
-        v = check_topic(Published(topic=p.topic, sent=p.sent, accepted=p.accepted),
-                        [Received(topic=s.topic, seqs=list(s.seqs), ids=list(s.ids), corrupt=s.corrupt)])
+        v = check_topic(
+            Published(topic=p.topic, sent=p.sent, accepted=p.accepted),
+            [Received(topic=s.topic, seqs=list(s.seqs), ids=list(s.ids), corrupt=s.corrupt)],
+        )
         total.add(v.violations)
     sent = sum(p.sent for p in pubs)
     accepted = sum(len(p.accepted) for p in pubs)
     base = samples[1] if len(samples) > 2 else samples[0]
-    growth = {n: {"rss_mb": samples[-1]["roles"][n]["rss_mb"] - base["roles"][n]["rss_mb"],
-                  "fds": samples[-1]["roles"][n]["fds"] - base["roles"][n]["fds"]} for n in names}
+    growth = {
+        n: {
+            "rss_mb": samples[-1]["roles"][n]["rss_mb"] - base["roles"][n]["rss_mb"],
+            "fds": samples[-1]["roles"][n]["fds"] - base["roles"][n]["fds"],
+        }
+        for n in names
+    }
     result = {
-        "args": vars(args), "elapsed_s": elapsed, "sent": sent, "accepted": accepted,
-        "failed": sum(p.failed for p in pubs), "rate": sent / elapsed,
-        "subscribes": sum(s.connects for s in subs), "subscribe_errors": sum(s.errors for s in subs),
-        "violations": {f: getattr(total, f) for f in total.__struct_fields__}, "clean": total.total() == 0,
-        "growth_from_second_sample": growth, "samples": samples,
+        "args": vars(args),
+        "elapsed_s": elapsed,
+        "sent": sent,
+        "accepted": accepted,
+        "failed": sum(p.failed for p in pubs),
+        "rate": sent / elapsed,
+        "subscribes": sum(s.connects for s in subs),
+        "subscribe_errors": sum(s.errors for s in subs),
+        "violations": {f: getattr(total, f) for f in total.__struct_fields__},
+        "clean": total.total() == 0,
+        "growth_from_second_sample": growth,
+        "samples": samples,
     }
     print()
     print(table(samples, names))
-    print(f"\nsent {sent} in {elapsed:.0f} s ({sent / elapsed:.0f}/s), accepted {accepted}, failed {result['failed']}; "
-          f"{result['subscribes']} subscribes ({result['subscribe_errors']} refused or failed)")
-    print("growth since the second sample: " + ", ".join(f"{n} {g['rss_mb']:+.1f} MB {g['fds']:+d} fd" for n, g in growth.items()))
+    print(
+        f"\nsent {sent} in {elapsed:.0f} s ({sent / elapsed:.0f}/s), accepted {accepted}, failed {result['failed']}; "
+        f"{result['subscribes']} subscribes ({result['subscribe_errors']} refused or failed)"
+    )
+    print(
+        "growth since the second sample: "
+        + ", ".join(f"{n} {g['rss_mb']:+.1f} MB {g['fds']:+d} fd" for n, g in growth.items())
+    )
     print(f"checker: {result['violations']} -> {'CLEAN' if result['clean'] else 'VIOLATIONS'}")
     RESULTS.mkdir(parents=True, exist_ok=True)
     out = RESULTS / f"soak-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}.json"

@@ -45,7 +45,14 @@ class Process:
     when ``health`` answers 200."""
 
     def __init__(
-        self, name: str, argv: list[str], env: dict[str, str] | None, log: Path, port: int, health: str, cwd: Path | None = None
+        self,
+        name: str,
+        argv: list[str],
+        env: dict[str, str] | None,
+        log: Path,
+        port: int,
+        health: str,
+        cwd: Path | None = None,
     ) -> None:
         self.name = name
         self.port = port

@@ -18,7 +18,10 @@ def test_import_contracts_are_kept() -> None:
     lint_imports = Path(sys.executable).parent / "lint-imports"
     done = subprocess.run(
         [str(lint_imports), "--config", str(REPO / "pyproject.toml"), "--no-cache"],
-        cwd=REPO, capture_output=True, text=True, timeout=120,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert done.returncode == 0, done.stdout + done.stderr
     contracts = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]

@@ -51,14 +51,22 @@ def test_mypy_is_strict_where_the_architecture_says() -> None:
     mypy = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["mypy"]
     assert mypy["strict"] is True
     assert {"libs/upf-keyspace/src", "libs/upf-edge/src", "loadgen/src"} <= set(mypy["files"])
-    cores = {"upf_writer.ingest", "upf_writer.actions", "upf_writer.futuretime", "upf_pusher.session",
-             "upf_pusher.framing", "upf_pusher.query"}
+    cores = {
+        "upf_writer.ingest",
+        "upf_writer.actions",
+        "upf_writer.futuretime",
+        "upf_pusher.session",
+        "upf_pusher.framing",
+        "upf_pusher.query",
+    }
     for section in mypy["overrides"]:
         modules = set(section["module"])
         if section.get("disallow_untyped_defs") is False:
             assert not modules & cores, section
             assert not any(m.startswith(("upf_loadgen", "upf_edge")) for m in modules), section
-            assert all(not m.startswith("upf_keyspace") or m == "upf_keyspace.drivers.embedded" for m in modules), section
+            assert all(not m.startswith("upf_keyspace") or m == "upf_keyspace.drivers.embedded" for m in modules), (
+                section
+            )
         if modules & cores:
             assert section.get("disallow_untyped_defs") is True and section.get("warn_return_any") is True, section
 
@@ -73,10 +81,17 @@ def _unexplained_ignores(path: Path) -> list[str]:
 
 
 def test_every_type_ignore_gives_its_reason() -> None:
-    sources = [p for pattern in ("libs/*/src/**/*.py", "loadgen/src/**/*.py", "services/*/src/**/*.py", "bench/**/*.py")
-               for p in sorted(REPO.glob(pattern))]
+    sources = [
+        p
+        for pattern in ("libs/*/src/**/*.py", "loadgen/src/**/*.py", "services/*/src/**/*.py", "bench/**/*.py")
+        for p in sorted(REPO.glob(pattern))
+    ]
     assert len(sources) > 50
-    unexplained = [u for p in sources if str(p.relative_to(REPO)) not in PENDING_REASONS for u in _unexplained_ignores(p)]
+    unexplained = [
+        u for p in sources if str(p.relative_to(REPO)) not in PENDING_REASONS for u in _unexplained_ignores(p)
+    ]
     assert not unexplained, "\n".join(unexplained)
     still_pending = {f for f in PENDING_REASONS if _unexplained_ignores(REPO / f)}
-    assert still_pending == PENDING_REASONS, f"explained now, delete from PENDING_REASONS: {PENDING_REASONS - still_pending}"
+    assert still_pending == PENDING_REASONS, (
+        f"explained now, delete from PENDING_REASONS: {PENDING_REASONS - still_pending}"
+    )

@@ -23,8 +23,9 @@ def parse_idle_memory(stdout: str) -> dict[str, IdleKind]:
     for line in stdout.splitlines():
         m = _IDLE_LINE.match(line.strip())
         if m:
-            out[m.group(1)] = IdleKind(rss_before_mb=float(m.group(2)), rss_after_mb=float(m.group(3)),
-                                       kb_per_conn=float(m.group(4)))
+            out[m.group(1)] = IdleKind(
+                rss_before_mb=float(m.group(2)), rss_after_mb=float(m.group(3)), kb_per_conn=float(m.group(4))
+            )
     return out
 
 
@@ -43,8 +44,12 @@ def phase_idle(cfg: Config) -> Idle:
         rounds.append(idle_memory(cfg.idle_n, ",".join(order)))
         log(f"idle round {r + 1}: " + ", ".join(f"{k} {v.kb_per_conn} KB" for k, v in rounds[-1].items()))
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    res = Idle(n=cfg.idle_n, rounds=rounds, nofile_limit=[soft, hard],
-               kb_per_conn={k: med([rd[k].kb_per_conn for rd in rounds if k in rd]) for k in kinds})
+    res = Idle(
+        n=cfg.idle_n,
+        rounds=rounds,
+        nofile_limit=[soft, hard],
+        kb_per_conn={k: med([rd[k].kb_per_conn for rd in rounds if k in rd]) for k in kinds},
+    )
     if cfg.idle_max_n:
         n = min(cfg.idle_max_n, hard - 500)
         res.max_n = n
@@ -64,8 +69,13 @@ def cpu_pct_over(shape: Shape, secs: float) -> float:
 
 def hold_idle_ws(port: int, n: int) -> subprocess.Popen[str]:
     """``n`` idle ws subscribers (one topic each) from idle_memory.py's client, held until stopped."""
-    p = spawn_pinned([PY, str(IDLE_MEMORY), "--client", "ws", "--port", str(port), "--n", str(n), "--start", "0"],
-                     None, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    p = spawn_pinned(
+        [PY, str(IDLE_MEMORY), "--client", "ws", "--port", str(port), "--n", str(n), "--start", "0"],
+        None,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     assert p.stdout is not None
     line = p.stdout.readline()
     if not line.startswith("ready"):
@@ -91,8 +101,9 @@ def phase_idle_cpu(cfg: Config, work: Path) -> IdleCpu:
             finally:
                 stop_popen(clients)
             shape.check_alive()
-            out.by_workers[str(workers)] = IdleCpuWorkers(idle_0_pct=zero, idle_n_pct=held,
-                                                          rss_mb=round(sum(shape.rss_kb().values()) / 1024, 1))
+            out.by_workers[str(workers)] = IdleCpuWorkers(
+                idle_0_pct=zero, idle_n_pct=held, rss_mb=round(sum(shape.rss_kb().values()) / 1024, 1)
+            )
             log(f"  idle CPU, {workers} worker(s): {zero}% of a core with 0 connections, {held}% with {n}")
         finally:
             shape.stop()

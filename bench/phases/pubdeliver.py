@@ -24,14 +24,18 @@ def phase_pubdeliver(cfg: Config, work: Path) -> PubDeliver:
             price_run(s, lg.events, {k: lg.cpu1[k] - lg.cpu0[k] for k in lg.cpu0})
             st = s.steady
             both = min(st.accepted, st.delivered) if st else 0
-            s.cpu_us_per_publish_and_delivery = round(1e6 * sum(st.server_cpu_secs.values()) / both, 1) if st and both else None
+            s.cpu_us_per_publish_and_delivery = (
+                round(1e6 * sum(st.server_cpu_secs.values()) / both, 1) if st and both else None
+            )
             threads = {k: round(th1[k] - th0.get(k, 0.0), 3) for k in th1 if th1[k] - th0.get(k, 0.0) > 0.005}
             s.thread_cpu_secs_whole_run = dict(sorted(threads.items(), key=lambda kv: -kv[1]))
             if len(wk0) == len(wk1) and wk1:
                 s.worker_cpu_secs_whole_run = [round(b - a, 3) for a, b in zip(wk0, wk1, strict=True)]
             out.shapes[kind] = s
-            log(f"  {kind} at {cfg.pd_rate}/s: {s.verdict}, delivered {s.delivered}/{s.expected}, "
-                f"{s.cpu_us_per_publish_and_delivery} us per publish-and-delivery (steady)")
+            log(
+                f"  {kind} at {cfg.pd_rate}/s: {s.verdict}, delivered {s.delivered}/{s.expected}, "
+                f"{s.cpu_us_per_publish_and_delivery} us per publish-and-delivery (steady)"
+            )
         finally:
             shape.stop()
     return out

@@ -27,7 +27,9 @@ from procs import tree_cpu, tree_rss_kb
 from schema import Broadcast, Config, Drive, FanoutRun, FixedRates, FixedRound, Pushpin, Round, RunSummary
 
 
-def phase_rounds(cfg: Config, work: Path, payload: int, fixed_rates: dict[str, FixedRates], pushpin: bool) -> list[Round]:
+def phase_rounds(
+    cfg: Config, work: Path, payload: int, fixed_rates: dict[str, FixedRates], pushpin: bool
+) -> list[Round]:
     rounds: list[Round] = []
     for r in range(cfg.rounds):
         log(f"round {r + 1}/{cfg.rounds} (load {loadavg()})")
@@ -40,15 +42,24 @@ def phase_rounds(cfg: Config, work: Path, payload: int, fixed_rates: dict[str, F
         for step in steps:
             if step == "ingest":
                 row.ingest = i = ingest_round(cfg, work)
-                log("  ingest: " + ", ".join(f"{k} {v.ok_per_s:.0f}/s {v.cpu_us_per_publish} us (others {v.others_cpu_pct_of_machine}%)"
-                                             for k, v in i.items()))
+                log(
+                    "  ingest: "
+                    + ", ".join(
+                        f"{k} {v.ok_per_s:.0f}/s {v.cpu_us_per_publish} us (others {v.others_cpu_pct_of_machine}%)"
+                        for k, v in i.items()
+                    )
+                )
             elif step == "fanout":
                 row.fanout = f = fanout_round(cfg, work)
-                log(f"  fanout {f.topics} topics x {f.subs_per_topic} subs at {f.rate:.0f}/s: {f.verdict}, "
-                    f"delivered {f.delivered}/{f.expected}, pusher {f.steady.pusher_frames_per_cpu_sec if f.steady else None} frames/CPU-s")
+                log(
+                    f"  fanout {f.topics} topics x {f.subs_per_topic} subs at {f.rate:.0f}/s: {f.verdict}, "
+                    f"delivered {f.delivered}/{f.expected}, pusher {f.steady.pusher_frames_per_cpu_sec if f.steady else None} frames/CPU-s"
+                )
             elif step == "pushpin":
                 row.pushpin = pp = phase_pushpin(cfg, payload, work)
-                log(f"  pushpin: {pp.skipped or f'{pp.delivered}/{pp.expected} items, {pp.cpu_us_per_item} us CPU per item'}")
+                log(
+                    f"  pushpin: {pp.skipped or f'{pp.delivered}/{pp.expected} items, {pp.cpu_us_per_item} us CPU per item'}"
+                )
             elif step == "broadcast":
                 row.broadcast = b = broadcast_round(cfg, payload)
                 log(f"  broadcast: {b.frames_per_cpu_sec:.0f} frames/CPU-s")
@@ -57,8 +68,10 @@ def phase_rounds(cfg: Config, work: Path, payload: int, fixed_rates: dict[str, F
                 fixed = fixed_round(step, cfg, work, fr.half_knee, fr.twice_knee)
                 setattr(row, step, fixed)
                 for s in (fixed.half_knee, fixed.twice_knee):
-                    log(f"  {step} {s.rate:.0f}/s: {s.verdict}, p99 {s.p99_ms} ms, delivered {s.delivered}/{s.expected}, "
-                        f"{s.steady.cpu_us_per_publish_total if s.steady else None} us/publish (steady)")
+                    log(
+                        f"  {step} {s.rate:.0f}/s: {s.verdict}, p99 {s.p99_ms} ms, delivered {s.delivered}/{s.expected}, "
+                        f"{s.steady.cpu_us_per_publish_total if s.steady else None} us/publish (steady)"
+                    )
         rounds.append(row)
     return rounds
 
@@ -85,7 +98,9 @@ def ingest_round(cfg: Config, work: Path) -> dict[str, Drive]:
 
 
 def broadcast_round(cfg: Config, payload: int) -> Broadcast:
-    out = broadcast.run(cfg.bcast_n, payload, cfg.bcast_secs, SERVER_CPUS, DRIVER_CPUS, cpu_reader=lambda pid: tree_cpu([pid]))
+    out = broadcast.run(
+        cfg.bcast_n, payload, cfg.bcast_secs, SERVER_CPUS, DRIVER_CPUS, cpu_reader=lambda pid: tree_cpu([pid])
+    )
     return msgspec.convert(out, Broadcast)
 
 
@@ -103,7 +118,9 @@ def fixed_round(kind: str, cfg: Config, work: Path, half: float, double: float) 
             s.rss_kb = shape.rss_kb()
             runs[label] = s
             time.sleep(1)
-        return FixedRound(half_knee=runs["half_knee"], twice_knee=runs["twice_knee"], peak_rss_kb=shape.rss_kb("VmHWM:"))
+        return FixedRound(
+            half_knee=runs["half_knee"], twice_knee=runs["twice_knee"], peak_rss_kb=shape.rss_kb("VmHWM:")
+        )
     finally:
         shape.stop()
 
@@ -113,8 +130,14 @@ def fanout_round(cfg: Config, work: Path) -> FanoutRun:
     each publish is delivered to ``fanout_subs`` connections."""
     shape = Shape("split", work)
     try:
-        argv = ["run", *lg_common(shape, cfg.fanout_topics, cfg.fixed_secs), "--subs-per-topic", str(cfg.fanout_subs),
-                "--rate", str(cfg.fanout_rate)]
+        argv = [
+            "run",
+            *lg_common(shape, cfg.fanout_topics, cfg.fixed_secs),
+            "--subs-per-topic",
+            str(cfg.fanout_subs),
+            "--rate",
+            str(cfg.fanout_rate),
+        ]
         lg = LoadgenRun(argv, shape)
         rep = lg.wait(timeout=cfg.fixed_secs + 180)
         shape.check_alive()
@@ -128,5 +151,7 @@ def fanout_round(cfg: Config, work: Path) -> FanoutRun:
 
 def phase_pushpin(cfg: Config, payload: int, work: Path) -> Pushpin:
     """Pushpin (Debian's package) holding one HTTP stream per subscriber, fed through its publish API."""
-    out = pushpin_peer.run(cfg.pp_channels, cfg.pp_streams, cfg.pp_rate, cfg.bcast_secs, payload, work, SERVER_CPUS, DRIVER_CPUS)
+    out = pushpin_peer.run(
+        cfg.pp_channels, cfg.pp_streams, cfg.pp_rate, cfg.bcast_secs, payload, work, SERVER_CPUS, DRIVER_CPUS
+    )
     return msgspec.convert(out, Pushpin)

@@ -17,8 +17,16 @@ def phase_sweep(kind: str, cfg: Config, work: Path, out: Path, n: int = 1) -> Sw
         idle_rss = shape.rss_kb()
         rates = ",".join(str(r) for r in cfg.sweep_rates)
         png = out / f"sweep-{kind}-{n}.png"
-        argv = ["sweep", *lg_common(shape, cfg.lg_topics, cfg.sweep_secs), "--rates", rates, "--pause", "1",
-                "--plot", str(png)]
+        argv = [
+            "sweep",
+            *lg_common(shape, cfg.lg_topics, cfg.sweep_secs),
+            "--rates",
+            rates,
+            "--pause",
+            "1",
+            "--plot",
+            str(png),
+        ]
         lg = LoadgenRun(argv, shape)
         rep = lg.wait(timeout=len(cfg.sweep_rates) * (cfg.sweep_secs + 90) + 60)
         shape.check_alive()

@@ -20,8 +20,19 @@ def phase_topics(cfg: Config, work: Path) -> Topics:
     d = Path(tempfile.mkdtemp(prefix="topics-", dir=work))
     store = d / "upf.db"
     t0 = time.monotonic()
-    r = run_to_end([PY, str(BENCH / "prepopulate.py"), "--store", str(store), "--topics", str(cfg.topics_large),
-                    "--prefix", "upTOPIC"], timeout=600)
+    r = run_to_end(
+        [
+            PY,
+            str(BENCH / "prepopulate.py"),
+            "--store",
+            str(store),
+            "--topics",
+            str(cfg.topics_large),
+            "--prefix",
+            "upTOPIC",
+        ],
+        timeout=600,
+    )
     if r.returncode != 0:
         raise RuntimeError(f"prepopulate failed: {r.stderr[-2000:]}")
     prepop_secs = time.monotonic() - t0
@@ -34,12 +45,22 @@ def phase_topics(cfg: Config, work: Path) -> Topics:
         pubdrive(url, [w.pid], secs=1.0, conns=cfg.ingest_conns, topics=cfg.topics_small, prefix="upTOPIC")
         for n in range(cfg.topics_rounds):
             order = ("small", "large") if n % 2 == 0 else ("large", "small")
-            row = {which: pubdrive(url, [w.pid], secs=cfg.topics_secs, conns=cfg.ingest_conns,
-                                   topics=cfg.topics_small if which == "small" else cfg.topics_large, prefix="upTOPIC")
-                   for which in order}
+            row = {
+                which: pubdrive(
+                    url,
+                    [w.pid],
+                    secs=cfg.topics_secs,
+                    conns=cfg.ingest_conns,
+                    topics=cfg.topics_small if which == "small" else cfg.topics_large,
+                    prefix="upTOPIC",
+                )
+                for which in order
+            }
             rounds.append(TopicsRound(small=row["small"], large=row["large"]))
-            log(f"topics round {n + 1}: {cfg.topics_small} topics {row['small'].cpu_us_per_publish} us/publish, "
-                f"{cfg.topics_large} topics {row['large'].cpu_us_per_publish} us/publish")
+            log(
+                f"topics round {n + 1}: {cfg.topics_small} topics {row['small'].cpu_us_per_publish} us/publish, "
+                f"{cfg.topics_large} topics {row['large'].cpu_us_per_publish} us/publish"
+            )
         rss = tree_rss_kb([w.pid])
     finally:
         w.stop()

@@ -49,6 +49,7 @@ async def hand_written(base: str, n: int, conc: int) -> None:
 async def with_httpx(base: str, n: int, conc: int) -> None:
     limits = httpx.Limits(max_connections=conc, max_keepalive_connections=conc)
     async with httpx.AsyncClient(base_url=base, limits=limits) as client:
+
         async def one(i: int) -> None:
             r = await client.post(f"/bench{i % 8}", content=BODY)
             assert r.status_code == 200, r.status_code
@@ -65,7 +66,11 @@ class H11Conn:
         if c.our_state is h11.DONE:
             c.start_next_cycle()
         headers = [("Host", host), ("Content-Length", str(len(body)))]
-        self.writer.write(c.send(h11.Request(method="POST", target=target, headers=headers)) + c.send(h11.Data(data=body)) + c.send(h11.EndOfMessage()))
+        self.writer.write(
+            c.send(h11.Request(method="POST", target=target, headers=headers))
+            + c.send(h11.Data(data=body))
+            + c.send(h11.EndOfMessage())
+        )
         status = 0
         while True:
             event = c.next_event()
@@ -113,7 +118,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("UPF_", "OTEL_"))}
         env.update(UPF_BIND=f"127.0.0.1:{port}", UPF_STORE_PATH=f"{tmp}/upf.db", UPF_WORKERS="1")
-        server = subprocess.Popen([sys.executable, "-m", "upf"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        server = subprocess.Popen(
+            [sys.executable, "-m", "upf"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
         try:
             base = f"http://127.0.0.1:{port}"
             for _ in range(200):

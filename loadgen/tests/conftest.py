@@ -73,7 +73,13 @@ class FakeNtfy:
     def _new_message(self, topic: str, body: bytes, up: bool) -> dict:
         self.counter += 1
         mid = base64.urlsafe_b64encode(self.counter.to_bytes(12, "big")).decode()
-        msg = {"id": mid, "time": int(time.time()), "expires": int(time.time()) + 3600, "event": "message", "topic": topic}
+        msg = {
+            "id": mid,
+            "time": int(time.time()),
+            "expires": int(time.time()) + 3600,
+            "event": "message",
+            "topic": topic,
+        }
         try:
             text = body.decode("utf-8")
             msg["message"] = text if up else text.strip()
@@ -140,10 +146,17 @@ class FakeNtfy:
                 parts = urlsplit(target)
                 segs = [s for s in parts.path.split("/") if s]
                 query = parse_qs(parts.query)
-                if method in ("POST", "PUT") and len(segs) == 1 and self.fault == "reject" and self.published == self.fault_at:
+                if (
+                    method in ("POST", "PUT")
+                    and len(segs) == 1
+                    and self.fault == "reject"
+                    and self.published == self.fault_at
+                ):
                     self.published += 1
                     data = b'{"code":42901,"http":429,"error":"limit reached: too many requests"}\n'
-                    writer.write(b"HTTP/1.1 429 Too Many Requests\r\n" + f"Content-Length: {len(data)}\r\n\r\n".encode() + data)
+                    writer.write(
+                        b"HTTP/1.1 429 Too Many Requests\r\n" + f"Content-Length: {len(data)}\r\n\r\n".encode() + data
+                    )
                     await writer.drain()
                 elif method in ("POST", "PUT") and len(segs) == 1:
                     msg = self._new_message(segs[0], body, "up" in query)
@@ -206,7 +219,9 @@ class FakeNtfy:
         topic = segs[0]
         since = parse_qs(urlsplit(ws.request.path).query).get("since", [""])[0]
         q: asyncio.Queue[dict] = asyncio.Queue()
-        await ws.send(json.dumps({"id": "open0000open", "time": int(time.time()), "event": "open", "topic": topic}) + "\n")
+        await ws.send(
+            json.dumps({"id": "open0000open", "time": int(time.time()), "event": "open", "topic": topic}) + "\n"
+        )
         for m in self._backlog(topic, since):
             q.put_nowait(m)
         self.subs[topic].append(q.put_nowait)

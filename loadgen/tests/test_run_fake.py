@@ -34,9 +34,7 @@ def scenario(srv: Any, transport: str = "ws", **kw: object) -> Scenario:
     return Scenario(**base)  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize(
-    ("transport", "binary"), [("ws", False), ("ws", True), ("json", False), ("sse", True)]
-)
+@pytest.mark.parametrize(("transport", "binary"), [("ws", False), ("ws", True), ("json", False), ("sse", True)])
 async def test_clean_run(fake_ntfy, transport: str, binary: bool) -> None:
     srv = await fake_ntfy()
     r = await run_scenario(scenario(srv, transport, binary=binary))
@@ -131,8 +129,21 @@ async def test_cli_clean_run_exits_zero_and_writes_json(fake_ntfy, tmp_path: Pat
     srv = await fake_ntfy()
     out_json = tmp_path / "report.json"
     rc, out, err = await _cli(
-        "run", "--writer", srv.http_url, "--pusher", srv.ws_url, "--topics", "3", "--rate", "60",
-        "--duration", "1", "--drain-timeout", "2", "--json", str(out_json),
+        "run",
+        "--writer",
+        srv.http_url,
+        "--pusher",
+        srv.ws_url,
+        "--topics",
+        "3",
+        "--rate",
+        "60",
+        "--duration",
+        "1",
+        "--drain-timeout",
+        "2",
+        "--json",
+        str(out_json),
     )
     assert rc == 0, out + err
     assert "VERDICT: CLEAN" in out
@@ -140,7 +151,13 @@ async def test_cli_clean_run_exits_zero_and_writes_json(fake_ntfy, tmp_path: Pat
     rep = json.loads(out_json.read_text())
     assert rep["ok"] is True and rep["verdict"] == "clean" and rep["exit_code"] == 0
     assert rep["violations"] == {
-        "loss": 0, "duplicates": 0, "out_of_order": 0, "gaps": 0, "id_mismatch": 0, "corrupt": 0, "unexpected": 0
+        "loss": 0,
+        "duplicates": 0,
+        "out_of_order": 0,
+        "gaps": 0,
+        "id_mismatch": 0,
+        "corrupt": 0,
+        "unexpected": 0,
     }
     assert rep["throughput"]["accepted"] == rep["throughput"]["delivered"] == 60
     assert {"p50_ms", "p90_ms", "p95_ms", "p99_ms", "max_ms", "buckets"} <= rep["latency"].keys()
@@ -152,8 +169,22 @@ async def test_cli_clean_run_exits_zero_and_writes_json(fake_ntfy, tmp_path: Pat
 async def test_cli_loss_exits_one(fake_ntfy) -> None:
     srv = await fake_ntfy(fault="drop", fault_at=2)
     rc, out, err = await _cli(
-        "run", "--url", srv.http_url, "--transport", "json", "--topics", "2", "--rate", "40",
-        "--duration", "1", "--drain-timeout", "1", "--json", "-", "--quiet",
+        "run",
+        "--url",
+        srv.http_url,
+        "--transport",
+        "json",
+        "--topics",
+        "2",
+        "--rate",
+        "40",
+        "--duration",
+        "1",
+        "--drain-timeout",
+        "1",
+        "--json",
+        "-",
+        "--quiet",
     )
     assert rc == 1, out + err
     rep = json.loads(out)  # --json - puts JSON alone on stdout
@@ -164,8 +195,23 @@ async def test_cli_loss_exits_one(fake_ntfy) -> None:
 async def test_cli_two_worker_processes(fake_ntfy) -> None:
     srv = await fake_ntfy()
     rc, out, err = await _cli(
-        "run", "--url", srv.http_url, "--transport", "sse", "--binary", "--topics", "4", "--rate", "80",
-        "--duration", "1.5", "--procs", "2", "--json", "-", "--quiet",
+        "run",
+        "--url",
+        srv.http_url,
+        "--transport",
+        "sse",
+        "--binary",
+        "--topics",
+        "4",
+        "--rate",
+        "80",
+        "--duration",
+        "1.5",
+        "--procs",
+        "2",
+        "--json",
+        "-",
+        "--quiet",
     )
     assert rc == 0, out + err
     rep = json.loads(out)
@@ -178,8 +224,24 @@ async def test_cli_sweep_writes_table_plot_and_json(fake_ntfy, tmp_path: Path) -
     srv = await fake_ntfy()
     png, out_json = tmp_path / "sweep.png", tmp_path / "sweep.json"
     rc, out, err = await _cli(
-        "sweep", "--url", srv.http_url, "--transport", "json", "--topics", "2", "--rates", "20,40",
-        "--duration", "0.6", "--pause", "0", "--plot", str(png), "--json", str(out_json), "--quiet",
+        "sweep",
+        "--url",
+        srv.http_url,
+        "--transport",
+        "json",
+        "--topics",
+        "2",
+        "--rates",
+        "20,40",
+        "--duration",
+        "0.6",
+        "--pause",
+        "0",
+        "--plot",
+        str(png),
+        "--json",
+        str(out_json),
+        "--quiet",
     )
     assert rc == 0, out + err
     assert "knee: not reached" in out

@@ -68,15 +68,36 @@ def test_results_round_trip_through_the_encoder(path):
     again = schema.decode(schema.encode(res))
     assert again == res
     assert report.render(msgspec.structs.replace(again, summary=report.summarize(again))) == report.render(
-        msgspec.structs.replace(res, summary=report.summarize(res)))
+        msgspec.structs.replace(res, summary=report.summarize(res))
+    )
 
 
 def _minimal() -> dict:
-    return {"mode": "quick", "config": {}, "goals": schema.GOALS, "started_at": "2026-12-01 00:00:00 UTC",
-            "machine": {"nproc": 2, "cpu_model": "x", "python": "3.11", "granian": "2", "websockets": "15", "kernel": "6",
-                        "mem_total_mb": 1000, "nofile": [1024, 4096], "uvloop": True, "loadavg_start": "0 0 0"},
-            "noise": {"wall_secs": 3.0, "machine_busy_cpu_secs": 1.0, "bench_cpu_secs": 0.5,
-                      "others_cpu_pct_of_machine": 0.1, "loadavg_end": "0 0 0"}}
+    return {
+        "mode": "quick",
+        "config": {},
+        "goals": schema.GOALS,
+        "started_at": "2026-12-01 00:00:00 UTC",
+        "machine": {
+            "nproc": 2,
+            "cpu_model": "x",
+            "python": "3.11",
+            "granian": "2",
+            "websockets": "15",
+            "kernel": "6",
+            "mem_total_mb": 1000,
+            "nofile": [1024, 4096],
+            "uvloop": True,
+            "loadavg_start": "0 0 0",
+        },
+        "noise": {
+            "wall_secs": 3.0,
+            "machine_busy_cpu_secs": 1.0,
+            "bench_cpu_secs": 0.5,
+            "others_cpu_pct_of_machine": 0.1,
+            "loadavg_end": "0 0 0",
+        },
+    }
 
 
 def test_a_probe_only_run_renders_an_empty_goal_table():
@@ -88,13 +109,16 @@ def test_a_probe_only_run_renders_an_empty_goal_table():
     assert md.endswith("| goal | target | measured | met |\n|---|---|---|---|\n")
 
 
-@pytest.mark.parametrize("bad, where", [
-    ({"machine": {"nproc": "two"}}, "$.machine"),
-    ({"rounds": [{"loadavg": 1.5}]}, "$.rounds[0].loadavg"),
-    ({"topics": {"small_topics": 1000}}, "$.topics"),
-    ({"sweeps": {"split": [{"shape": "split"}]}}, "$.sweeps[...][0]"),
-    ({"noise": None}, "$.noise"),
-])
+@pytest.mark.parametrize(
+    "bad, where",
+    [
+        ({"machine": {"nproc": "two"}}, "$.machine"),
+        ({"rounds": [{"loadavg": 1.5}]}, "$.rounds[0].loadavg"),
+        ({"topics": {"small_topics": 1000}}, "$.topics"),
+        ({"sweeps": {"split": [{"shape": "split"}]}}, "$.sweeps[...][0]"),
+        ({"noise": None}, "$.noise"),
+    ],
+)
 def test_a_mistyped_or_incomplete_results_json_is_refused_with_its_path(bad, where):
     raw = _minimal()
     for k, v in bad.items():
@@ -106,25 +130,48 @@ def test_a_mistyped_or_incomplete_results_json_is_refused_with_its_path(bad, whe
 
 def test_results_json_that_is_not_json_is_refused():
     with pytest.raises(msgspec.DecodeError):
-        schema.decode(b"{\"mode\": ")
+        schema.decode(b'{"mode": ')
 
 
 def _loadgen_report(rate=1000.0, accepted=4000, delivered=3990):
     """The parts of ``upf-loadgen run --json -`` the bench reads."""
-    return {"scenario": {"rate": rate}, "verdict": "clean",
-            "throughput": {"offered": 4000, "accepted": accepted, "delivered": delivered, "expected_deliveries": 4000,
-                           "offered_per_s": 1000.0, "accepted_per_s": 1000.0, "delivered_per_s": 997.5,
-                           "rejected": 0, "errors": 0},
-            "latency": {"p50_ms": 2.0, "p99_ms": 9.5, "max_ms": 20.0}, "publish_latency": {"p99_ms": 3.0},
-            "drain": {"secs": 0.2, "complete": True}, "violations": {"loss": 0, "dup": 1, "reorder": 0},
-            "subscriptions": {"disconnects": 0}, "cpu": {"pct_of_wall": 40.0, "saturated": False}}
+    return {
+        "scenario": {"rate": rate},
+        "verdict": "clean",
+        "throughput": {
+            "offered": 4000,
+            "accepted": accepted,
+            "delivered": delivered,
+            "expected_deliveries": 4000,
+            "offered_per_s": 1000.0,
+            "accepted_per_s": 1000.0,
+            "delivered_per_s": 997.5,
+            "rejected": 0,
+            "errors": 0,
+        },
+        "latency": {"p50_ms": 2.0, "p99_ms": 9.5, "max_ms": 20.0},
+        "publish_latency": {"p99_ms": 3.0},
+        "drain": {"secs": 0.2, "complete": True},
+        "violations": {"loss": 0, "dup": 1, "reorder": 0},
+        "subscriptions": {"disconnects": 0},
+        "cpu": {"pct_of_wall": 40.0, "saturated": False},
+    }
 
 
 def test_summarize_run_and_prices():
     s = harness.summarize_run(_loadgen_report(), schema.RunSummary)
     assert isinstance(s, schema.RunSummary) and s.violations_total == 1 and s.expected == 4000
-    live = [{"kind": "live", "phase": "load", "lt": t, "accepted": 1000, "delivered": 1000,
-             "cpu": {"writer": 0.1 * t, "pusher": 0.05 * t}} for t in (1.0, 2.0, 3.0)]
+    live = [
+        {
+            "kind": "live",
+            "phase": "load",
+            "lt": t,
+            "accepted": 1000,
+            "delivered": 1000,
+            "cpu": {"writer": 0.1 * t, "pusher": 0.05 * t},
+        }
+        for t in (1.0, 2.0, 3.0)
+    ]
     harness.price_run(s, live, {"writer": 0.8, "pusher": 0.4})
     assert s.whole.writer_cpu_us_per_publish == 200.0  # 0.8 s over 4,000 accepted
     assert s.whole.pusher_cpu_us_per_delivery == round(1e6 * 0.4 / 3990, 1)
@@ -138,11 +185,19 @@ def test_a_run_with_no_priced_window_renders_dashes():
     s = harness.summarize_run(_loadgen_report(accepted=0, delivered=0), schema.RunSummary)
     harness.price_run(s, [], {"upf": 0.0})
     assert s.steady == schema.Price() and s.whole.cpu_us_per_publish_total is None
-    sweep = schema.Sweep(shape="allinone", rates=[1000], plot="", idle_rss_kb={}, end_rss_kb={}, peak_rss_kb={}, steps=[s])
+    sweep = schema.Sweep(
+        shape="allinone", rates=[1000], plot="", idle_rss_kb={}, end_rss_kb={}, peak_rss_kb={}, steps=[s]
+    )
     res = schema.decode(json.dumps(_minimal()))
     res.sweeps = {"allinone": [sweep]}
     res.summary = report.summarize(res)
-    assert res.summary["correctness"] == {"runs": 1, "violations": 1, "undelivered": 4000, "rejected_or_failed": 0, "unclean": []}
+    assert res.summary["correctness"] == {
+        "runs": 1,
+        "violations": 1,
+        "undelivered": 4000,
+        "rejected_or_failed": 0,
+        "unclean": [],
+    }
     assert "| 1,000 | 1,000 | 998 | 2.0 | 9.5 | - | - | - | 1 | 0.0 |" in report.render(res)
     assert "Knee: not reached. Plot: ``." in report.render(res)
     assert report.knee_of([sweep]) == 1000.0  # no knee: the top rate, a lower bound
@@ -163,9 +218,28 @@ def test_idle_memory_table_is_parsed():
 def test_quick_is_full_made_shorter():
     full, quick = msgspec.structs.asdict(schema.FULL), msgspec.structs.asdict(schema.QUICK)
     changed = {k for k in full if full[k] != quick[k]}
-    assert changed and changed <= {"rounds", "ingest_secs", "bcast_secs", "lg_topics", "sweep_rates", "sweep_secs", "sweep_rounds",
-                                   "fixed_secs", "topics_large", "topics_secs", "topics_rounds", "idle_kinds", "idle_rounds",
-                                   "idle_max_n", "idle_cpu_secs", "idle_cpu_n", "pd_secs", "pp_channels", "pp_streams", "pp_rate"}
+    assert changed and changed <= {
+        "rounds",
+        "ingest_secs",
+        "bcast_secs",
+        "lg_topics",
+        "sweep_rates",
+        "sweep_secs",
+        "sweep_rounds",
+        "fixed_secs",
+        "topics_large",
+        "topics_secs",
+        "topics_rounds",
+        "idle_kinds",
+        "idle_rounds",
+        "idle_max_n",
+        "idle_cpu_secs",
+        "idle_cpu_n",
+        "pd_secs",
+        "pp_channels",
+        "pp_streams",
+        "pp_rate",
+    }
     assert quick["rounds"] == 1 and max(quick["sweep_rates"]) == 4000
 
 

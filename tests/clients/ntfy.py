@@ -152,7 +152,9 @@ async def subscribe(base: str, topics: str, transport: str = "json", query: str 
             pass
 
 
-async def publish(base: str, topic: str, body: bytes | str, *, params: dict | None = None, headers: dict | None = None) -> httpx.Response:
+async def publish(
+    base: str, topic: str, body: bytes | str, *, params: dict | None = None, headers: dict | None = None
+) -> httpx.Response:
     async with httpx.AsyncClient(timeout=10) as c:
         return await c.post(f"{base}/{topic}", content=body, params=params, headers=headers)
 

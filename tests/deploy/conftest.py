@@ -59,7 +59,9 @@ def nginx_bin() -> str:
     return path
 
 
-def render_ingress_config(workdir: Path, writer_ports: Sequence[int], pusher_ports: Sequence[int], listen_port: int) -> Path:
+def render_ingress_config(
+    workdir: Path, writer_ports: Sequence[int], pusher_ports: Sequence[int], listen_port: int
+) -> Path:
     """Write an nginx.conf that is deploy/ingress/nginx.conf with only the host-specific lines changed.
 
     The upstream servers move from compose service names to local ports, the includes point at the
@@ -148,7 +150,9 @@ def wait_for_port(port: int, timeout: float, proc: subprocess.Popen[bytes] | Non
 
 
 @pytest.fixture
-def start_ingress(nginx_bin: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[Sequence[int], Sequence[int]], Ingress]]:
+def start_ingress(
+    nginx_bin: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Callable[[Sequence[int], Sequence[int]], Ingress]]:
     """Start real nginx with the shipped config in front of the given writer and pusher ports."""
     started: list[tuple[subprocess.Popen[bytes], Ingress]] = []
 

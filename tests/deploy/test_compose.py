@@ -37,7 +37,9 @@ def podman_compose() -> list[str]:
     if shutil.which("podman") is None:
         installable = os.geteuid() == 0 and shutil.which("apt-get") is not None
         if not installable:
-            pytest.skip("podman is not installed and cannot be installed here (needs root and apt-get): podman-compose cannot run")
+            pytest.skip(
+                "podman is not installed and cannot be installed here (needs root and apt-get): podman-compose cannot run"
+            )
         pytest.fail(
             "podman is not installed, and podman-compose needs it even for `config`: run the tests with "
             "`./dev test` (it installs Debian's podman) or `apt-get install podman`",
@@ -46,7 +48,9 @@ def podman_compose() -> list[str]:
     return [exe]
 
 
-def compose_config(repo: Path, *files: str, profiles: tuple[str, ...] = (), env: dict[str, str] | None = None) -> dict[str, Any]:
+def compose_config(
+    repo: Path, *files: str, profiles: tuple[str, ...] = (), env: dict[str, str] | None = None
+) -> dict[str, Any]:
     """`podman-compose -f ... config`, in an environment without the variables the files interpolate."""
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("UPF_", "FDB_", "COMPOSE_"))}
     clean.update(env or {})

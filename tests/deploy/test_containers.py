@@ -77,7 +77,10 @@ def pyproject(repo: Path, package_dir: str) -> dict:
 def workspace_members(repo: Path) -> dict[str, str]:
     """distribution name -> member directory"""
     root = tomllib.loads((repo / "pyproject.toml").read_text())
-    return {tomllib.loads((repo / m / "pyproject.toml").read_text())["project"]["name"]: m for m in root["tool"]["uv"]["workspace"]["members"]}
+    return {
+        tomllib.loads((repo / m / "pyproject.toml").read_text())["project"]["name"]: m
+        for m in root["tool"]["uv"]["workspace"]["members"]
+    }
 
 
 def workspace_closure(repo: Path, dist: str) -> set[str]:
@@ -162,7 +165,9 @@ def test_every_copy_source_exists(repo: Path, name: str) -> None:
 @pytest.mark.parametrize("name", [*PACKAGES, "ingress"])
 def test_base_images_pinned_by_tag(repo: Path, name: str) -> None:
     instrs = instructions(repo / f"deploy/containers/{name}.Containerfile")
-    images = [args.partition("=")[2] for word, args in instrs if word == "ARG" and args.split("=")[0].endswith("_IMAGE")]
+    images = [
+        args.partition("=")[2] for word, args in instrs if word == "ARG" and args.split("=")[0].endswith("_IMAGE")
+    ]
     assert images
     for image in images:
         tag = image.rpartition(":")[2]
@@ -173,7 +178,10 @@ def test_base_images_pinned_by_tag(repo: Path, name: str) -> None:
 def test_roles_carry_the_locked_fdb_client(repo: Path, name: str) -> None:
     """libfdb_c.so comes from the official image whose version is the bindings' version in uv.lock."""
     instrs = instructions(repo / f"deploy/containers/{name}.Containerfile")
-    assert arg_default(instrs, "FDB_IMAGE") == f"docker.io/foundationdb/foundationdb:{locked_version(repo, 'foundationdb')}"
+    assert (
+        arg_default(instrs, "FDB_IMAGE")
+        == f"docker.io/foundationdb/foundationdb:{locked_version(repo, 'foundationdb')}"
+    )
     assert ("FROM", "${FDB_IMAGE} AS fdb") in instrs
     assert ("COPY", "--from=fdb /usr/lib/libfdb_c.so /usr/lib/libfdb_c.so") in final_stage(instrs)
 
@@ -202,7 +210,11 @@ def test_ingress_image_copies_what_nginx_conf_includes(repo: Path) -> None:
     includes = re.findall(r"include (/etc/nginx/upf/[\w.-]+);", conf)
     assert includes
     copies = [args.split() for word, args in instrs if word == "COPY"]
-    installed = {dest.rstrip("/") + "/" + Path(src).name if dest.endswith("/") else dest for *srcs, dest in copies for src in srcs}
+    installed = {
+        dest.rstrip("/") + "/" + Path(src).name if dest.endswith("/") else dest
+        for *srcs, dest in copies
+        for src in srcs
+    }
     assert set(includes) <= installed
     assert "/etc/nginx/nginx.conf" in installed
     assert any("apt-get install" in args and re.search(r"\bnginx\b", args) for word, args in instrs if word == "RUN")
@@ -217,9 +229,9 @@ def build_stage(instrs: list[tuple[str, str]]) -> list[tuple[str, str]]:
 
 def replay_build_stage(repo: Path, name: str, workdir: Path, uv: list[str]) -> Path:
     """Run a Containerfile's build stage outside a container: its ENV, WORKDIR and COPY steps into
-    `workdir`, then its `uv sync` commands (served from uv's cache when the test environment's own sync
-filled it). Returns the virtualenv that the
-    runtime stage would copy."""
+        `workdir`, then its `uv sync` commands (served from uv's cache when the test environment's own sync
+    filled it). Returns the virtualenv that the
+        runtime stage would copy."""
     src, venv = workdir / "src", workdir / "venv"
     src.mkdir(parents=True)
     env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "UV_PROJECT_ENVIRONMENT")}
@@ -234,7 +246,9 @@ filled it). Returns the virtualenv that the
             for source in sources:
                 target = src / dest
                 if (repo / source).is_dir():
-                    shutil.copytree(repo / source, target, dirs_exist_ok=True, ignore=shutil.ignore_patterns("__pycache__", ".venv"))
+                    shutil.copytree(
+                        repo / source, target, dirs_exist_ok=True, ignore=shutil.ignore_patterns("__pycache__", ".venv")
+                    )
                 else:
                     target.mkdir(parents=True, exist_ok=True)
                     shutil.copy2(repo / source, target / Path(source).name)
@@ -258,7 +272,9 @@ print(json.dumps({d: importlib.metadata.version(d) if importlib.util.find_spec(m
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", PACKAGES)
-def test_build_stage_produces_a_self_contained_environment(repo: Path, tmp_path: Path, uv: list[str], name: str) -> None:
+def test_build_stage_produces_a_self_contained_environment(
+    repo: Path, tmp_path: Path, uv: list[str], name: str
+) -> None:
     """Replayed with the COPY set the Containerfile declares, the build gives a virtualenv holding this
     package at its pyproject version, its console script, and none of the other deployables (a writer
     image carries no pusher code); the role images also get the FoundationDB bindings."""
@@ -272,21 +288,30 @@ def test_build_stage_produces_a_self_contained_environment(repo: Path, tmp_path:
         dist: tomllib.loads((repo / d / "pyproject.toml").read_text())["tool"]["uv"]["build-backend"]["module-name"]
         for dist, d in members.items()
     }
-    check = subprocess.run([str(venv / "bin" / "python"), "-c", PROBE, json.dumps(modules)], capture_output=True, text=True, timeout=60)
+    check = subprocess.run(
+        [str(venv / "bin" / "python"), "-c", PROBE, json.dumps(modules)], capture_output=True, text=True, timeout=60
+    )
     assert check.returncode == 0, check.stderr
     installed = json.loads(check.stdout)
     assert installed[project["name"]] == project["version"]
     for dist in members:
         assert (installed[dist] is not None) == (dist in inside), f"{dist} in the {name} image: {installed[dist]}"
     if name in SERVERS:
-        fdb = subprocess.run([str(venv / "bin" / "python"), "-c", "import fdb; print(fdb.__file__)"], capture_output=True, text=True, timeout=60)
+        fdb = subprocess.run(
+            [str(venv / "bin" / "python"), "-c", "import fdb; print(fdb.__file__)"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert fdb.returncode == 0, fdb.stderr
 
 
 # --- the entrypoint ---------------------------------------------------------------------------------
 
 
-def run_entrypoint(repo: Path, tmp_path: Path, script: str, env: dict[str, str], hostname: str | None = None) -> dict[str, str]:
+def run_entrypoint(
+    repo: Path, tmp_path: Path, script: str, env: dict[str, str], hostname: str | None = None
+) -> dict[str, str]:
     """Run deploy/containers/entrypoint.sh under /bin/sh (dash, as in the image) with a stand-in console
     script that prints the environment it was started with."""
     bin_dir = tmp_path / "bin"
@@ -300,7 +325,11 @@ def run_entrypoint(repo: Path, tmp_path: Path, script: str, env: dict[str, str],
         uname.chmod(0o755)
     full_env = {"PATH": f"{bin_dir}:/usr/bin:/bin", **env}
     result = subprocess.run(
-        ["/bin/sh", str(repo / "deploy/containers/entrypoint.sh"), script], env=full_env, capture_output=True, text=True, timeout=30
+        ["/bin/sh", str(repo / "deploy/containers/entrypoint.sh"), script],
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=30,
     )
     assert result.returncode == 0, result.stderr
     return dict(line.split("=", 1) for line in result.stdout.splitlines() if "=" in line)
@@ -388,7 +417,11 @@ def heartbeat_server() -> Iterator[tuple[http.server.HTTPServer, type[_Heartbeat
 def run_healthcheck(repo: Path, bind: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "UPF_BIND": bind, "HTTP_PROXY": "http://127.0.0.1:9", "http_proxy": "http://127.0.0.1:9"}
     return subprocess.run(
-        [sys.executable, str(repo / "deploy/containers/healthcheck.py")], env=env, capture_output=True, text=True, timeout=30
+        [sys.executable, str(repo / "deploy/containers/healthcheck.py")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
     )
 
 
@@ -470,7 +503,9 @@ def run_init(repo: Path, fake_fdb: Path, state: str, **env: str) -> tuple[subpro
         "UPF_FDB_INIT_TIMEOUT_SECS": "20",
         **env,
     }
-    result = subprocess.run(["bash", str(repo / "deploy/fdb/fdb-init.bash")], env=full_env, capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        ["bash", str(repo / "deploy/fdb/fdb-init.bash")], env=full_env, capture_output=True, text=True, timeout=60
+    )
     calls = (fake_fdb / "calls").read_text().splitlines()
     return result, [c for c in calls if "--exec configure" in c]
 
@@ -506,7 +541,10 @@ def test_init_passes_the_configured_engine(repo: Path, fake_fdb: Path) -> None:
 
 def test_init_fails_on_a_real_configure_error(repo: Path, fake_fdb: Path) -> None:
     (fake_fdb / "state").write_text("broken\n")
-    script = FAKE_FDBCLI.replace('elif [[ "$state" == configured ]]', 'elif [[ "$state" == broken ]]; then\n            echo \'{"client":{"coordinators":{"quorum_reachable":true},"database_status":{"available":false}},"cluster":{"messages":[{"name":"unreadable_configuration"}]}}\'\n        elif [[ "$state" == configured ]]')
+    script = FAKE_FDBCLI.replace(
+        'elif [[ "$state" == configured ]]',
+        'elif [[ "$state" == broken ]]; then\n            echo \'{"client":{"coordinators":{"quorum_reachable":true},"database_status":{"available":false}},"cluster":{"messages":[{"name":"unreadable_configuration"}]}}\'\n        elif [[ "$state" == configured ]]',
+    )
     (fake_fdb / "bin" / "fdbcli").write_text(script)
     result, configures = run_init(repo, fake_fdb, "broken", UPF_FDB_INIT_TIMEOUT_SECS="3")
     assert result.returncode == 1

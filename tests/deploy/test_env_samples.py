@@ -38,7 +38,14 @@ def test_sample_names_only_real_settings(repo: Path, role: str) -> None:
     _, mentioned = entries(repo / f"deploy/config/{role}.env.sample")
     upf = {name for name in mentioned if name.startswith("UPF_")}
     assert upf <= known_upf_variables(repo), upf - known_upf_variables(repo)
-    assert mentioned - upf <= {"FDB_CLUSTER_FILE", "FDB_CLUSTER_FILE_CONTENTS", "OTEL_SERVICE_NAME", "OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_PROTOCOL", "OTEL_RESOURCE_ATTRIBUTES"}
+    assert mentioned - upf <= {
+        "FDB_CLUSTER_FILE",
+        "FDB_CLUSTER_FILE_CONTENTS",
+        "OTEL_SERVICE_NAME",
+        "OTEL_EXPORTER_OTLP_ENDPOINT",
+        "OTEL_EXPORTER_OTLP_PROTOCOL",
+        "OTEL_RESOURCE_ATTRIBUTES",
+    }
 
 
 @pytest.mark.parametrize("role", ROLES)

@@ -94,7 +94,9 @@ class FakeUpstream:
         elif self.name.startswith("pusher") and path.startswith("/flood"):
             self._flood(h)
         elif self.name.startswith("pusher") and path.rsplit("/", 1)[-1] in ("json", "sse", "raw"):
-            h.wfile.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/x-ndjson\r\nTransfer-Encoding: chunked\r\n\r\n")
+            h.wfile.write(
+                b"HTTP/1.1 200 OK\r\nContent-Type: application/x-ndjson\r\nTransfer-Encoding: chunked\r\n\r\n"
+            )
             for n, chunk in enumerate((f"first {label}\n".encode(), b"second\n")):
                 if n:
                     time.sleep(HOLD_SECS)
@@ -104,9 +106,10 @@ class FakeUpstream:
             h.wfile.flush()
         else:
             body = f"{label}\n".encode()
-            h.wfile.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+            h.wfile.write(
+                b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+            )
             h.wfile.flush()
-
 
     def _flood(self, h: socketserver.StreamRequestHandler) -> None:
         """Write FLOOD_BYTES as fast as the connection takes them; record how much went out before the
@@ -139,7 +142,9 @@ def fake() -> Iterator[Callable[[str], FakeUpstream]]:
         upstream.stop()
 
 
-def get(url: str, target: str, method: str = "GET", body: bytes | None = None, *, first_line: bool = False) -> tuple[int, str]:
+def get(
+    url: str, target: str, method: str = "GET", body: bytes | None = None, *, first_line: bool = False
+) -> tuple[int, str]:
     """One request with the exact request target given (no client-side path normalisation)."""
     host, port = url.removeprefix("http://").split(":")
     conn = http.client.HTTPConnection(host, int(port), timeout=20)

@@ -261,7 +261,9 @@ async def test_idle_stream_survives_keepalives_then_delivers(ingress) -> None:
     assert_delivered(event, published, t, body)
 
 
-async def test_subscribers_spread_and_survive_a_pusher_exit(uv: list[str], tmp_path: Path, start_ingress, free_port) -> None:
+async def test_subscribers_spread_and_survive_a_pusher_exit(
+    uv: list[str], tmp_path: Path, start_ingress, free_port
+) -> None:
     """Two streams held at once land on both pushers (least_conn) and both deliver; after one pusher
     exits, a new subscribe through the same ingress lands on the survivor and delivers."""
     stack = start_stack(uv, tmp_path, free_port)
@@ -306,7 +308,9 @@ async def test_silent_stream_outlives_the_proxys_default_read_timeout(
     pusher = None
     try:
         wait_ready([writer])
-        pusher = start(uv, "upf-pusher", tmp_path, free_port(), store, UPF_NODE_ID="pusher-silent", UPF_KEEPALIVE_SECS="600")
+        pusher = start(
+            uv, "upf-pusher", tmp_path, free_port(), store, UPF_NODE_ID="pusher-silent", UPF_KEEPALIVE_SECS="600"
+        )
         wait_ready([pusher])
         ingress = start_ingress([writer.port], [pusher.port])
         t, body = topic(), "after more than a minute of silence"

@@ -104,5 +104,7 @@ def test_third_party_requirements_match_the_pyprojects() -> None:
             continue
         assert wanted.get(name, spec) == spec, f"{name}: two different specifiers in the pyprojects"
         wanted[name] = spec
-    lines = [line.split("#", 1)[0].strip() for line in (REPO / "3rdparty/python/requirements.txt").read_text().splitlines()]
+    lines = [
+        line.split("#", 1)[0].strip() for line in (REPO / "3rdparty/python/requirements.txt").read_text().splitlines()
+    ]
     assert dict(parse_requirement(line) for line in lines if line) == wanted

@@ -64,7 +64,9 @@ def test_a_token_made_through_the_api_works_changes_and_dies(server) -> None:
         r = c.patch("/v1/account/token", json={"label": "laptop"}, headers=bearer(token))
         assert r.status_code == 200, r.text
         assert r.json()["token"] == token and r.json()["label"] == "laptop" and r.json()["expires"] == body["expires"]
-        r = c.patch("/v1/account/token", json={"token": token, "expires": before + 60}, headers=basic("phil", "phil-pass"))
+        r = c.patch(
+            "/v1/account/token", json={"token": token, "expires": before + 60}, headers=basic("phil", "phil-pass")
+        )
         assert r.status_code == 200 and r.json()["expires"] == before + 60
         r = c.patch("/v1/account/token", headers=bearer(token))
         assert r.status_code == 200 and r.json()["expires"] >= before + TOKEN_LIFE

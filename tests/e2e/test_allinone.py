@@ -72,9 +72,11 @@ async def test_multi_topic_connection(upf):
 
 async def test_fan_out_to_every_subscriber(upf):
     """Every subscriber of a topic gets every message, whatever its transport."""
-    async with subscribe(upf.base, "fan1", "ws") as a, subscribe(upf.base, "fan1", "json") as b, subscribe(
-        upf.base, "fan1", "sse"
-    ) as c:
+    async with (
+        subscribe(upf.base, "fan1", "ws") as a,
+        subscribe(upf.base, "fan1", "json") as b,
+        subscribe(upf.base, "fan1", "sse") as c,
+    ):
         ids = [(await publish(upf.base, "fan1", f"m{i}")).json()["id"] for i in range(3)]
         for s in (a, b, c):
             assert [f.id for f in await s.messages(3)] == ids

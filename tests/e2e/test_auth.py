@@ -59,7 +59,9 @@ def secured(fleet):  # type: ignore[no-untyped-def]
     return fleet.start("upf", node="secured", UPF_AUTH_DEFAULT_ACCESS="deny-all", UPF_WORKERS="1")
 
 
-async def post(base: str, topic: str, body: str, headers: dict | None = None, params: dict | None = None) -> httpx.Response:
+async def post(
+    base: str, topic: str, body: str, headers: dict | None = None, params: dict | None = None
+) -> httpx.Response:
     async with httpx.AsyncClient(timeout=10) as c:
         return await c.post(f"{base}/{topic}", content=body, headers=headers or {}, params=params or {})
 
@@ -131,7 +133,9 @@ async def test_a_denied_topic_inside_a_multi_topic_subscribe_fails_it_whole(secu
 async def test_admin_may_do_everything_and_vapid_is_anonymous(secured):
     root = {"Authorization": basic("root", "root-pass")}
     assert (await post(secured.base, "anything", "x", root)).status_code == 200
-    vapid = {"Authorization": "vapid t=eyJ0eXAiOiJKV1QifQ.eyJhdWQiOiJ4In0.c2ln,k=BNcRdreALRFXTkOOUHK1EtK2wtaz5Ry4YfYCA_0QTpQtUbVlUls0VJXg7A8u-Ts1XbjhazAkj7I99e8QcYP7DkM"}
+    vapid = {
+        "Authorization": "vapid t=eyJ0eXAiOiJKV1QifQ.eyJhdWQiOiJ4In0.c2ln,k=BNcRdreALRFXTkOOUHK1EtK2wtaz5Ry4YfYCA_0QTpQtUbVlUls0VJXg7A8u-Ts1XbjhazAkj7I99e8QcYP7DkM"
+    }
     r = await post(secured.base, "upANON00001", "x", vapid)
     assert (r.status_code, error_body(r)["code"]) == (403, 40301)  # anonymous: denied by ACL, never 401
 
@@ -192,8 +196,12 @@ async def test_declared_users_access_and_tokens_apply_at_start(fleet):
     hashed = bcrypt.hashpw(b"decl-pass", bcrypt.gensalt(4)).decode()
     token = "tk_" + "d" * 29
     role = fleet.start(
-        "upf", node="declared", UPF_WORKERS="1", UPF_AUTH_DEFAULT_ACCESS="deny-all",
-        UPF_AUTH_USERS=f"decl:{hashed}:user", UPF_AUTH_ACCESS="decl:upDECL*:rw,*:open:rw",
+        "upf",
+        node="declared",
+        UPF_WORKERS="1",
+        UPF_AUTH_DEFAULT_ACCESS="deny-all",
+        UPF_AUTH_USERS=f"decl:{hashed}:user",
+        UPF_AUTH_ACCESS="decl:upDECL*:rw,*:open:rw",
         UPF_AUTH_TOKENS=f"decl:{token}:ci",
     )
     assert (await post(role.base, "upDECL0001", "x", {"Authorization": basic("decl", "decl-pass")})).status_code == 200

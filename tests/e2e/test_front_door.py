@@ -100,7 +100,9 @@ async def test_declared_length_over_the_limit_is_413_before_100_continue(upf):
 def test_within_the_limit_100_continue_still_comes(upf):
     """A publish within the limit still gets ``100 Continue`` and then its 200."""
     with socket.create_connection(("127.0.0.1", upf.port), timeout=5) as s:
-        s.sendall(b"POST /fd4 HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nExpect: 100-continue\r\nConnection: close\r\n\r\n")
+        s.sendall(
+            b"POST /fd4 HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nExpect: 100-continue\r\nConnection: close\r\n\r\n"
+        )
         assert s.recv(1024) == b"HTTP/1.1 100 Continue\r\n\r\n"
         s.sendall(b"hello")
         resp = b""
@@ -115,7 +117,11 @@ async def test_subscribe_and_publish_inputs_are_bounded(fleet):
     upf = fleet.start("upf", node="bounds", UPF_MAX_TOPICS_PER_SUBSCRIBE="3", UPF_MAX_FIELD_BYTES="16")
     async with httpx.AsyncClient(base_url=upf.base, timeout=10) as c:
         r = await c.get("/bA,bB,bC,bD/json", params={"poll": "1"})
-        assert r.status_code == 400 and error_body(r) == {"code": 40093, "http": 400, "error": "invalid request: too many topics"}
+        assert r.status_code == 400 and error_body(r) == {
+            "code": 40093,
+            "http": 400,
+            "error": "invalid request: too many topics",
+        }
         assert (await c.get("/bA,bB,bC/json", params={"poll": "1"})).status_code == 200
         for headers, params in (
             ({"X-Title": "t" * 17}, {}),

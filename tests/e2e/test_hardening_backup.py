@@ -53,10 +53,14 @@ def test_backup_while_serving_then_restore_keeps_ids_and_new_ids_sort_after(tmp_
     try:
         upf = second.start("upf", node="rs", UPF_WORKERS="1")
         got = asyncio.run(poll(upf.base, "upBACKUP0001,upBACKUP0002"))
-        assert [(m.id, m.message, m.title) for m in got] == [(m["id"], m["message"], m.get("title", "")) for m in before]
+        assert [(m.id, m.message, m.title) for m in got] == [
+            (m["id"], m["message"], m.get("title", "")) for m in before
+        ]
         assert after["id"] not in {m.id for m in got}  # published after the backup: not in it
         middle = before[10]["id"]
-        assert [m.message for m in asyncio.run(poll(upf.base, "upBACKUP0001", since=middle))] == [f"m{i}" for i in range(11, 30)]
+        assert [m.message for m in asyncio.run(poll(upf.base, "upBACKUP0001", since=middle))] == [
+            f"m{i}" for i in range(11, 30)
+        ]
         new = httpx.post(upf.base + "/upBACKUP0001?up=1", content="new", timeout=5).json()
         assert stamp(new["id"]) > max(stamp(m["id"]) for m in [*before, after])
         last_old = before[29]["id"]

@@ -75,7 +75,9 @@ def test_out_of_descriptors_backs_off_logs_once_and_recovers(tmp_path: Path, uvl
 
 
 def test_connections_per_address_are_capped_with_429(fleet) -> None:
-    upf = fleet.start("upf", node="cap", UPF_WORKERS="1", UPF_MAX_CONNECTIONS_PER_IP="5", UPF_LIMIT_EXEMPT="192.0.2.1/32")
+    upf = fleet.start(
+        "upf", node="cap", UPF_WORKERS="1", UPF_MAX_CONNECTIONS_PER_IP="5", UPF_LIMIT_EXEMPT="192.0.2.1/32"
+    )
     held = [_stream(upf.port, f"upCAP{i:05d}") for i in range(5)]
     for s in held:
         assert _first_response(s)[0] == 200

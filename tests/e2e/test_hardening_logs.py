@@ -20,7 +20,11 @@ TITLE = "title-never-logged-4c1"
 
 async def _exercise(base: str) -> None:
     kinds = ("ws", "json", "sse")
-    async with subscribe(base, TOPIC + "ws", "ws") as ws, subscribe(base, TOPIC + "json", "json") as js, subscribe(base, TOPIC + "sse", "sse") as sse:
+    async with (
+        subscribe(base, TOPIC + "ws", "ws") as ws,
+        subscribe(base, TOPIC + "json", "json") as js,
+        subscribe(base, TOPIC + "sse", "sse") as sse,
+    ):
         for kind in kinds:
             assert (await publish(base, TOPIC + kind, BODY, headers={"Title": TITLE})).status_code == 200
         for s in (ws, js, sse):

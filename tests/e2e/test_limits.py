@@ -69,8 +69,12 @@ def test_two_writer_processes_share_one_visitors_budget(fleet) -> None:
 
 def test_a_trusted_proxys_header_separates_clients_and_an_untrusted_peers_is_ignored(fleet) -> None:
     upf = fleet.start(
-        "upf", node="proxied", UPF_LIMIT_REQUEST_BURST="2", UPF_LIMIT_REQUEST_REFILL_SECS="600",
-        UPF_PROXY_TRUSTED="127.0.0.1", **LIMITED,
+        "upf",
+        node="proxied",
+        UPF_LIMIT_REQUEST_BURST="2",
+        UPF_LIMIT_REQUEST_REFILL_SECS="600",
+        UPF_PROXY_TRUSTED="127.0.0.1",
+        **LIMITED,
     )
     with client(upf.base) as proxy:
         for who in ("203.0.113.1", "203.0.113.2"):
@@ -88,7 +92,9 @@ def test_a_trusted_proxys_header_separates_clients_and_an_untrusted_peers_is_ign
 
 
 def test_loopback_is_exempt_by_default(fleet) -> None:
-    upf = fleet.start("upf", node="local", UPF_LIMIT_REQUEST_BURST="2", UPF_LIMIT_REQUEST_REFILL_SECS="600", UPF_WORKERS="1")
+    upf = fleet.start(
+        "upf", node="local", UPF_LIMIT_REQUEST_BURST="2", UPF_LIMIT_REQUEST_REFILL_SECS="600", UPF_WORKERS="1"
+    )
     with client(upf.base) as c:
         assert all(c.post("/upLocal00001", content=f"{i}").status_code == 200 for i in range(50))
         assert all(c.get("/upLocal00001/json", params={"poll": "1"}).status_code == 200 for _ in range(10))
@@ -102,7 +108,11 @@ def test_subscribes_auth_checks_and_matrix_pushes_are_requests(fleet, transport:
     with client(upf.base) as c:
         assert c.get(f"/upSubs000001/{transport}", params={"poll": "1"}).status_code == 200
         assert c.get("/upSubs000001/auth").status_code == 200
-        matrix = {"notification": {"devices": [{"pushkey": f"{upf.env.get('UPF_PUBLIC_URL', 'http://localhost:8080')}/upSubs000001"}]}}
+        matrix = {
+            "notification": {
+                "devices": [{"pushkey": f"{upf.env.get('UPF_PUBLIC_URL', 'http://localhost:8080')}/upSubs000001"}]
+            }
+        }
         assert c.post("/_matrix/push/v1/notify", json=matrix).status_code == 200
         assert_limited(c.get(f"/upSubs000001/{transport}", params={"poll": "1"}), 3, 1800)
         assert_limited(c.get("/upSubs000001/auth"), 3, 1800)
@@ -118,8 +128,12 @@ def test_ntfys_order_401_then_429_then_403_and_a_user_is_its_own_visitor(fleet) 
     cli(fleet, "user", "add", "phil", password="phil-pass")
     cli(fleet, "access", "phil", "up*", "rw")
     upf = fleet.start(
-        "upf", node="ordered", UPF_AUTH_DEFAULT_ACCESS="deny-all", UPF_LIMIT_REQUEST_BURST="1",
-        UPF_LIMIT_REQUEST_REFILL_SECS="600", **LIMITED,
+        "upf",
+        node="ordered",
+        UPF_AUTH_DEFAULT_ACCESS="deny-all",
+        UPF_LIMIT_REQUEST_BURST="1",
+        UPF_LIMIT_REQUEST_REFILL_SECS="600",
+        **LIMITED,
     )
     with client(upf.base) as c:
         assert c.post("/upOrder00001", content="x").status_code == 403  # admitted, then denied: spent

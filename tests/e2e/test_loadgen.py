@@ -26,18 +26,30 @@ CASES = [
 
 def run_loadgen(base: str, transport: str, duration: float, extra: list[str]) -> tuple[int, dict, str]:
     argv = [
-        sys.executable, "-m", "upf_loadgen", "run",
-        "--url", base,
-        "--transport", transport,
-        "--topics", str(TOPICS),
-        "--rate", str(RATE),
-        "--duration", str(duration),
-        "--message-size", "64",
-        "--drain-timeout", "10",
-        "--connect-timeout", "10",
+        sys.executable,
+        "-m",
+        "upf_loadgen",
+        "run",
+        "--url",
+        base,
+        "--transport",
+        transport,
+        "--topics",
+        str(TOPICS),
+        "--rate",
+        str(RATE),
+        "--duration",
+        str(duration),
+        "--message-size",
+        "64",
+        "--drain-timeout",
+        "10",
+        "--connect-timeout",
+        "10",
         "--strict",  # a rejected publish, a disconnect or an unfinished drain also fails the verdict
         "--quiet",
-        "--json", "-",
+        "--json",
+        "-",
         *extra,
     ]
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=(duration + 40) * TIMEOUT_FACTOR)
@@ -55,8 +67,13 @@ def test_loadgen_run_is_clean(upf, transport, duration, extra):
 
     assert (code, r["verdict"], r["ok"]) == (0, "clean", True), context
     assert r["violations"] == {
-        "loss": 0, "duplicates": 0, "out_of_order": 0, "gaps": 0,
-        "id_mismatch": 0, "corrupt": 0, "unexpected": 0,
+        "loss": 0,
+        "duplicates": 0,
+        "out_of_order": 0,
+        "gaps": 0,
+        "id_mismatch": 0,
+        "corrupt": 0,
+        "unexpected": 0,
     }, context
 
     subs = r["subscriptions"]

@@ -46,9 +46,15 @@ class Role:
         self.base = f"http://127.0.0.1:{self.port}"
         env = {k: v for k, v in os.environ.items() if not k.startswith(("UPF_", "OTEL_"))}
         env.update(
-            UPF_BIND=f"127.0.0.1:{self.port}", UPF_STORE_PATH=store, UPF_SHARD_COUNT="8",
-            UPF_KEEPALIVE_SECS="2", UPF_HEARTBEAT_SECS="0.5", UPF_JANITOR_INTERVAL_SECS="0.5",
-            UPF_SAFETY_POLL_SECS="5", UPF_SHUTDOWN_GRACE_SECS=GRACE, PYTHONUNBUFFERED="1",
+            UPF_BIND=f"127.0.0.1:{self.port}",
+            UPF_STORE_PATH=store,
+            UPF_SHARD_COUNT="8",
+            UPF_KEEPALIVE_SECS="2",
+            UPF_HEARTBEAT_SECS="0.5",
+            UPF_JANITOR_INTERVAL_SECS="0.5",
+            UPF_SAFETY_POLL_SECS="5",
+            UPF_SHUTDOWN_GRACE_SECS=GRACE,
+            PYTHONUNBUFFERED="1",
         )
         env.update(extra)
         self.env = env
@@ -58,8 +64,12 @@ class Role:
     def start(self) -> None:
         self.starts += 1
         self.proc = Process(
-            self.name, [sys.executable, "-m", self.module], self.env, self.tmp / f"{self.name}.log",
-            self.port, "/__lbheartbeat__",
+            self.name,
+            [sys.executable, "-m", self.module],
+            self.env,
+            self.tmp / f"{self.name}.log",
+            self.port,
+            "/__lbheartbeat__",
         ).wait_ready()
 
     async def restart(self) -> None:
@@ -229,10 +239,12 @@ async def test_rolling_restart_loses_and_duplicates_nothing(tmp_path):
             )
             for p, s in zip(pubs, subs, strict=True)
         ]
-        print(f"rolling restart: {sent} sent in {elapsed:.1f} s, {sum(len(p.accepted) for p in pubs)} accepted, "
-              f"{sum(p.ambiguous for p in pubs)} ambiguous, {sum(p.refused for p in pubs)} refused connects, "
-              f"{sum(s.connects for s in subs)} subscribes, {sum(v.delivered for v in verdicts)} delivered; "
-              f"failures: {dict(sum((p.why for p in pubs), Counter()))}")
+        print(
+            f"rolling restart: {sent} sent in {elapsed:.1f} s, {sum(len(p.accepted) for p in pubs)} accepted, "
+            f"{sum(p.ambiguous for p in pubs)} ambiguous, {sum(p.refused for p in pubs)} refused connects, "
+            f"{sum(s.connects for s in subs)} subscribes, {sum(v.delivered for v in verdicts)} delivered; "
+            f"failures: {dict(sum((p.why for p in pubs), Counter()))}"
+        )
         bad = [v for v in verdicts if not v.clean]
         assert not bad, bad[:3]
         # A publish the server received gets its reply: a failed one was never stored (one reset in the

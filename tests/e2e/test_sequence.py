@@ -102,7 +102,9 @@ async def test_delete_of_an_unknown_sequence_id(upf):
     expired, or live on a device only)."""
     r = httpx.delete(f"{upf.base}/seqUnknown1/never-published", timeout=10)
     assert r.status_code == 200 and r.json()["event"] == "message_delete"
-    assert [(f.event, f.sequence_id) for f in await poll(upf.base, "seqUnknown1")] == [("message_delete", "never-published")]
+    assert [(f.event, f.sequence_id) for f in await poll(upf.base, "seqUnknown1")] == [
+        ("message_delete", "never-published")
+    ]
 
 
 BAD = [
@@ -136,7 +138,12 @@ async def test_clear_and_delete_need_write_permission(fleet):
     """Anonymous read-only: subscribing works, clear and delete are 403 40301 and store nothing."""
     role = fleet.start("upf", node="readonly", UPF_AUTH_DEFAULT_ACCESS="read-only", UPF_WORKERS="1")
     async with httpx.AsyncClient(timeout=10) as c:
-        for method, path in (("DELETE", "/seqRo1/s1"), ("GET", "/seqRo1/s1/clear"), ("PUT", "/seqRo1/s1/read"), ("PUT", "/seqRo1/s1")):
+        for method, path in (
+            ("DELETE", "/seqRo1/s1"),
+            ("GET", "/seqRo1/s1/clear"),
+            ("PUT", "/seqRo1/s1/read"),
+            ("PUT", "/seqRo1/s1"),
+        ):
             r = await c.request(method, role.base + path)
             assert (r.status_code, error_body(r)["code"]) == (403, 40301), (method, path)
     assert await poll(role.base, "seqRo1") == []
@@ -150,7 +157,13 @@ async def test_poll_request(upf):
     reply = r.json()
     assert list(reply) == ["id", "time", "event", "topic", "message", "poll_id"]
     assert (reply["event"], reply["message"], reply["poll_id"]) == ("poll_request", "New message", "abc123")
-    assert (got.id, got.event, got.message, got.poll_id, got.expires) == (reply["id"], "poll_request", "New message", "abc123", 0)
+    assert (got.id, got.event, got.message, got.poll_id, got.expires) == (
+        reply["id"],
+        "poll_request",
+        "New message",
+        "abc123",
+        0,
+    )
     assert any(line.startswith(b"event: poll_request\ndata: {") for line in s.raw_lines)
 
 
@@ -172,4 +185,8 @@ async def test_standalone_writer_takes_sequence_routes(fleet):
         if len(frames) == 3:
             break
         await asyncio.sleep(0.1)
-    assert [(f.event, f.sequence_id) for f in frames] == [("message", "up-1"), ("message_clear", "up-1"), ("message_delete", "up-1")]
+    assert [(f.event, f.sequence_id) for f in frames] == [
+        ("message", "up-1"),
+        ("message_clear", "up-1"),
+        ("message_delete", "up-1"),
+    ]

@@ -38,7 +38,9 @@ class Outcome:
 async def ws_stream(base: str, topic: str, out: Outcome) -> None:
     u = urlsplit(base)
     try:
-        async with websockets.connect(f"ws://{u.hostname}:{u.port}/{topic}/ws", compression=None, open_timeout=10) as ws:
+        async with websockets.connect(
+            f"ws://{u.hostname}:{u.port}/{topic}/ws", compression=None, open_timeout=10
+        ) as ws:
             async for msg in ws:
                 if '"open"' in msg:
                     out.opened.set()
@@ -93,8 +95,13 @@ def role_env(fleet, **extra: str) -> dict[str, str]:
 
     env = {k: v for k, v in os.environ.items() if not k.startswith(("UPF_", "OTEL_"))}
     env.update(
-        UPF_STORE_PATH=fleet.store, UPF_SHARD_COUNT="8", UPF_KEEPALIVE_SECS="2", UPF_HEARTBEAT_SECS="0.5",
-        UPF_JANITOR_INTERVAL_SECS="0.5", UPF_SHUTDOWN_GRACE_SECS=str(GRACE), PYTHONUNBUFFERED="1",
+        UPF_STORE_PATH=fleet.store,
+        UPF_SHARD_COUNT="8",
+        UPF_KEEPALIVE_SECS="2",
+        UPF_HEARTBEAT_SECS="0.5",
+        UPF_JANITOR_INTERVAL_SECS="0.5",
+        UPF_SHUTDOWN_GRACE_SECS=str(GRACE),
+        PYTHONUNBUFFERED="1",
     )
     env.update(extra)
     return env
@@ -119,8 +126,10 @@ async def sigterm_under_load(fleet, sub_role: Process, pub_role: Process, stoppe
     """Open a ws and a json stream on ``sub_role``, hold a publish to ``pub_role`` in flight, SIGTERM
     ``stopped``; check every outcome."""
     ws, js = Outcome(), Outcome()
-    tasks = [asyncio.create_task(ws_stream(sub_role.base, topic, ws)),
-             asyncio.create_task(json_stream(sub_role.base, topic + "j", js))]
+    tasks = [
+        asyncio.create_task(ws_stream(sub_role.base, topic, ws)),
+        asyncio.create_task(json_stream(sub_role.base, topic + "j", js)),
+    ]
     try:
         await asyncio.wait_for(asyncio.gather(ws.opened.wait(), js.opened.wait()), 10 * TIMEOUT_FACTOR)
         async with httpx.AsyncClient(timeout=30) as c:
@@ -169,6 +178,7 @@ async def test_split_pusher_and_writer_sigterm(fleet):
     await sigterm_under_load(fleet, pusher, writer, [pusher, writer], topic)
     store = await open_store(Settings(store_path=fleet.store, shard_count=8))
     try:
+
         async def held(tr):
             return await tr.get_range(*keys.reverse_affinity_range("sdP"))
 

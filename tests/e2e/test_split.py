@@ -83,6 +83,7 @@ async def test_janitor_expires_ttl_and_sweeps_killed_node(split):
         a.kill9()  # dies holding sweepT2
     store = await open_store(Settings(store_path=fleet.store, shard_count=8))
     try:
+
         async def records(tr):
             return (
                 await tr.get(keys.liveness_key("pusherA")),

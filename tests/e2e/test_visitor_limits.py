@@ -48,14 +48,20 @@ def test_a_brute_force_run_reaches_42909_and_the_block_holds_across_processes(fl
         # 29 failures leave one token; the seconds they took refilled a sliver of one more, which
         # (ntfy's arithmetic too) may allow a 30th attempt
         assert 29 <= failures <= 30 and r.status_code == 429, r.text
-        for headers in (basic("phil", "guess-more"), basic("phil", "right-pass"), {"Authorization": "Bearer tk_" + "a" * 29}):
+        for headers in (
+            basic("phil", "guess-more"),
+            basic("phil", "right-pass"),
+            {"Authorization": "Bearer tk_" + "a" * 29},
+        ):
             r = c.post("/upBrute0001", content="x", headers=headers)  # even the right password now
             assert r.status_code == 429, r.text
             assert error_body(r) == {"code": 42909, "http": 429, "error": "limit reached: too many auth failures"}
             assert 1 <= int(r.headers["retry-after"]) <= 60
         r = c.get("/upBrute0001/json", params={"poll": "1"}, headers=basic("phil", "right-pass"))
         assert r.status_code == 429 and error_body(r)["code"] == 42909  # the subscribe path too
-        r = c.get("/upBrute0001/auth", params={"auth": base64.urlsafe_b64encode(b"Basic cGhpbDp4").decode().rstrip("=")})
+        r = c.get(
+            "/upBrute0001/auth", params={"auth": base64.urlsafe_b64encode(b"Basic cGhpbDp4").decode().rstrip("=")}
+        )
         assert r.status_code == 429 and error_body(r)["code"] == 42909  # and ?auth=
         # a request without credentials is no login attempt: anonymous rules apply (deny-all: 403)
         assert c.post("/upBrute0001", content="x").status_code == 403
@@ -76,7 +82,11 @@ def test_the_daily_quota_is_shared_by_two_processes_and_stores_nothing_past_it(f
             r = clients[i % 2].post("/upDaily00001", content=f"m{i}")
             codes.append(r.status_code)
             if r.status_code == 429:
-                assert error_body(r) == {"code": 42908, "http": 429, "error": "limit reached: daily message quota reached"}
+                assert error_body(r) == {
+                    "code": 42908,
+                    "http": 429,
+                    "error": "limit reached: daily message quota reached",
+                }
                 left = 86_400 - int(time.time()) % 86_400
                 assert left - 5 <= int(r.headers["retry-after"]) <= left + 1  # until the next UTC midnight
         r = clients[0].get("/upDaily00001/json", params={"poll": "1"})
@@ -86,7 +96,9 @@ def test_the_daily_quota_is_shared_by_two_processes_and_stores_nothing_past_it(f
 
 
 def test_an_admitted_publish_carries_the_drafts_ratelimit_headers_and_an_exempt_one_none(fleet) -> None:
-    limited = fleet.start("upf", node="hdr", **{**LIMITED, "UPF_LIMIT_REQUEST_BURST": "20", "UPF_LIMIT_REQUEST_REFILL_SECS": "5"})
+    limited = fleet.start(
+        "upf", node="hdr", **{**LIMITED, "UPF_LIMIT_REQUEST_BURST": "20", "UPF_LIMIT_REQUEST_REFILL_SECS": "5"}
+    )
     open_ = fleet.start("upf", node="hdr-open", UPF_WORKERS="1")
     with httpx.Client(base_url=limited.base, timeout=10) as c:
         seen = []
@@ -136,7 +148,11 @@ def test_open_subscriptions_are_limited_across_pushers_and_a_killed_pushers_are_
             with ExitStack() as refused:
                 r = _subscribe(refused, base, "upSubs000004")
                 assert r.status_code == 429
-                assert error_body(r) == {"code": 42903, "http": 429, "error": "limit reached: too many active subscriptions"}
+                assert error_body(r) == {
+                    "code": 42903,
+                    "http": 429,
+                    "error": "limit reached: too many active subscriptions",
+                }
         with pytest.raises(websockets.sync.client.InvalidStatus) as err:  # the ntfy app's /ws: at the handshake
             with websockets.sync.client.connect(a.base.replace("http://", "ws://") + "/upSubs000004/ws"):
                 pass
@@ -163,7 +179,9 @@ def test_subscriber_based_limiting_charges_a_unifiedpush_topics_subscriber_and_5
     publishes are charged to the phone that subscribed to it, and a UnifiedPush publish to a topic no
     one subscribed to is 507 50701 (a 5xx, so Mastodon keeps the subscription)."""
     upf = fleet.start(
-        "upf", node="uprate", UPF_LIMIT_SUBSCRIBER_RATE="true",
+        "upf",
+        node="uprate",
+        UPF_LIMIT_SUBSCRIBER_RATE="true",
         **{**LIMITED, "UPF_LIMIT_REQUEST_BURST": "3", "UPF_LIMIT_REQUEST_REFILL_SECS": "600"},
     )
 
@@ -174,7 +192,8 @@ def test_subscriber_based_limiting_charges_a_unifiedpush_topics_subscriber_and_5
         r = app_server.post("/upRate00000001", content="early", params={"up": "1"})
         assert r.status_code == 507, r.text
         assert error_body(r) == {
-            "code": 50701, "http": 507,
+            "code": 50701,
+            "http": 507,
             "error": "cannot publish to UnifiedPush topic without previously active subscriber",
         }
         assert app_server.post("/upRate00000001", content="plain").status_code == 200  # no up=1: no 507
@@ -199,10 +218,14 @@ def test_the_fleets_total_topics_cap_refuses_a_new_topic_with_42904_and_keeps_th
         assert c.post("/upTopicCap01", content="x").status_code == 200
         assert w.post("/upTopicCap02", content="x").status_code == 200
         assert c.get("/upTopicCap03/json", params={"poll": "1"}).status_code == 200  # a subscribe makes one too
-        for _client, r in ((w, w.post("/upTopicCap04", content="x")), (c, c.get("/upTopicCap05/json", params={"poll": "1"}))):
+        for _client, r in (
+            (w, w.post("/upTopicCap04", content="x")),
+            (c, c.get("/upTopicCap05/json", params={"poll": "1"})),
+        ):
             assert r.status_code == 429, r.text
             assert error_body(r) == {
-                "code": 42904, "http": 429,
+                "code": 42904,
+                "http": 429,
                 "error": "limit reached: the total number of topics on the server has been reached, please contact the admin",
             }
         assert w.post("/upTopicCap01", content="y").status_code == 200  # a known topic, on the other process

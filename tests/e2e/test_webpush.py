@@ -63,7 +63,9 @@ class UserAgent:
 
     def decrypt(self, message: str, encoding: str) -> bytes:
         assert encoding == "base64", "an aes128gcm body is binary: UPF delivers it as base64"
-        return http_ece.decrypt(base64.b64decode(message), private_key=self.private, auth_secret=self.auth, version="aes128gcm")
+        return http_ece.decrypt(
+            base64.b64decode(message), private_key=self.private, auth_secret=self.auth, version="aes128gcm"
+        )
 
 
 class AppServer:
@@ -89,7 +91,9 @@ class AppServer:
         return {"Authorization": f"vapid t={self.token(claims)}, k={self.public}"}
 
 
-def send_pywebpush(ua: UserAgent, endpoint: str, app: AppServer, plaintext: bytes, *, legacy: bool = False, **headers: str):  # type: ignore[no-untyped-def]
+def send_pywebpush(
+    ua: UserAgent, endpoint: str, app: AppServer, plaintext: bytes, *, legacy: bool = False, **headers: str
+):  # type: ignore[no-untyped-def]
     """pywebpush's one-call API; returns its requests.Response (raises WebPushException past 202)."""
     return webpush(
         ua.subscription(endpoint),
@@ -125,9 +129,11 @@ async def test_pywebpush_end_to_end(fleet, legacy: bool) -> None:
     subscriber receives the ciphertext as base64 and decrypts it; Urgency high shows as priority 5."""
     upf = start(fleet, UPF_VAPID_VERIFY="1")
     topic, ua, app = up_topic(), UserAgent(), AppServer()
-    plaintext = "{\"title\":\"héllo\",\"body\":\"from pywebpush\"}".encode()
+    plaintext = '{"title":"héllo","body":"from pywebpush"}'.encode()
     async with subscribe(upf.base, topic, "ws") as stream:
-        r = await asyncio.to_thread(send_pywebpush, ua, f"{upf.base}/{topic}", app, plaintext, legacy=legacy, Urgency="high")
+        r = await asyncio.to_thread(
+            send_pywebpush, ua, f"{upf.base}/{topic}", app, plaintext, legacy=legacy, Urgency="high"
+        )
         frame = await stream.next_message(10)
     assert r.status_code == 201 and r.headers["TTL"] == "120"
     assert r.headers["Location"] == f"{upf.base}/{topic}/m/{frame.id}" and r.json()["id"] == frame.id
@@ -174,7 +180,11 @@ def web_push_modules() -> Path:
         (staging / "package.json").write_bytes(manifest)
         (staging / "package-lock.json").write_bytes(lock)
         r = subprocess.run(
-            [npm, "ci", "--no-audit", "--no-fund", "--ignore-scripts"], cwd=staging, capture_output=True, text=True, timeout=600
+            [npm, "ci", "--no-audit", "--no-fund", "--ignore-scripts"],
+            cwd=staging,
+            capture_output=True,
+            text=True,
+            timeout=600,
         )
         assert r.returncode == 0, f"npm ci failed: {r.stderr[-3000:]}"
         try:
@@ -271,7 +281,9 @@ async def test_web_push_npm_end_to_end(fleet, tmp_path, web_push_modules) -> Non
             assert rc == 0, reply
             frame = await stream.next_message(10)
         # the same Topic again, while the subscriber is away: the first is replaced
-        rc, again = await send_node(web_push_modules, cert, {**request, "payloadBase64": base64.b64encode(b"v2").decode()})
+        rc, again = await send_node(
+            web_push_modules, cert, {**request, "payloadBase64": base64.b64encode(b"v2").decode()}
+        )
         assert rc == 0, again
     finally:
         server.close()
@@ -314,13 +326,18 @@ async def test_restricted_topic_refuses_a_second_key(fleet) -> None:
     async with httpx.AsyncClient(timeout=10) as c:
         no_key = await c.post(endpoint, content=b"x", headers=encrypted_headers())
         plain = await c.post(endpoint, content=b"plain ntfy publish")
-        expired = await c.post(endpoint, content=b"x", headers=first.header({"aud": upf.base, "exp": int(time.time()) - 5}))
+        expired = await c.post(
+            endpoint, content=b"x", headers=first.header({"aud": upf.base, "exp": int(time.time()) - 5})
+        )
     assert (no_key.status_code, error_body(no_key)["code"]) == (401, 40192)
     assert (plain.status_code, error_body(plain)["code"]) == (401, 40192)
     assert (expired.status_code, error_body(expired)["code"]) == (401, 40191)
     again = await asyncio.to_thread(send_pywebpush, ua, endpoint, first, b"first again", legacy=True)
     assert again.status_code == 201
-    assert [ua.decrypt(f.message, f.encoding) for f in await poll(upf.base, topic)] == [b"from the first", b"first again"]
+    assert [ua.decrypt(f.message, f.encoding) for f in await poll(upf.base, topic)] == [
+        b"from the first",
+        b"first again",
+    ]
 
     listed = cli(fleet, "vapid", "list")
     assert listed.returncode == 0 and f"{topic}: {first.public}" in listed.stdout.splitlines()
@@ -362,7 +379,10 @@ async def test_bad_tokens_are_401_when_verification_is_on(fleet) -> None:
         legacy = await c.post(
             f"{upf.base}/{topic}",
             content=b"x",
-            headers={"Authorization": f"WebPush {app.token({'aud': upf.base, 'exp': 1})}", "Crypto-Key": f"p256ecdsa={app.public}"},
+            headers={
+                "Authorization": f"WebPush {app.token({'aud': upf.base, 'exp': 1})}",
+                "Crypto-Key": f"p256ecdsa={app.public}",
+            },
         )
         assert (legacy.status_code, error_body(legacy)["code"]) == (401, 40191)
     assert await poll(upf.base, topic) == []
@@ -377,7 +397,11 @@ async def test_bad_tokens_are_accepted_and_counted_when_verification_is_off(flee
         for reason, headers in tokens.items():
             r = await c.post(f"{upf.base}/{topic}", content=b"\x01\x02", headers=encrypted_headers(**headers))
             assert r.status_code == 201, (reason, r.text)
-        good = await c.post(f"{upf.base}/{topic}", content=b"ok", headers=encrypted_headers(**app.header({"aud": upf.base, "exp": int(time.time()) + 600})))
+        good = await c.post(
+            f"{upf.base}/{topic}",
+            content=b"ok",
+            headers=encrypted_headers(**app.header({"aud": upf.base, "exp": int(time.time()) + 600})),
+        )
         assert good.status_code == 201
         text = (await c.get(f"{upf.base}/metrics")).text
     assert len(await poll(upf.base, topic)) == len(tokens) + 1

@@ -263,7 +263,8 @@ def test_a_busy_port_stops_the_supervisor_at_start(fleet, tmp_path):
         port = other.getsockname()[1]
         env = {k: v for k, v in os.environ.items() if not k.startswith("UPF_")}
         env.update(UPF_WORKERS="2", UPF_BIND=f"127.0.0.1:{port}", UPF_STORE_PATH=str(tmp_path / "upf.db"))
-        out = subprocess.run([sys.executable, "-m", "upf"], env=env, capture_output=True, text=True,
-                             timeout=60 * TIMEOUT_FACTOR)
+        out = subprocess.run(
+            [sys.executable, "-m", "upf"], env=env, capture_output=True, text=True, timeout=60 * TIMEOUT_FACTOR
+        )
     assert out.returncode == 1
     assert "UPF_BIND" in out.stderr and "upf: worker" not in out.stdout

@@ -28,8 +28,12 @@ def ntfy_binary():
 
 @pytest.fixture(scope="module")
 def ntfy(ntfy_binary, tmp_path_factory) -> Iterator[NtfyServer]:
-    server = NtfyServer(ntfy_binary, tmp_path_factory.mktemp("ntfy"), keepalive_secs=KEEPALIVE_SECS,
-                        message_size_limit=MAX_MESSAGE_BYTES)
+    server = NtfyServer(
+        ntfy_binary,
+        tmp_path_factory.mktemp("ntfy"),
+        keepalive_secs=KEEPALIVE_SECS,
+        message_size_limit=MAX_MESSAGE_BYTES,
+    )
     try:
         yield server.wait_ready()
     finally:

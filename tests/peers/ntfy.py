@@ -58,8 +58,9 @@ def _run(cmd: list[str], cwd: Path | None, timeout: float, what: str) -> subproc
 
 def _module_source() -> Path:
     """A directory holding ntfy's source at the pinned version (read-only is fine)."""
-    r = _run(["go", "mod", "download", "-json", f"{NTFY_MODULE}@{NTFY_VERSION}"], None, DOWNLOAD_TIMEOUT,
-             "go mod download")
+    r = _run(
+        ["go", "mod", "download", "-json", f"{NTFY_MODULE}@{NTFY_VERSION}"], None, DOWNLOAD_TIMEOUT, "go mod download"
+    )
     try:
         info = json.loads(r.stdout)
     except json.JSONDecodeError:
@@ -67,8 +68,10 @@ def _module_source() -> Path:
     if info.get("Dir") and not info.get("Error"):
         return Path(info["Dir"])
     reason = (info.get("Error") or r.stderr or r.stdout).strip().splitlines()
-    raise Unavailable(f"the Go module proxy does not serve {NTFY_MODULE}@{NTFY_VERSION}: "
-                      f"{reason[-1] if reason else 'no reason given'}")
+    raise Unavailable(
+        f"the Go module proxy does not serve {NTFY_MODULE}@{NTFY_VERSION}: "
+        f"{reason[-1] if reason else 'no reason given'}"
+    )
 
 
 def _build(target: Path, log: Path) -> float:
@@ -119,9 +122,17 @@ def ensure_ntfy() -> Path:
 class NtfyServer(Process):
     """One ntfy process on a free loopback port with a throw-away config; ``stop()`` ends it."""
 
-    def __init__(self, binary: Path, workdir: Path, *, keepalive_secs: int = 45,
-                 cache_secs: int = 2419200, message_size_limit: int = 4096, cache_file: bool = True,
-                 **extra: object) -> None:
+    def __init__(
+        self,
+        binary: Path,
+        workdir: Path,
+        *,
+        keepalive_secs: int = 45,
+        cache_secs: int = 2419200,
+        message_size_limit: int = 4096,
+        cache_file: bool = True,
+        **extra: object,
+    ) -> None:
         port = free_port()
         base = f"http://127.0.0.1:{port}"
         workdir.mkdir(parents=True, exist_ok=True)
@@ -146,5 +157,11 @@ class NtfyServer(Process):
         self.config_path = workdir / "server.yml"
         # JSON is YAML; ntfy reads the file with its YAML loader
         self.config_path.write_text(json.dumps(config, indent=1))
-        super().__init__("ntfy", [str(binary), "serve", "--config", str(self.config_path)], None,
-                         workdir / "ntfy.log", port, "/v1/health")
+        super().__init__(
+            "ntfy",
+            [str(binary), "serve", "--config", str(self.config_path)],
+            None,
+            workdir / "ntfy.log",
+            port,
+            "/v1/health",
+        )

@@ -156,6 +156,7 @@ def _req(method: str, path: str, **kw) -> Callable[[str], Any]:
     def script(base: str) -> Any:
         with httpx.Client(timeout=10) as c:
             return observe(c.request(method, base + path, **kw))
+
     return script
 
 
@@ -170,6 +171,7 @@ def _pub_then_poll(method: str, path: str, **kw) -> Callable[[str], Any]:
             r = c.request(method, base + path, **fresh)
             polled = c.get(f"{base}/{topic}/json", params={"poll": "1", "since": "all"}) if topic else None
             return {"publish": observe(r), "poll": observe(polled) if polled is not None else None}
+
     return script
 
 
@@ -180,6 +182,7 @@ def _pub_then_get(tail: str) -> Callable[[str], Any]:
         with httpx.Client(timeout=10) as c:
             c.post(f"{base}/{topic}", content=b"stored").raise_for_status()
             return observe(c.get(f"{base}/{topic}/{tail}"))
+
     return script
 
 
@@ -192,15 +195,18 @@ def _idempotent() -> Callable[[str], Any]:
             for _ in range(2):
                 c.post(f"{base}/{topic}", content=b"once", headers={"Idempotency-Key": "k-1"}).raise_for_status()
             return observe(c.get(f"{base}/{topic}/json", params={"poll": "1", "since": "all"}))
+
     return script
 
 
 def _priorities() -> Callable[[str], Any]:
     names = ("min", "low", "default", "high", "max", "urgent", "1", "2", "4", "5")
     topic = T()
+
     def script(base: str) -> Any:
         with httpx.Client(timeout=10) as c:
             return [observe(c.post(f"{base}/{topic}", content=b"x", params={"p": p})) for p in names]
+
     return script
 
 
@@ -216,23 +222,60 @@ def request_cases() -> dict[str, Callable[[], Callable[[str], Any]]]:
         "publish-put": lambda: _pub_then_poll("PUT", f"/{T()}", content=b"hello world"),
         "publish-empty": lambda: _pub_then_poll("POST", f"/{T()}", content=b""),
         "publish-trimmed": lambda: _pub_then_poll("POST", f"/{T()}", content=b"  padded \n"),
-        "publish-headers": lambda: _pub_then_poll("POST", f"/{T()}", content=b"body", headers={
-            "X-Title": "A title", "X-Priority": "5", "X-Tags": "warning,skull", "X-Click": "https://example.com/c",
-            "X-Icon": "https://example.com/i.png", "X-Markdown": "yes"}),
-        "publish-short-headers": lambda: _pub_then_poll("POST", f"/{T()}", content=b"body", headers={
-            "Title": "A title", "Priority": "high", "Tags": "a", "Click": "https://example.com/c"}),
-        "publish-query": lambda: _pub_then_poll("PUT", f"/{T()}", content=b"body", params={
-            "title": "A title", "priority": "3", "tags": "a,b", "click": "https://example.com/c",
-            "icon": "https://example.com/i.png", "markdown": "true"}),
-        "publish-query-aliases": lambda: _pub_then_poll("POST", f"/{T()}", content=b"body", params={
-            "t": "A title", "p": "urgent", "ta": "a,b", "md": "1"}),
+        "publish-headers": lambda: _pub_then_poll(
+            "POST",
+            f"/{T()}",
+            content=b"body",
+            headers={
+                "X-Title": "A title",
+                "X-Priority": "5",
+                "X-Tags": "warning,skull",
+                "X-Click": "https://example.com/c",
+                "X-Icon": "https://example.com/i.png",
+                "X-Markdown": "yes",
+            },
+        ),
+        "publish-short-headers": lambda: _pub_then_poll(
+            "POST",
+            f"/{T()}",
+            content=b"body",
+            headers={"Title": "A title", "Priority": "high", "Tags": "a", "Click": "https://example.com/c"},
+        ),
+        "publish-query": lambda: _pub_then_poll(
+            "PUT",
+            f"/{T()}",
+            content=b"body",
+            params={
+                "title": "A title",
+                "priority": "3",
+                "tags": "a,b",
+                "click": "https://example.com/c",
+                "icon": "https://example.com/i.png",
+                "markdown": "true",
+            },
+        ),
+        "publish-query-aliases": lambda: _pub_then_poll(
+            "POST", f"/{T()}", content=b"body", params={"t": "A title", "p": "urgent", "ta": "a,b", "md": "1"}
+        ),
         "publish-priority-names": lambda: _priorities(),
         "publish-priority-invalid": lambda: _req("POST", f"/{T()}", content=b"x", headers={"X-Priority": "9"}),
         "publish-message-param": lambda: _pub_then_poll("PUT", f"/{T()}", params={"message": "from the query"}),
         "publish-get-send": lambda: _pub_then_poll("GET", f"/{T()}/publish?message=hi"),
-        "publish-json": lambda: (lambda t: _pub_then_poll("POST", "/", json={
-            "topic": t, "message": "json body", "title": "JT", "priority": 4, "tags": ["a", "b"],
-            "click": "https://example.com/c", "markdown": True}))(T()),
+        "publish-json": lambda: (
+            lambda t: _pub_then_poll(
+                "POST",
+                "/",
+                json={
+                    "topic": t,
+                    "message": "json body",
+                    "title": "JT",
+                    "priority": 4,
+                    "tags": ["a", "b"],
+                    "click": "https://example.com/c",
+                    "markdown": True,
+                },
+            )
+        )(T()),
         "publish-json-put": lambda: _req("PUT", "/", json={"topic": T(), "message": "put json"}),
         "publish-json-no-topic": lambda: _req("POST", "/", json={"message": "no topic"}),
         "publish-json-malformed": lambda: _req("POST", "/", content=b'{"topic": "x", "message": '),
@@ -241,65 +284,119 @@ def request_cases() -> dict[str, Callable[[], Callable[[str], Any]]]:
         "publish-up-binary": lambda: _pub_then_poll("POST", f"/{T()}?up=1", content=BIN),
         "publish-up-empty": lambda: _pub_then_poll("POST", f"/{T()}?up=1", content=b""),
         "publish-unifiedpush-param": lambda: _pub_then_poll("POST", f"/{T()}?unifiedpush=1", content=BIN),
-        "publish-up-header": lambda: _pub_then_poll("POST", f"/{T()}", content=BIN,
-                                                    headers={"X-UnifiedPush": "1"}),
-        "publish-aes128gcm": lambda: _pub_then_poll("POST", f"/{T()}", content=BIN, headers={
-            "Content-Encoding": "aes128gcm", "TTL": "86400", "Urgency": "normal",
-            "Authorization": "vapid t=eyJ0eXAiOiJKV1QiLCJhbGciOiJFUzI1NiJ9.e30.sig, k=BPub"}),
-        "publish-up-max-size": lambda: _pub_then_poll("POST", f"/{T()}?up=1",
-                                                      content=b"y" * MAX_MESSAGE_BYTES),
+        "publish-up-header": lambda: _pub_then_poll("POST", f"/{T()}", content=BIN, headers={"X-UnifiedPush": "1"}),
+        "publish-aes128gcm": lambda: _pub_then_poll(
+            "POST",
+            f"/{T()}",
+            content=BIN,
+            headers={
+                "Content-Encoding": "aes128gcm",
+                "TTL": "86400",
+                "Urgency": "normal",
+                "Authorization": "vapid t=eyJ0eXAiOiJKV1QiLCJhbGciOiJFUzI1NiJ9.e30.sig, k=BPub",
+            },
+        ),
+        "publish-up-max-size": lambda: _pub_then_poll("POST", f"/{T()}?up=1", content=b"y" * MAX_MESSAGE_BYTES),
         "publish-up-header-short": lambda: _pub_then_poll("POST", f"/{T()}", content=BIN, headers={"Up": "1"}),
         "publish-message-header": lambda: _pub_then_poll("PUT", f"/{T()}", headers={"X-Message": "from a header"}),
-        "publish-title-rfc2047": lambda: _pub_then_poll("POST", f"/{T()}", content=b"b",
-                                                        headers={"X-Title": "=?UTF-8?B?w6ljaG8gw6k=?="}),
+        "publish-title-rfc2047": lambda: _pub_then_poll(
+            "POST", f"/{T()}", content=b"b", headers={"X-Title": "=?UTF-8?B?w6ljaG8gw6k=?="}
+        ),
         "publish-utf8-body": lambda: _pub_then_poll("POST", f"/{T()}", content="héllo ✓ 🎉".encode()),
-        "publish-cache-no": lambda: _pub_then_poll("POST", f"/{T()}", content=b"not cached",
-                                                   headers={"X-Cache": "no"}),
+        "publish-cache-no": lambda: _pub_then_poll("POST", f"/{T()}", content=b"not cached", headers={"X-Cache": "no"}),
         "publish-firebase-no": lambda: _pub_then_poll("POST", f"/{T()}", content=b"b", headers={"X-Firebase": "no"}),
         "publish-delay": lambda: _pub_then_poll("POST", f"/{T()}", content=b"later", headers={"X-Delay": "30m"}),
         "publish-poll-id": lambda: _pub_then_poll("POST", f"/{T()}", content=b"p", headers={"X-Poll-ID": "abc123"}),
         # ntfy v2.16's sequence ids (the peer, v2.13, predates them: these name the version gap)
         "publish-sequence-id-path": lambda: _pub_then_poll("PUT", f"/{T()}/sid-1", content=b"s"),
-        "publish-sequence-id-header": lambda: _pub_then_poll("POST", f"/{T()}", content=b"s", headers={"X-Sequence-ID": "sid-1"}),
-        "publish-sequence-id-invalid": lambda: _pub_then_poll("POST", f"/{T()}", content=b"s", headers={"X-Sequence-ID": "a.b"}),
+        "publish-sequence-id-header": lambda: _pub_then_poll(
+            "POST", f"/{T()}", content=b"s", headers={"X-Sequence-ID": "sid-1"}
+        ),
+        "publish-sequence-id-invalid": lambda: _pub_then_poll(
+            "POST", f"/{T()}", content=b"s", headers={"X-Sequence-ID": "a.b"}
+        ),
         "clear-sequence-id": lambda: _pub_then_poll("PUT", f"/{T()}/sid-1/clear"),
         "read-sequence-id-get": lambda: _pub_then_poll("GET", f"/{T()}/sid-1/read"),
         "delete-sequence-id": lambda: _pub_then_poll("DELETE", f"/{T()}/sid-1"),
-        "publish-actions": lambda: _pub_then_poll("POST", f"/{T()}", content=b"a", headers={
-            "X-Actions": "view, Open, https://example.com/o; http, Call, https://example.com/h, clear=true"}),
-        "publish-attach-url": lambda: _pub_then_poll("POST", f"/{T()}", content=b"a",
-                                                     headers={"X-Attach": "https://example.com/f.jpg"}),
+        "publish-actions": lambda: _pub_then_poll(
+            "POST",
+            f"/{T()}",
+            content=b"a",
+            headers={"X-Actions": "view, Open, https://example.com/o; http, Call, https://example.com/h, clear=true"},
+        ),
+        "publish-attach-url": lambda: _pub_then_poll(
+            "POST", f"/{T()}", content=b"a", headers={"X-Attach": "https://example.com/f.jpg"}
+        ),
         "publish-email": lambda: _req("POST", f"/{T()}", content=b"a", headers={"X-Email": "a@example.com"}),
         "publish-email-query": lambda: _pub_then_poll("PUT", f"/{T()}?e=a@example.com", content=b"a"),
-        "publish-actions-json-format": lambda: _pub_then_poll("POST", f"/{T()}", content=b"a", headers={
-            "X-Actions": '[{"Action":"HTTP","label":"Post","url":"https://example.com/h","method":"put",'
-                         '"headers":{"b":"2","a":"1"},"body":"x","clear":true},'
-                         '{"action":"broadcast","label":"B","extras":{"k":"v"},"intent":"i.X"}]'}),
-        "publish-actions-quoted": lambda: _pub_then_poll("PUT", f"/{T()}", content=b"a", params={
-            "actions": "view, 'Look, \\'quotes\\'', https://example.com/q; http, x, https://example.com/p, body=b"}),
-        "publish-actions-invalid": lambda: _pub_then_poll("POST", f"/{T()}", content=b"a", headers={"X-Actions": "junk"}),
-        "publish-actions-too-many": lambda: _req("POST", f"/{T()}", content=b"a", headers={
-            "X-Actions": "; ".join(f"view, L{i}, https://example.com/{i}" for i in range(4))}),
+        "publish-actions-json-format": lambda: _pub_then_poll(
+            "POST",
+            f"/{T()}",
+            content=b"a",
+            headers={
+                "X-Actions": '[{"Action":"HTTP","label":"Post","url":"https://example.com/h","method":"put",'
+                '"headers":{"b":"2","a":"1"},"body":"x","clear":true},'
+                '{"action":"broadcast","label":"B","extras":{"k":"v"},"intent":"i.X"}]'
+            },
+        ),
+        "publish-actions-quoted": lambda: _pub_then_poll(
+            "PUT",
+            f"/{T()}",
+            content=b"a",
+            params={
+                "actions": "view, 'Look, \\'quotes\\'', https://example.com/q; http, x, https://example.com/p, body=b"
+            },
+        ),
+        "publish-actions-invalid": lambda: _pub_then_poll(
+            "POST", f"/{T()}", content=b"a", headers={"X-Actions": "junk"}
+        ),
+        "publish-actions-too-many": lambda: _req(
+            "POST",
+            f"/{T()}",
+            content=b"a",
+            headers={"X-Actions": "; ".join(f"view, L{i}, https://example.com/{i}" for i in range(4))},
+        ),
         "publish-json-actions-bad-type": lambda: _req("POST", "/", json={"topic": T(), "actions": [{"action": 1}]}),
         "publish-json-actions-invalid": lambda: _req("POST", "/", json={"topic": T(), "actions": [{"label": "x"}]}),
-        "publish-attach-empty-body": lambda: _pub_then_poll("PUT", f"/{T()}?attach=https://example.com/d/a%20b.pdf",
-                                                            content=b""),
-        "publish-attach-filename": lambda: _pub_then_poll("POST", f"/{T()}", content=b"  text  ", headers={
-            "X-Attach": "https://example.com/", "X-Filename": "given.txt"}),
-        "publish-attach-no-name": lambda: _pub_then_poll("POST", f"/{T()}", content=b"", headers={
-            "X-Attach": "https://example.com"}),
-        "publish-attach-invalid": lambda: _req("POST", f"/{T()}", content=b"a", headers={"X-Attach": "ftp://example.com/f"}),
-        "publish-attach-binary": lambda: _pub_then_poll("POST", f"/{T()}", content=BIN,
-                                                        headers={"X-Attach": "https://example.com/f.bin"}),
-        "publish-json-attach-only": lambda: (lambda t: _pub_then_poll("POST", "/", json={
-            "topic": t, "attach": "https://example.com/f.jpg"}))(T()),
+        "publish-attach-empty-body": lambda: _pub_then_poll(
+            "PUT", f"/{T()}?attach=https://example.com/d/a%20b.pdf", content=b""
+        ),
+        "publish-attach-filename": lambda: _pub_then_poll(
+            "POST",
+            f"/{T()}",
+            content=b"  text  ",
+            headers={"X-Attach": "https://example.com/", "X-Filename": "given.txt"},
+        ),
+        "publish-attach-no-name": lambda: _pub_then_poll(
+            "POST", f"/{T()}", content=b"", headers={"X-Attach": "https://example.com"}
+        ),
+        "publish-attach-invalid": lambda: _req(
+            "POST", f"/{T()}", content=b"a", headers={"X-Attach": "ftp://example.com/f"}
+        ),
+        "publish-attach-binary": lambda: _pub_then_poll(
+            "POST", f"/{T()}", content=BIN, headers={"X-Attach": "https://example.com/f.bin"}
+        ),
+        "publish-json-attach-only": lambda: (
+            lambda t: _pub_then_poll("POST", "/", json={"topic": t, "attach": "https://example.com/f.jpg"})
+        )(T()),
         "publish-get-trigger-params": lambda: _pub_then_poll(
-            "GET", f"/{T()}/trigger?title=T&tags=a,b&p=4&actions=view,%20Open,%20https://example.com/o"),
+            "GET", f"/{T()}/trigger?title=T&tags=a,b&p=4&actions=view,%20Open,%20https://example.com/o"
+        ),
         "publish-get-send-disallowed": lambda: _req("GET", "/settings/send?message=x"),
-        "publish-json-extra": lambda: (lambda t: _pub_then_poll("POST", "/", json={
-            "topic": t, "message": "m", "icon": "https://example.com/i.png", "attach": "https://example.com/f.jpg",
-            "filename": "f.jpg", "actions": [{"action": "view", "label": "Open", "url": "https://example.com/o"}]}))(
-            T()),
+        "publish-json-extra": lambda: (
+            lambda t: _pub_then_poll(
+                "POST",
+                "/",
+                json={
+                    "topic": t,
+                    "message": "m",
+                    "icon": "https://example.com/i.png",
+                    "attach": "https://example.com/f.jpg",
+                    "filename": "f.jpg",
+                    "actions": [{"action": "view", "label": "Open", "url": "https://example.com/o"}],
+                },
+            )
+        )(T()),
         "publish-json-not-object": lambda: _req("POST", "/", json=["topic", "message"]),
         "method-head-topic": lambda: _req("HEAD", f"/{T()}"),
         "publish-tags-spaces": lambda: _pub_then_poll("POST", f"/{T()}", content=b"b", params={"tags": " a, b ,,c "}),
@@ -312,10 +409,15 @@ def request_cases() -> dict[str, Callable[[], Callable[[str], Any]]]:
         "publish-topic-charset": lambda: _pub_then_poll("POST", f"/{T('a-b_C9')}", content=b"b"),
         "poll-true": lambda: _pub_then_get("json?poll=true&since=all"),
         "poll-yes-sse": lambda: _pub_then_get("sse?poll=yes&since=all"),
-        "publish-vapid-auth": lambda: _pub_then_poll("POST", f"/{T()}", content=BIN[:100], headers={
-            "Content-Encoding": "aes128gcm", "Authorization": "vapid t=eyJhbGciOiJFUzI1NiJ9.e30.c2ln, k=BPub"}),
-        "publish-webpush-auth": lambda: _req("POST", f"/{T()}", content=b"x",
-                                             headers={"Authorization": "WebPush eyJhbGciOiJFUzI1NiJ9.e30.c2ln"}),
+        "publish-vapid-auth": lambda: _pub_then_poll(
+            "POST",
+            f"/{T()}",
+            content=BIN[:100],
+            headers={"Content-Encoding": "aes128gcm", "Authorization": "vapid t=eyJhbGciOiJFUzI1NiJ9.e30.c2ln, k=BPub"},
+        ),
+        "publish-webpush-auth": lambda: _req(
+            "POST", f"/{T()}", content=b"x", headers={"Authorization": "WebPush eyJhbGciOiJFUzI1NiJ9.e30.c2ln"}
+        ),
         "publish-bearer-auth": lambda: _req("POST", f"/{T()}", content=b"x", headers={"Authorization": "Bearer tk_x"}),
         "auth-basic": lambda: _req("GET", f"/{T()}/auth", auth=("phil", "secret")),
         "poll-basic-auth": lambda: _req("GET", f"/{T()}/json?poll=1", auth=("phil", "secret")),
@@ -325,30 +427,44 @@ def request_cases() -> dict[str, Callable[[], Callable[[str], Any]]]:
         # the bad-input half
         "publish-oversized-up": lambda: _pub_then_poll("POST", f"/{T()}?up=1", content=big.encode()),
         "publish-oversized-aes128gcm": lambda: _pub_then_poll(
-            "POST", f"/{T()}", content=bytes(MAX_MESSAGE_BYTES + 1), headers={"Content-Encoding": "aes128gcm"}),
+            "POST", f"/{T()}", content=bytes(MAX_MESSAGE_BYTES + 1), headers={"Content-Encoding": "aes128gcm"}
+        ),
         "publish-oversized-plain": lambda: _pub_then_poll("POST", f"/{T()}", content=big.encode()),
         "publish-up-1mb": lambda: _pub_then_poll("POST", f"/{T()}?up=1", content=bytes(1024 * 1024)),
-        "publish-chunked": lambda: _pub_then_poll("POST", f"/{T()}?up=1",
-                                                  content=lambda: iter([b"chunk one ", b"two"])),
-        "publish-json-oversized": lambda: (lambda t: _pub_then_poll("POST", "/", json={
-            "topic": t, "message": "z" * (MAX_MESSAGE_BYTES + 1)}))(T()),
-        "publish-json-invalid-utf8": lambda: _req("POST", "/", content=b'{"topic":"' + T().encode()
-                                                  + b'","message":"caf\xe9"}'),
-        "publish-title-invalid-utf8": lambda: _pub_then_poll("POST", f"/{T()}", content=b"b",
-                                                             headers={"X-Title": b"caf\xe9"}),
+        "publish-chunked": lambda: _pub_then_poll(
+            "POST", f"/{T()}?up=1", content=lambda: iter([b"chunk one ", b"two"])
+        ),
+        "publish-json-oversized": lambda: (
+            lambda t: _pub_then_poll("POST", "/", json={"topic": t, "message": "z" * (MAX_MESSAGE_BYTES + 1)})
+        )(T()),
+        "publish-json-invalid-utf8": lambda: _req(
+            "POST", "/", content=b'{"topic":"' + T().encode() + b'","message":"caf\xe9"}'
+        ),
+        "publish-title-invalid-utf8": lambda: _pub_then_poll(
+            "POST", f"/{T()}", content=b"b", headers={"X-Title": b"caf\xe9"}
+        ),
         "publish-query-invalid-utf8": lambda: _pub_then_poll("POST", f"/{T()}?title=caf%E9", content=b"b"),
-        "subscribe-ws-invalid-topic": lambda: _req("GET", "/bad.topic!/ws", headers={
-            "Upgrade": "websocket", "Connection": "Upgrade", "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ==",
-            "Sec-WebSocket-Version": "13"}),
+        "subscribe-ws-invalid-topic": lambda: _req(
+            "GET",
+            "/bad.topic!/ws",
+            headers={
+                "Upgrade": "websocket",
+                "Connection": "Upgrade",
+                "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ==",
+                "Sec-WebSocket-Version": "13",
+            },
+        ),
         "publish-topic-invalid-chars": lambda: _req("POST", "/bad.topic!", content=b"x"),
         "publish-topic-too-long": lambda: _req("POST", "/" + "a" * 65, content=b"x"),
         "publish-topic-64": lambda: _pub_then_poll("POST", "/" + T("a" * 50).ljust(64, "z"), content=b"x"),
         "publish-topic-disallowed": lambda: _req("POST", "/settings", content=b"x"),
         "publish-huge-header": lambda: _req("POST", f"/{T()}", content=b"x", headers={"X-Title": "t" * 16000}),
-        "publish-header-over-1mb": lambda: _req("POST", f"/{T()}", content=b"x",
-                                                headers={"X-Junk": "j" * (1024 * 1024 + 10)}),
-        "publish-many-headers": lambda: _req("POST", f"/{T()}", content=b"x",
-                                             headers={f"X-Extra-{i}": "v" for i in range(150)}),
+        "publish-header-over-1mb": lambda: _req(
+            "POST", f"/{T()}", content=b"x", headers={"X-Junk": "j" * (1024 * 1024 + 10)}
+        ),
+        "publish-many-headers": lambda: _req(
+            "POST", f"/{T()}", content=b"x", headers={f"X-Extra-{i}": "v" for i in range(150)}
+        ),
         "publish-huge-query-title": lambda: _req("POST", f"/{T()}", content=b"x", params={"title": "q" * 10000}),
         "method-delete-topic": lambda: _req("DELETE", f"/{T()}"),
         "method-patch-topic": lambda: _req("PATCH", f"/{T()}", content=b"x"),
@@ -390,10 +506,20 @@ CORS = {
     "cors-poll": ("GET", "/{t}/json?poll=1", {}),
     "cors-auth": ("GET", "/{t}/auth", {}),
     "cors-error": ("POST", "/{t}", {"X-Priority": "9"}),
-    "cors-preflight": ("OPTIONS", "/{t}", {"Origin": "https://app.example", "Access-Control-Request-Method": "POST",
-                                           "Access-Control-Request-Headers": "x-title"}),
-    "cors-preflight-stream": ("OPTIONS", "/{t}/json", {"Origin": "https://app.example",
-                                                       "Access-Control-Request-Method": "GET"}),
+    "cors-preflight": (
+        "OPTIONS",
+        "/{t}",
+        {
+            "Origin": "https://app.example",
+            "Access-Control-Request-Method": "POST",
+            "Access-Control-Request-Headers": "x-title",
+        },
+    ),
+    "cors-preflight-stream": (
+        "OPTIONS",
+        "/{t}/json",
+        {"Origin": "https://app.example", "Access-Control-Request-Method": "GET"},
+    ),
     "cors-get-publish": ("GET", "/{t}/publish?message=x", {}),
 }
 
@@ -404,9 +530,9 @@ def test_cors(case, ntfy, upf_peer):
     path = path.format(t=T())
 
     def script(base: str) -> Any:
-        r = httpx.request(method, base + path, headers=headers, content=b"x" if method == "POST" else None,
-                          timeout=10)
+        r = httpx.request(method, base + path, headers=headers, content=b"x" if method == "POST" else None, timeout=10)
         return {"status": r.status_code, **{k: v for k, v in r.headers.items() if k.startswith("access-control-")}}
+
     compare(case, *both(ntfy, upf_peer, script))
 
 
@@ -426,11 +552,18 @@ def _matrix(kind: str) -> Callable[[str], Any]:
             if kind == "no-pushkey":
                 return observe(c.post(url, json={"notification": {"devices": [{}]}}))
             key = f"{base}/{topic}?up=1" if kind == "ours" else f"https://elsewhere.example/{topic}?up=1"
-            body = {"notification": {"event_id": "$e", "room_id": "!r:x", "counts": {"unread": 1},
-                                     "devices": [{"app_id": "a", "pushkey": key}]}}
+            body = {
+                "notification": {
+                    "event_id": "$e",
+                    "room_id": "!r:x",
+                    "counts": {"unread": 1},
+                    "devices": [{"app_id": "a", "pushkey": key}],
+                }
+            }
             o = observe(c.post(url, json=body))
             polled = observe(c.get(f"{base}/{topic}/json", params={"poll": "1", "since": "all"}))
             return json.loads(json.dumps({"notify": o, "poll": polled}).replace(base, "<base>"))
+
     return script
 
 
@@ -496,6 +629,7 @@ def test_poll_since(since, topics, history, ntfy, upf_peer):
             lines.sort(key=lambda m: (m["time"], m["message"]))
             o["body"] = [norm(m) for m in lines]
         return o
+
     compare(f"since-{since}" if topics == "one" else f"since-{since}-multi", *both(ntfy, upf_peer, script))
 
 
@@ -509,14 +643,16 @@ def test_poll_merge_order(history, ntfy, upf_peer):
         h = history[base]
         r = httpx.get(f"{base}/{h['a']},{h['b']}/json", params={"poll": "1", "since": "all"}, timeout=10)
         return [json.loads(line)["message"] for line in r.text.splitlines() if line]
+
     compare("poll-merge-order", *both(ntfy, upf_peer, script))
 
 
 # --- streams: framing of each transport --------------------------------------------------------------
 
 
-async def _http_stream(base: str, path: str, until: Callable[[list[bytes]], bool], seconds: float,
-                       opened: asyncio.Event) -> dict:
+async def _http_stream(
+    base: str, path: str, until: Callable[[list[bytes]], bool], seconds: float, opened: asyncio.Event
+) -> dict:
     """Read a streaming response raw (status, content type, the bytes of the body, de-chunked)."""
     u = urlsplit(base)
     reader, writer = await asyncio.open_connection(u.hostname, u.port)
@@ -530,8 +666,10 @@ async def _http_stream(base: str, path: str, until: Callable[[list[bytes]], bool
         while time.monotonic() < deadline and not until(body.split(b"\n")):
             try:
                 if chunked:
-                    size = int((await asyncio.wait_for(reader.readuntil(b"\r\n"), deadline - time.monotonic()))
-                               .split(b";")[0], 16)
+                    size = int(
+                        (await asyncio.wait_for(reader.readuntil(b"\r\n"), deadline - time.monotonic())).split(b";")[0],
+                        16,
+                    )
                     if size == 0:
                         break
                     body += await reader.readexactly(size + 2)
@@ -550,12 +688,16 @@ async def _http_stream(base: str, path: str, until: Callable[[list[bytes]], bool
         writer.close()
     lines = head.decode().split("\r\n")
     headers = {k.lower(): v.strip() for k, _, v in (x.partition(":") for x in lines[1:] if x)}
-    return {"status": int(lines[0].split()[1]), "content-type": headers.get("content-type", "").replace(" ", ""),
-            "body": body}
+    return {
+        "status": int(lines[0].split()[1]),
+        "content-type": headers.get("content-type", "").replace(" ", ""),
+        "body": body,
+    }
 
 
-async def _ws_stream(base: str, path: str, until: Callable[[list[str]], bool], seconds: float,
-                     opened: asyncio.Event) -> dict:
+async def _ws_stream(
+    base: str, path: str, until: Callable[[list[str]], bool], seconds: float, opened: asyncio.Event
+) -> dict:
     u = urlsplit(base)
     frames: list[str] = []
     closed = "open"  # how the server ended the connection within the window, if it did
@@ -592,8 +734,16 @@ def _norm_line(line: str) -> Any:
     return line
 
 
-async def _stream_script(base: str, transport: str, topics: list[str], query: str, publish: list[tuple],
-                         want: int, seconds: float, drop_keepalive: bool = True) -> dict:
+async def _stream_script(
+    base: str,
+    transport: str,
+    topics: list[str],
+    query: str,
+    publish: list[tuple],
+    want: int,
+    seconds: float,
+    drop_keepalive: bool = True,
+) -> dict:
     path = f"/{','.join(topics)}/{transport}" + (f"?{query}" if query else "")
     opened = asyncio.Event()
 
@@ -643,11 +793,20 @@ async def test_stream_live(transport, ntfy, upf_peer):
     t1, t2 = T(), T()
 
     async def run(base):
-        return await _stream_script(base, transport, [t1, t2], "", [
-            (t1, b"first line\nsecond line", {"title": "Hi", "priority": "4", "tags": "a,b"}),
-            (t2, BIN[:40], {"up": "1"}),  # control characters, but UTF-8: text
-            (t2, BIN[120:180], {"up": "1"}),  # not UTF-8: base64
-        ], want=3, seconds=5)
+        return await _stream_script(
+            base,
+            transport,
+            [t1, t2],
+            "",
+            [
+                (t1, b"first line\nsecond line", {"title": "Hi", "priority": "4", "tags": "a,b"}),
+                (t2, BIN[:40], {"up": "1"}),  # control characters, but UTF-8: text
+                (t2, BIN[120:180], {"up": "1"}),  # not UTF-8: base64
+            ],
+            want=3,
+            seconds=5,
+        )
+
     n, u = await asyncio.gather(run(ntfy.base), run(upf_peer.base))
     compare(f"stream-{transport}", n, u)
 
@@ -656,13 +815,16 @@ async def test_stream_live(transport, ntfy, upf_peer):
 async def test_stream_extras(transport, ntfy, upf_peer):
     """Action buttons and an external attachment, cached then live: how each transport frames them."""
     t = T()
-    extras = {"actions": "view, Open, https://example.com/o; http, Post, https://example.com/p, method=PUT, clear=1",
-              "attach": "https://example.com/files/report.pdf"}
+    extras = {
+        "actions": "view, Open, https://example.com/o; http, Post, https://example.com/p, method=PUT, clear=1",
+        "attach": "https://example.com/files/report.pdf",
+    }
 
     async def run(base):
         async with httpx.AsyncClient(timeout=10) as c:
             (await c.post(f"{base}/{t}", content=b"cached", params=extras)).raise_for_status()
         return await _stream_script(base, transport, [t], "since=all", [(t, b"", extras)], want=2, seconds=5)
+
     n, u = await asyncio.gather(run(ntfy.base), run(upf_peer.base))
     compare(f"stream-{transport}-extras", n, u)
 
@@ -676,6 +838,7 @@ async def test_stream_cached_then_live(transport, ntfy, upf_peer):
         async with httpx.AsyncClient(timeout=10) as c:
             (await c.post(f"{base}/{t}", content=b"cached")).raise_for_status()
         return await _stream_script(base, transport, [t], "since=all", [(t, b"live", {})], want=2, seconds=5)
+
     n, u = await asyncio.gather(run(ntfy.base), run(upf_peer.base))
     compare(f"stream-{transport}-since-all", n, u)
 
@@ -692,8 +855,8 @@ async def test_stream_resume(transport, ntfy, upf_peer):
                 r.raise_for_status()
                 if body == b"cursor":
                     cursor = r.json()["id"]
-        return await _stream_script(base, transport, [a, b], f"since={cursor}", [(a, b"live", {})], want=3,
-                                    seconds=5)
+        return await _stream_script(base, transport, [a, b], f"since={cursor}", [(a, b"live", {})], want=3, seconds=5)
+
     n, u = await asyncio.gather(run(ntfy.base), run(upf_peer.base))
     compare(f"stream-{transport}-resume", n, u)
 
@@ -708,6 +871,7 @@ async def test_stream_poll(transport, ntfy, upf_peer):
             r = await c.post(f"{base}/{t}", content=b"polled\nbody", params={"title": "T", "tags": "x", "p": "2"})
             r.raise_for_status()
         return await _stream_script(base, transport, [t], "poll=1&since=all", [], want=10**6, seconds=3)
+
     n, u = await asyncio.gather(run(ntfy.base), run(upf_peer.base))
     compare(f"stream-{transport}-poll", n, u)
 
@@ -717,10 +881,15 @@ async def test_keepalive(ntfy, upf_peer):
     topics = {tr: T() for tr in TRANSPORTS}
 
     async def run(base):
-        return await asyncio.gather(*(
-            _stream_script(base, tr, [topics[tr]], "", [], want=10**6, seconds=KEEPALIVE_SECS + 2.5,
-                           drop_keepalive=False)
-            for tr in TRANSPORTS))
+        return await asyncio.gather(
+            *(
+                _stream_script(
+                    base, tr, [topics[tr]], "", [], want=10**6, seconds=KEEPALIVE_SECS + 2.5, drop_keepalive=False
+                )
+                for tr in TRANSPORTS
+            )
+        )
+
     def collapse(obs: dict) -> dict:
         # ntfy's first keepalive comes one interval after the connection opens; UPF's keepalive timer is one
         # per process, so its first comes within one interval, and a window may hold one or two: count runs

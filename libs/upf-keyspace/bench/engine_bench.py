@@ -103,12 +103,18 @@ def main() -> None:
             res["sqlite"].append(sqlite_round(os.path.join(d, f"s{r}.db"), args.publishes))
             res["lmdb"].append(lmdb_round(os.path.join(d, f"l{r}.lmdb"), args.publishes))
             (sw, sr), (lw, lr) = res["sqlite"][-1], res["lmdb"][-1]
-            print(f"round {r + 1}: publishes/s sqlite {sw:8.0f} lmdb {lw:8.0f} ({lw / sw:.2f}x)   "
-                  f"range reads/s sqlite {sr:8.0f} lmdb {lr:8.0f} ({lr / sr:.2f}x)")
+            print(
+                f"round {r + 1}: publishes/s sqlite {sw:8.0f} lmdb {lw:8.0f} ({lw / sw:.2f}x)   "
+                f"range reads/s sqlite {sr:8.0f} lmdb {lr:8.0f} ({lr / sr:.2f}x)"
+            )
     sw, lw = (statistics.median(w for w, _ in res[k]) for k in ("sqlite", "lmdb"))
     sr, lr = (statistics.median(r for _, r in res[k]) for k in ("sqlite", "lmdb"))
-    print(f"publishes/s, {BATCH} per durable commit (median): sqlite {sw:10.0f}   lmdb {lw:10.0f}   lmdb/sqlite {lw / sw:5.2f}")
-    print(f"range reads/s, 20 rows each (median)        : sqlite {sr:10.0f}   lmdb {lr:10.0f}   lmdb/sqlite {lr / sr:5.2f}")
+    print(
+        f"publishes/s, {BATCH} per durable commit (median): sqlite {sw:10.0f}   lmdb {lw:10.0f}   lmdb/sqlite {lw / sw:5.2f}"
+    )
+    print(
+        f"range reads/s, 20 rows each (median)        : sqlite {sr:10.0f}   lmdb {lr:10.0f}   lmdb/sqlite {lr / sr:5.2f}"
+    )
 
 
 if __name__ == "__main__":

@@ -81,7 +81,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--publishes", type=int, default=20000)
     ap.add_argument("--concurrency", type=int, default=1024)
-    ap.add_argument("--rounds", type=int, default=3, help="alternate baseline and store this many times; medians are compared")
+    ap.add_argument(
+        "--rounds", type=int, default=3, help="alternate baseline and store this many times; medians are compared"
+    )
     args = ap.parse_args()
     bases, rates, cpus, loops, commits = [], [], [], [], []
     with tempfile.TemporaryDirectory() as d:
@@ -97,9 +99,11 @@ def main() -> None:
             print(f"round {r + 1}: baseline {bases[-1]:8.0f}/s   store {rate:8.0f}/s   ratio {rate / bases[-1]:.2f}")
     base, rate, cpu_us = statistics.median(bases), statistics.median(rates), statistics.median(cpus)
     print(f"bare SQLite, 256 publishes per durable commit (median) : {base:10.0f} publishes/s")
-    print(f"embedded store, {args.concurrency} concurrent publishers (median): {rate:10.0f} publishes/s"
-          f"  ({cpu_us:.0f} us CPU per publish: loop thread {statistics.median(loops):.0f},"
-          f" committer {statistics.median(commits):.0f})")
+    print(
+        f"embedded store, {args.concurrency} concurrent publishers (median): {rate:10.0f} publishes/s"
+        f"  ({cpu_us:.0f} us CPU per publish: loop thread {statistics.median(loops):.0f},"
+        f" committer {statistics.median(commits):.0f})"
+    )
     print(f"ratio store / baseline                                 : {rate / base:10.2f}  (goal >= 0.50)")
 
 

@@ -55,13 +55,18 @@ async def run(messages: int, per_second: int, repeats: int) -> None:
         new_cur = await store.db.transact(read.position, "big", Since("time", time=second))
         old_cur = await store.db.transact(old_position, "big", second)
         assert new_cur == old_cur, "the index and the scan disagree"
-        for name, fn, since in (("old scan", old_position, int), ("index", read.position, lambda t: Since("time", time=t))):
+        for name, fn, since in (
+            ("old scan", old_position, int),
+            ("index", read.position, lambda t: Since("time", time=t)),
+        ):
             times = []
             for k in range(repeats):  # a different second each call: no cached range read is reused
                 t = time.perf_counter()
                 await store.db.transact(fn, "big", since(second - k))
                 times.append(time.perf_counter() - t)
-            print(f"{name:>9}: median {statistics.median(times) * 1e3:9.3f} ms  max {max(times) * 1e3:9.3f} ms  ({repeats} calls)")
+            print(
+                f"{name:>9}: median {statistics.median(times) * 1e3:9.3f} ms  max {max(times) * 1e3:9.3f} ms  ({repeats} calls)"
+            )
         await store.close()
 
 

@@ -54,7 +54,11 @@ CHILD = textwrap.dedent(
 def _spawn(src: str, path: str, watches: int, mode: str) -> subprocess.Popen[str]:
     env = dict(os.environ, PYTHONPATH=src)
     proc = subprocess.Popen(
-        [sys.executable, "-c", CHILD, path, str(watches), mode], stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True, env=env
+        [sys.executable, "-c", CHILD, path, str(watches), mode],
+        stdout=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        text=True,
+        env=env,
     )
     assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
     return proc
@@ -120,7 +124,9 @@ def main() -> None:
         time.sleep(args.seconds)
         for label, watches, p in children:
             used = (_cpu_ticks(p.pid) - start[p.pid]) / hz
-            print(f"idle, {watches:2d} watches, {label:9s}: {used / args.seconds * 100:6.2f}% of a core over {args.seconds:.0f} s")
+            print(
+                f"idle, {watches:2d} watches, {label:9s}: {used / args.seconds * 100:6.2f}% of a core over {args.seconds:.0f} s"
+            )
             p.kill()
             p.wait()
         for label, ms in asyncio.run(_latency(trees, d, args.rounds)).items():

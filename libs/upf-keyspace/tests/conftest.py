@@ -43,6 +43,7 @@ async def db(request, tmp_path):
         database = await open_foundationdb(os.environ["FDB_CLUSTER_FILE"])
     yield database
     if request.param == "foundationdb":
+
         async def wipe(tr):
             tr.clear_range(b"\x01test-", b"\x01test.")
 

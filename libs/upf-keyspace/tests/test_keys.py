@@ -71,7 +71,12 @@ def test_incomplete_keys_have_tuple_layer_layout(topic, uv):
 def test_ranges_do_not_collide_across_kinds(topic):
     """A constant level before every variable one: Q of one topic never overlaps another kind."""
     qb, qe = keys.queue_range(topic)
-    for other in (keys.affinity_range(topic), keys.inbox_range(topic, 0), keys.idem_range(topic, ""), keys.time_index_range(topic)):
+    for other in (
+        keys.affinity_range(topic),
+        keys.inbox_range(topic, 0),
+        keys.idem_range(topic, ""),
+        keys.time_index_range(topic),
+    ):
         assert qe <= other[0] or other[1] <= qb
 
 
@@ -97,7 +102,9 @@ def test_shard_of_is_stable_fnv1a():
 any_text = st.text(max_size=30)  # includes NULs and non-ASCII: the escaping must match the tuple layer
 
 
-@given(any_text, stamps, st.integers(min_value=0, max_value=2**63), any_text, st.integers(0, 0xFFFF), st.integers(0, 4095))
+@given(
+    any_text, stamps, st.integers(min_value=0, max_value=2**63), any_text, st.integers(0, 0xFFFF), st.integers(0, 4095)
+)
 def test_fast_encoders_equal_the_tuple_layer(stamp, topic, raw, expiry, idem, uv, shard):
     """The hand-written hot-path encoders produce exactly fdb.tuple's bytes (and decode back through it)."""
     root = ("upf",)
@@ -105,15 +112,23 @@ def test_fast_encoders_equal_the_tuple_layer(stamp, topic, raw, expiry, idem, uv
     vs = stamp(real.tr_version, real.user_version)
     inc = stamp(user_version=uv)
     assert fdbtuple.unpack(keys.queue_key(topic, raw)) == root + ("Q", topic, real)
-    assert fdbtuple.unpack(keys.queue_key_incomplete(topic, uv)[:-4]) == root + ("Q", topic, fdbtuple.Versionstamp.incomplete(uv))
+    assert fdbtuple.unpack(keys.queue_key_incomplete(topic, uv)[:-4]) == root + (
+        "Q",
+        topic,
+        fdbtuple.Versionstamp.incomplete(uv),
+    )
     assert keys.queue_key(topic, raw) == fdbtuple.pack(root + ("Q", topic, vs))
     assert keys.expiry_key(expiry, topic, raw) == fdbtuple.pack(root + ("X", expiry, topic, vs))
     assert keys.idem_key(topic, idem, raw) == fdbtuple.pack(root + ("ID", topic, idem, vs))
     assert keys.affinity_key(topic, idem) == fdbtuple.pack(root + ("C", topic, idem))
     assert keys.bell_key(topic, shard) == fdbtuple.pack(root + ("SIG", topic, shard))
     assert keys.queue_key_incomplete(topic, uv) == fdbtuple.pack_with_versionstamp(root + ("Q", topic, inc))
-    assert keys.expiry_key_incomplete(expiry, topic, uv) == fdbtuple.pack_with_versionstamp(root + ("X", expiry, topic, inc))
-    assert keys.inbox_key_incomplete(topic, shard, uv) == fdbtuple.pack_with_versionstamp(root + ("IN", topic, shard, inc))
+    assert keys.expiry_key_incomplete(expiry, topic, uv) == fdbtuple.pack_with_versionstamp(
+        root + ("X", expiry, topic, inc)
+    )
+    assert keys.inbox_key_incomplete(topic, shard, uv) == fdbtuple.pack_with_versionstamp(
+        root + ("IN", topic, shard, inc)
+    )
     assert keys.idem_key_incomplete(topic, idem, uv) == fdbtuple.pack_with_versionstamp(root + ("ID", topic, idem, inc))
     assert keys.time_index_key(topic, expiry) == fdbtuple.pack(root + ("QT", topic, expiry))
     assert keys.unpack_time_index_key(keys.time_index_key(topic, expiry)) == (topic, expiry)
@@ -147,6 +162,8 @@ def test_every_prefix_is_distinct_and_documented():
     assert len(values) == len(set(values))
     for value in values:
         assert f'"{value}"' in (keys.__doc__ or ""), value
+
+
 @given(st.one_of(st.none(), st.binary(min_size=10, max_size=10)), st.integers(0, 0xFFFF))
 def test_packable_stamp_writes_the_bindings_bytes(stamp, tr_version, uv):
     """The tests' reference stamp writes what the bindings decode back (no libfdb_c needed to decode)."""

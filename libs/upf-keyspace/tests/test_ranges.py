@@ -17,7 +17,10 @@ def test_points_only_write_set_agrees_with_the_general_set():
         batch.add(*point(k))
     fast = batch.to_set()
     general = IntervalSet([point(k) for k in keys])
-    probes = [tuple(sorted((bytes(rnd.randrange(4) for _ in range(3)), bytes(rnd.randrange(4) for _ in range(2))))) for _ in range(2000)]
+    probes = [
+        tuple(sorted((bytes(rnd.randrange(4) for _ in range(3)), bytes(rnd.randrange(4) for _ in range(2)))))
+        for _ in range(2000)
+    ]
     probes += [point(k) for k in keys] + [(k, k + b"\x00\x00") for k in keys]
     for b, e in probes:
         if b >= e:

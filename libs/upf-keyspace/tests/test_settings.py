@@ -23,10 +23,19 @@ def test_defaults_match_the_design():
 
 
 def test_values_are_read():
-    s = load_settings({"UPF_BIND": "127.0.0.1:9000", "UPF_ROLES": "pusher, janitor", "UPF_NODE_ID": "p-1",
-                       "UPF_SHARD_COUNT": "8", "UPF_KEEPALIVE_SECS": "2.5", "UPF_PUBLIC_URL": "https://x.example/",
-                       "UPF_WORKERS": "3", "UPF_AUTH_DEFAULT_ACCESS": "deny-all",
-                       "UPF_SHUTDOWN_GRACE_SECS": "2.5"})
+    s = load_settings(
+        {
+            "UPF_BIND": "127.0.0.1:9000",
+            "UPF_ROLES": "pusher, janitor",
+            "UPF_NODE_ID": "p-1",
+            "UPF_SHARD_COUNT": "8",
+            "UPF_KEEPALIVE_SECS": "2.5",
+            "UPF_PUBLIC_URL": "https://x.example/",
+            "UPF_WORKERS": "3",
+            "UPF_AUTH_DEFAULT_ACCESS": "deny-all",
+            "UPF_SHUTDOWN_GRACE_SECS": "2.5",
+        }
+    )
     assert (s.bind_host, s.bind_port, s.roles, s.node_id) == ("127.0.0.1", 9000, ("pusher", "janitor"), "p-1")
     assert (s.shard_count, s.keepalive_secs, s.public_url, s.workers) == (8, 2.5, "https://x.example", 3)
     assert s.auth_default_access == "deny-all"
@@ -81,7 +90,11 @@ def test_input_bounds_default_read_and_validated():
     assert (s.max_topics_per_subscribe, s.max_field_bytes) == (128, 1024)
     s = load_settings({"UPF_MAX_TOPICS_PER_SUBSCRIBE": "3", "UPF_MAX_FIELD_BYTES": "200"})
     assert (s.max_topics_per_subscribe, s.max_field_bytes) == (3, 200)
-    for name, value in (("UPF_MAX_TOPICS_PER_SUBSCRIBE", "0"), ("UPF_MAX_FIELD_BYTES", "0"), ("UPF_MAX_FIELD_BYTES", "x")):
+    for name, value in (
+        ("UPF_MAX_TOPICS_PER_SUBSCRIBE", "0"),
+        ("UPF_MAX_FIELD_BYTES", "0"),
+        ("UPF_MAX_FIELD_BYTES", "x"),
+    ):
         with pytest.raises(SettingsError, match=name):
             load_settings({name: value})
 
@@ -94,9 +107,15 @@ def test_request_limit_settings():
     assert s.limit_exempt == ("127.0.0.0/8", "::1/128") and s.proxy_trusted == ()
     assert s.proxy_forwarded_header == "X-Forwarded-For"
     assert (s.visitor_prefix_bits_ipv4, s.visitor_prefix_bits_ipv6) == (32, 64)
-    s = load_settings({"UPF_LIMIT_EXEMPT": "", "UPF_PROXY_TRUSTED": "10.1.2.3, fd00::/8,localhost",
-                       "UPF_LIMIT_REQUEST_BURST": "5", "UPF_LIMIT_REQUEST_REFILL_SECS": "0.5",
-                       "UPF_PROXY_FORWARDED_HEADER": "X-Real-IP"})
+    s = load_settings(
+        {
+            "UPF_LIMIT_EXEMPT": "",
+            "UPF_PROXY_TRUSTED": "10.1.2.3, fd00::/8,localhost",
+            "UPF_LIMIT_REQUEST_BURST": "5",
+            "UPF_LIMIT_REQUEST_REFILL_SECS": "0.5",
+            "UPF_PROXY_FORWARDED_HEADER": "X-Real-IP",
+        }
+    )
     assert s.limit_exempt == () and (s.limit_request_burst, s.limit_request_refill_secs) == (5, 0.5)
     assert s.proxy_trusted[:2] == ("10.1.2.3/32", "fd00::/8") and "127.0.0.1/32" in s.proxy_trusted
     assert s.proxy_forwarded_header == "X-Real-IP"
@@ -125,7 +144,9 @@ def test_each_setting_is_declared_once_and_documented():
     assert [n for n in names if n not in rows] == []
 
 
-@pytest.mark.parametrize("name, value", [("UPF_SHARD_COUNT", "4097"), ("UPF_SAFETY_POLL_SECS", "nan"), ("UPF_BIND", "")])
+@pytest.mark.parametrize(
+    "name, value", [("UPF_SHARD_COUNT", "4097"), ("UPF_SAFETY_POLL_SECS", "nan"), ("UPF_BIND", "")]
+)
 def test_bounds_and_blank_values_keep_their_messages(name, value):
     """The messages the loader gave before settings were declared once, word for word."""
     expected = {

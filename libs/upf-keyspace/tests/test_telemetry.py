@@ -61,7 +61,14 @@ def test_traceparent_round_trip_and_rejects() -> None:
     tp = tm.format_traceparent(0xABC, 0x123, 1)
     assert tp == "00-00000000000000000000000000000abc-0000000000000123-01"
     assert tm.parse_traceparent(tp) == (0xABC, 0x123, 1)
-    for bad in ("", "garbage", tp.replace("00-", "ff-", 1), "00-" + "0" * 32 + "-0000000000000123-01", tp + "-x", tp.upper()):
+    for bad in (
+        "",
+        "garbage",
+        tp.replace("00-", "ff-", 1),
+        "00-" + "0" * 32 + "-0000000000000123-01",
+        tp + "-x",
+        tp.upper(),
+    ):
         assert tm.parse_traceparent(bad) is None, bad
     link = tm.link_from_traceparent(tp)
     assert link.context.trace_id == 0xABC and link.context.span_id == 0x123 and link.context.is_remote
@@ -97,7 +104,9 @@ def test_in_memory_sinks_see_spans_and_cells() -> None:
     reg = tm.Registry()
     exporter = InMemorySpanExporter()
     reader = tm.InMemoryCellReader()
-    t = tm.setup_telemetry("upf-test", "9", env={}, span_exporter=exporter, metric_readers=[reader], registry=reg, make_current=False)
+    t = tm.setup_telemetry(
+        "upf-test", "9", env={}, span_exporter=exporter, metric_readers=[reader], registry=reg, make_current=False
+    )
     try:
         counter = reg.counter("upf.test.hits", "hits", attributes=("kind",)).cell("a")
         hist = reg.histogram("upf.test.size", "size", unit="By", bounds=tm.BYTES_BUCKETS).cell()
@@ -109,10 +118,7 @@ def test_in_memory_sinks_see_spans_and_cells() -> None:
         assert done.name == "publish" and done.resource.attributes["service.name"] == "upf-test"
         data = reader.get_metrics_data()
         points = {
-            m.name: m.data.data_points
-            for rm in data.resource_metrics
-            for sm in rm.scope_metrics
-            for m in sm.metrics
+            m.name: m.data.data_points for rm in data.resource_metrics for sm in rm.scope_metrics for m in sm.metrics
         }
         assert [(p.value, dict(p.attributes)) for p in points["upf.test.hits"]] == [(5, {"kind": "a"})]
         (h,) = points["upf.test.size"]
@@ -121,7 +127,6 @@ def test_in_memory_sinks_see_spans_and_cells() -> None:
         t.shutdown()
     hist.record(1)  # detached from the shut-down provider: still counts locally
     assert hist.count == 2
-
 
 
 class CapturingExporter(MetricExporter):
@@ -188,6 +193,7 @@ def test_a_plain_sdk_reader_gets_the_counters_not_the_histograms() -> None:
     finally:
         t.shutdown()
 
+
 def test_key_value_log_format() -> None:
     record = logging.LogRecord("upf.x", logging.INFO, __file__, 1, "static message", None, None)
     record.code = 1020
@@ -214,7 +220,9 @@ class EnvelopeV1(msgspec.Struct, frozen=True, array_like=True, omit_defaults=Fal
 
 def test_envelope_v2_is_readable_both_ways() -> None:
     assert ENVELOPE_VERSION >= 2
-    v2 = Envelope(time=1, expires=2, message="m", traceparent="00-" + "1" * 32 + "-" + "2" * 16 + "-01", published_ms=1234)
+    v2 = Envelope(
+        time=1, expires=2, message="m", traceparent="00-" + "1" * 32 + "-" + "2" * 16 + "-01", published_ms=1234
+    )
     old = msgspec.msgpack.decode(encode_envelope(v2), type=EnvelopeV1)
     assert (old.message, old.traceparent) == ("m", v2.traceparent)
     back = decode_envelope(msgspec.msgpack.encode(EnvelopeV1(time=1, expires=2, message="m")))
@@ -225,7 +233,17 @@ def test_envelope_v2_is_readable_both_ways() -> None:
 def test_envelope_v3_fields_survive_a_v2_reader_and_default_for_v2_rows() -> None:
     """A v2 role reading a v3 row ignores the new trailing fields; a v3 role reading a v2 row gets defaults."""
     assert ENVELOPE_VERSION == 3
-    v3 = Envelope(time=1, expires=2, message="m", published_ms=7, event="message_delete", sequence_id="s1", nocache=True, urgency="high", poll_id="p")
+    v3 = Envelope(
+        time=1,
+        expires=2,
+        message="m",
+        published_ms=7,
+        event="message_delete",
+        sequence_id="s1",
+        nocache=True,
+        urgency="high",
+        poll_id="p",
+    )
     v2_fields = msgspec.msgpack.decode(encode_envelope(v3))[:13]
     assert v2_fields[-1] == 7
     back = decode_envelope(msgspec.msgpack.encode(v2_fields))

@@ -47,8 +47,12 @@ def test_the_new_keys_are_their_own_and_round_trip():
     assert begin < keys.daily_key(7, "user:z") < end <= keys.daily_key(8, "ip:a")
     assert keys.unpack_subscription_key(keys.subscription_key("ip:a", "n1")) == ("ip:a", "n1")
     assert keys.unpack_node_subscription_key(keys.node_subscription_key("n1", "ip:a")) == ("n1", "ip:a")
-    rs, rsn, rl, rf = (keys.subscription_range("ip:a"), keys.node_subscription_range(), keys.bucket_range(),
-                       keys.auth_bucket_range())
+    rs, rsn, rl, rf = (
+        keys.subscription_range("ip:a"),
+        keys.node_subscription_range(),
+        keys.bucket_range(),
+        keys.auth_bucket_range(),
+    )
     k = keys.node_subscription_key("n1", "ip:a")
     assert not rs[0] <= k < rs[1] and rsn[0] <= k < rsn[1]
     assert not rl[0] <= keys.auth_bucket_key("ip:a") < rl[1] and rf[0] <= keys.auth_bucket_key("ip:a") < rf[1]

@@ -73,10 +73,14 @@ async def test_the_janitor_clears_an_expired_messages_topic_marker(store):
 
     kept = await store.publish("t", env("kept", "stay"))
     gone = await store.publish("t", env("gone", "once", ttl=-10))
-    assert [keys.unpack_push_topic_key(k)[2] for k, _ in await rows(store, *keys.push_topic_range("t", "once"))] == [gone.stamp]
+    assert [keys.unpack_push_topic_key(k)[2] for k, _ in await rows(store, *keys.push_topic_range("t", "once"))] == [
+        gone.stamp
+    ]
     await store.db.transact(ops.janitor.expire, int(time.time()), 100)
     assert await rows(store, *keys.push_topic_range("t", "once")) == []
-    assert [keys.unpack_push_topic_key(k)[2] for k, _ in await rows(store, *keys.push_topic_range("t", "stay"))] == [kept.stamp]
+    assert [keys.unpack_push_topic_key(k)[2] for k, _ in await rows(store, *keys.push_topic_range("t", "stay"))] == [
+        kept.stamp
+    ]
 
 
 async def test_idempotent_retry_does_not_replace(store):

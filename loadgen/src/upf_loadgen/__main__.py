@@ -34,33 +34,71 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     g.add_argument("--duration", type=float, default=30.0, help="seconds of publishing (default %(default)s)")
     g.add_argument("--message-size", type=int, default=0, help="pad each body to this many bytes (default: no padding)")
     g.add_argument("--binary", action="store_true", help="UnifiedPush binary bodies: POST ?up=1 with non-UTF-8 bytes")
-    g.add_argument("--procs", type=int, default=1, help="worker processes; topics are split across them (default %(default)s)")
-    g.add_argument("--pool-size", type=int, default=256, help="keep-alive publish connections per worker (default %(default)s)")
-    g.add_argument("--drain-timeout", type=float, default=30.0, help="max seconds to wait for the backlog after publishing (default %(default)s)")
-    g.add_argument("--connect-timeout", type=float, default=30.0, help="max seconds for all subscribers to get their open frame (default %(default)s)")
-    g.add_argument("--publish-timeout", type=float, default=10.0, help="per-publish timeout in seconds (default %(default)s)")
-    g.add_argument("--reconnects", type=int, default=3, help="times a dropped subscriber resumes with since=<last id> (default %(default)s)")
+    g.add_argument(
+        "--procs", type=int, default=1, help="worker processes; topics are split across them (default %(default)s)"
+    )
+    g.add_argument(
+        "--pool-size", type=int, default=256, help="keep-alive publish connections per worker (default %(default)s)"
+    )
+    g.add_argument(
+        "--drain-timeout",
+        type=float,
+        default=30.0,
+        help="max seconds to wait for the backlog after publishing (default %(default)s)",
+    )
+    g.add_argument(
+        "--connect-timeout",
+        type=float,
+        default=30.0,
+        help="max seconds for all subscribers to get their open frame (default %(default)s)",
+    )
+    g.add_argument(
+        "--publish-timeout", type=float, default=10.0, help="per-publish timeout in seconds (default %(default)s)"
+    )
+    g.add_argument(
+        "--reconnects",
+        type=int,
+        default=3,
+        help="times a dropped subscriber resumes with since=<last id> (default %(default)s)",
+    )
     g = p.add_argument_group("output")
-    g.add_argument("--json", metavar="FILE", help="write the report as JSON ('-' for stdout; the text report then goes to stderr)")
+    g.add_argument(
+        "--json", metavar="FILE", help="write the report as JSON ('-' for stdout; the text report then goes to stderr)"
+    )
     g.add_argument("--quiet", action="store_true", help="no live per-second line")
-    g.add_argument("--strict", action="store_true", help="also exit 1 on rejected/failed publishes, disconnects or an unfinished drain")
+    g.add_argument(
+        "--strict",
+        action="store_true",
+        help="also exit 1 on rejected/failed publishes, disconnects or an unfinished drain",
+    )
     g.add_argument("-v", "--verbose", action="store_true", help="debug logging")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="upf-loadgen", description="UPF load generator and delivery-correctness checker")
+    parser = argparse.ArgumentParser(
+        prog="upf-loadgen", description="UPF load generator and delivery-correctness checker"
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="one load run with a correctness verdict")
-    run.add_argument("--rate", type=float, default=2000.0, help="total publishes per second across topics (default %(default)s)")
+    run.add_argument(
+        "--rate", type=float, default=2000.0, help="total publishes per second across topics (default %(default)s)"
+    )
     _add_common(run)
     sw = sub.add_parser("sweep", help="step the offered rate and find the knee")
     g = sw.add_argument_group("rates")
     g.add_argument("--rates", help="comma-separated offered rates, e.g. 500,1000,2000,4000")
-    g.add_argument("--start", type=float, default=500.0, help="first rate when --rates is not given (default %(default)s)")
+    g.add_argument(
+        "--start", type=float, default=500.0, help="first rate when --rates is not given (default %(default)s)"
+    )
     g.add_argument("--factor", type=float, default=2.0, help="rate multiplier per step (default %(default)s)")
     g.add_argument("--steps", type=int, default=4, help="number of steps (default %(default)s)")
     g.add_argument("--p99-bound-ms", type=float, default=250.0, help="knee when p99 passes this (default %(default)s)")
-    g.add_argument("--tolerance", type=float, default=0.05, help="knee when delivered falls this far behind offered (default %(default)s)")
+    g.add_argument(
+        "--tolerance",
+        type=float,
+        default=0.05,
+        help="knee when delivered falls this far behind offered (default %(default)s)",
+    )
     g.add_argument("--pause", type=float, default=2.0, help="seconds between steps (default %(default)s)")
     g.add_argument("--stop-after-knee", action="store_true", help="stop at the first step past the knee")
     g.add_argument("--plot", default="loadgen-sweep.png", help="PNG path (default %(default)s; '' for none)")
@@ -168,9 +206,7 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO, format="%(message)s", stream=sys.stderr
-    )
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, format="%(message)s", stream=sys.stderr)
     try:
         if args.command == "run":
             return _cmd_run(args)

@@ -120,7 +120,9 @@ def merge_results(
         topics_total=len(topics),
         topics_clean=sum(1 for tv in topics if tv.clean),
         topics=topics,
-        publish_failures=PublishFailures(by_kind=dict(failures), samples=fail_samples[:MAX_SAMPLES], bad_replies=s(lambda r: r.bad_replies)),
+        publish_failures=PublishFailures(
+            by_kind=dict(failures), samples=fail_samples[:MAX_SAMPLES], bad_replies=s(lambda r: r.bad_replies)
+        ),
         subscriptions=subscriptions,
         cpu=cpu,
     )

@@ -103,7 +103,9 @@ def _cpu_self() -> float:
     return ru.ru_utime + ru.ru_stime
 
 
-async def worker(scn: Scenario, wid: int, indices: list[int], emit: Emit, wait_start: Callable[[], Awaitable[float | None]]) -> None:
+async def worker(
+    scn: Scenario, wid: int, indices: list[int], emit: Emit, wait_start: Callable[[], Awaitable[float | None]]
+) -> None:
     writer_ep = parse_endpoint(scn.writer)
     pusher_ep = parse_endpoint(scn.pusher)
     stats = LiveStats()
@@ -284,7 +286,13 @@ async def _load(
 
 
 def _publishers(
-    scn: Scenario, indices: list[int], names: list[str], pool: Pool, stats: LiveStats, failures: Counter[str], samples: list[str]
+    scn: Scenario,
+    indices: list[int],
+    names: list[str],
+    pool: Pool,
+    stats: LiveStats,
+    failures: Counter[str],
+    samples: list[str],
 ) -> list[Publisher]:
     """One publisher per topic of this worker, on the schedule that spreads the rate over all topics."""
     pubs: list[Publisher] = []

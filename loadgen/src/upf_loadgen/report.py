@@ -198,7 +198,9 @@ def latency_summary(hist: HdrHistogram) -> LatencySummary:
         value = hist.get_value_from_index(index)  # lowest equivalent: exact bounds stay in their bucket
         i = bisect.bisect_left(bounds_us, value)
         counts[i] += c
-    buckets = [Bucket(float(b), c) for b, c in zip(BUCKET_BOUNDS_MS, counts[:-1], strict=True)] + [Bucket(None, counts[-1])]
+    buckets = [Bucket(float(b), c) for b, c in zip(BUCKET_BOUNDS_MS, counts[:-1], strict=True)] + [
+        Bucket(None, counts[-1])
+    ]
     pct = hist.get_percentile_to_value_dict([50, 90, 95, 99, 99.9])
     return LatencySummary(
         count=n,

@@ -121,7 +121,9 @@ async def run_scenario(scn: Scenario) -> RunReport:
         async def wait_start() -> float | None:
             return await box
 
-        task = asyncio.create_task(run_worker(worker(scn, 0, slices[0], events.put_nowait, wait_start), 0, events.put_nowait))
+        task = asyncio.create_task(
+            run_worker(worker(scn, 0, slices[0], events.put_nowait, wait_start), 0, events.put_nowait)
+        )
 
         def start_all(value: float | None) -> None:
             if not box.done():
@@ -205,7 +207,9 @@ async def _run_processes(
     ctl_qs = [ctx.Queue() for _ in slices]
     raw = msgspec.msgpack.encode(scn)
     procs = [
-        ctx.Process(target=worker_process, args=(raw, wid, idx, out_q, ctl_qs[wid]), daemon=True, name=f"upf-loadgen-{wid}")
+        ctx.Process(
+            target=worker_process, args=(raw, wid, idx, out_q, ctl_qs[wid]), daemon=True, name=f"upf-loadgen-{wid}"
+        )
         for wid, idx in enumerate(slices)
     ]
     stop = threading.Event()
@@ -224,6 +228,7 @@ async def _run_processes(
         p.start()
     thread = threading.Thread(target=bridge, name="upf-loadgen-bridge", daemon=True)
     thread.start()
+
     def start_all(value: float | None) -> None:
         for q in ctl_qs:
             q.put(value)

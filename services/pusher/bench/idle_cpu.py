@@ -46,9 +46,11 @@ def main() -> None:
             if not server.alive():
                 raise RuntimeError(f"server exited: {server.log_tail()}")
             used = cpu1 - cpu0
-            print(f"idle ws subscribers: {a.n}; window {t1 - t0:.1f} s; server CPU {used:.3f} s "
-                  f"= {100 * used / (t1 - t0):.3f}% of a core; {1e6 * used / a.n / (t1 - t0) * 60:.1f} us per subscriber-minute",
-                  flush=True)
+            print(
+                f"idle ws subscribers: {a.n}; window {t1 - t0:.1f} s; server CPU {used:.3f} s "
+                f"= {100 * used / (t1 - t0):.3f}% of a core; {1e6 * used / a.n / (t1 - t0) * 60:.1f} us per subscriber-minute",
+                flush=True,
+            )
         finally:
             if clients is not None:
                 idle_memory.stop(clients)

@@ -23,7 +23,12 @@ def upf(store: Path, *args: str, password: str | None = None) -> subprocess.Comp
     if password is not None:
         env["UPF_PASSWORD"] = password
     return subprocess.run(
-        [sys.executable, "-m", "upf", *args], env=env, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL
+        [sys.executable, "-m", "upf", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
     )
 
 
@@ -61,7 +66,10 @@ def test_access_entries_grant_list_and_reset(tmp_path: Path) -> None:
     store = tmp_path / "upf.db"
     upf(store, "user", "add", "phil", password="pw")
     assert upf(store, "access", "phil", "up*", "rw").stdout.strip() == "granted read-write access to topic up* for phil"
-    assert upf(store, "access", "*", "announce", "read").stdout.strip() == "granted read-only access to topic announce for everyone"
+    assert (
+        upf(store, "access", "*", "announce", "read").stdout.strip()
+        == "granted read-only access to topic announce for everyone"
+    )
     assert upf(store, "access", "phil").stdout.strip() == "phil read-write up*"
     s = state(store)
     assert [(u, p, a.permission) for u, p, a in s.access] == [
@@ -127,7 +135,9 @@ def test_commands_work_while_a_server_holds_the_store(tmp_path: Path) -> None:
         port = s.getsockname()[1]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("UPF_", "FDB_"))}
     env.update(UPF_STORE_PATH=str(store), UPF_BIND=f"127.0.0.1:{port}", UPF_WORKERS="1", UPF_LOG_LEVEL="WARNING")
-    server = subprocess.Popen([sys.executable, "-m", "upf"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    server = subprocess.Popen(
+        [sys.executable, "-m", "upf"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     try:
         assert server.stdout is not None and "upf:" in server.stdout.readline()
         assert upf(store, "user", "add", "live", password="pw").returncode == 0

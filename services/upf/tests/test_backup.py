@@ -17,7 +17,9 @@ async def test_restore_repairs_split_entries_and_raises_the_version(tmp_path: Pa
     src = await open_store(Settings(store_path=str(tmp_path / "a.db")))
     try:
         published = [
-            await src.publish("upT1", Envelope(time=now, expires=now + 3600 + i, message=f"m{i}"), idem=f"k{i}" if i % 2 else "")
+            await src.publish(
+                "upT1", Envelope(time=now, expires=now + 3600 + i, message=f"m{i}"), idem=f"k{i}" if i % 2 else ""
+            )
             for i in range(20)
         ]
         lost_x = published[3]  # as if the janitor's page boundary fell between its Q and its X entry
@@ -51,7 +53,9 @@ async def test_restore_repairs_split_entries_and_raises_the_version(tmp_path: Pa
     assert top == published[-1].stamp
     assert [keys.unpack_queue_key(k)[1] for k, _ in got[keys.Prefix.QUEUE]] == [p.stamp for p in published]
     expiries = sorted(keys.unpack_expiry_key(k) for k, _ in got[keys.Prefix.EXPIRY])
-    assert expiries == sorted((now + 3600 + i, "upT1", p.stamp) for i, p in enumerate(published))  # repaired, orphan dropped
+    assert expiries == sorted(
+        (now + 3600 + i, "upT1", p.stamp) for i, p in enumerate(published)
+    )  # repaired, orphan dropped
     assert len(got[keys.Prefix.IDEMPOTENCY]) == 10 and all(b"upGONE" not in k for k, _ in got[keys.Prefix.IDEMPOTENCY])
     assert floor > int.from_bytes(after.stamp[:8], "big")  # above an id issued after the backup, then lost
     assert raise_version_floor(str(tmp_path / "c.db"), floor) == floor

@@ -100,8 +100,12 @@ async def start_in_process(settings: Settings, telemetry: tm.Telemetry) -> tuple
 
     store = await open_store(settings)
     pusher = await serve(
-        settings, store, fallback=create_app(settings, store, telemetry=telemetry), telemetry=telemetry,
-        host="127.0.0.1", port=0,
+        settings,
+        store,
+        fallback=create_app(settings, store, telemetry=telemetry),
+        telemetry=telemetry,
+        host="127.0.0.1",
+        port=0,
     )
     return store, pusher, f"http://127.0.0.1:{pusher.port}"
 
@@ -195,5 +199,3 @@ async def test_tracing_off_makes_no_spans_and_stores_no_traceparent(tmp_path) ->
 
 def _equal(a: Any, b: Any) -> None:
     assert a == b, (a, b)
-
-

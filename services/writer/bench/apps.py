@@ -41,7 +41,10 @@ async def routed_publish(topic: str, request: Request) -> Response[bytes]:
     query = decode_query(request.scope["query_string"])
     ing = ingest.ingest_publish(topic, headers, query, body, now=0, limits=LIMITS)
     published = await NullStore().publish(ing.topic, ing.envelope)
-    return Response(schemas.encode(message_from_envelope(published.stamp, ing.topic, published.envelope)), media_type="application/json")
+    return Response(
+        schemas.encode(message_from_envelope(published.stamp, ing.topic, published.envelope)),
+        media_type="application/json",
+    )
 
 
 routed = Litestar([routed_publish], openapi_config=None, logging_config=None)

@@ -145,7 +145,12 @@ async def _measure(store_kind: str, seconds: float, concurrency: int, warmup: fl
     if telemetry is not None:
         tracing = telemetry.tracing
         telemetry.shutdown()
-    return {"rate": done / elapsed, "failed": failed, "cpu_us_per_publish": 1e6 * cpu / max(done, 1), "tracing": tracing}
+    return {
+        "rate": done / elapsed,
+        "failed": failed,
+        "cpu_us_per_publish": 1e6 * cpu / max(done, 1),
+        "tracing": tracing,
+    }
 
 
 def _child(args: argparse.Namespace) -> None:
@@ -172,10 +177,21 @@ def _env(mode: str, stub_port: int, baseline_src: str = "") -> dict[str, str]:
     return env
 
 
-def _run_one(mode: str, store: str, args: argparse.Namespace, stub_port: int, baseline_src: str = "") -> dict[str, float]:
+def _run_one(
+    mode: str, store: str, args: argparse.Namespace, stub_port: int, baseline_src: str = ""
+) -> dict[str, float]:
     cmd = [
-        sys.executable, __file__, "--child", "--store", store, "--seconds", str(args.seconds),
-        "--concurrency", str(args.concurrency), "--warmup", str(args.warmup),
+        sys.executable,
+        __file__,
+        "--child",
+        "--store",
+        store,
+        "--seconds",
+        str(args.seconds),
+        "--concurrency",
+        str(args.concurrency),
+        "--warmup",
+        str(args.warmup),
     ]
     out = subprocess.run(cmd, env=_env(mode, stub_port, baseline_src), capture_output=True, text=True, timeout=120)
     if out.returncode != 0:
@@ -217,7 +233,9 @@ def main() -> None:
     p.add_argument("--concurrency", type=int, default=64)
     p.add_argument("--store", choices=["null", "embedded", "both"], default="both")
     p.add_argument(
-        "--baseline", metavar="REV", default="",
+        "--baseline",
+        metavar="REV",
+        default="",
         help="also measure the writer as of git revision REV (e.g. the commit before telemetry) as mode 'before'",
     )
     p.add_argument("--modes", default="off,traces,1%,all", help="comma list of modes to run (default: all four)")
@@ -236,18 +254,29 @@ def main() -> None:
             modes = ("off", *modes)
         if args.baseline:
             baseline_src = tempfile.mkdtemp(prefix="upf-baseline-")
-            repo = subprocess.run(["git", "rev-parse", "--show-toplevel"], capture_output=True, text=True, check=True,
-                                  cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip()
-            archive = subprocess.run(["git", "archive", args.baseline, "libs/upf-keyspace/src", "services/writer/src"],
-                                     capture_output=True, check=True, cwd=repo).stdout
+            repo = subprocess.run(
+                ["git", "rev-parse", "--show-toplevel"],
+                capture_output=True,
+                text=True,
+                check=True,
+                cwd=os.path.dirname(os.path.abspath(__file__)),
+            ).stdout.strip()
+            archive = subprocess.run(
+                ["git", "archive", args.baseline, "libs/upf-keyspace/src", "services/writer/src"],
+                capture_output=True,
+                check=True,
+                cwd=repo,
+            ).stdout
             subprocess.run(["tar", "-x", "-C", baseline_src], input=archive, check=True)
             modes = ("before", *modes)
         if args.baseline:
             print(f"before = the writer as of {args.baseline} (no telemetry code at all)")
-        print(f"telemetry cost: {args.rounds} rounds x {args.seconds:g} s per mode, {args.concurrency} concurrent publishers, "
-              f"100-byte body, traceparent header. off = default (cells + /metrics); traces = OTLP/HTTP traces "
-              f"(batch processor, every publish sampled) to a local stub; 1% = the same, ratio-sampled; "
-              f"all = every trace + OTLP metric push every 1 s")
+        print(
+            f"telemetry cost: {args.rounds} rounds x {args.seconds:g} s per mode, {args.concurrency} concurrent publishers, "
+            f"100-byte body, traceparent header. off = default (cells + /metrics); traces = OTLP/HTTP traces "
+            f"(batch processor, every publish sampled) to a local stub; 1% = the same, ratio-sampled; "
+            f"all = every trace + OTLP metric push every 1 s"
+        )
         for store in stores:
             rates: dict[str, list[float]] = {m: [] for m in modes}
             cpu: dict[str, list[float]] = {m: [] for m in modes}
@@ -260,12 +289,16 @@ def main() -> None:
             med = {m: statistics.median(rates[m]) for m in modes}
             cmed = {m: statistics.median(cpu[m]) for m in modes}
             print(f"\nstore={store}")
-            print(f"  {'mode':<7} {'publishes/s (median)':>21}  {'ratio to off':>12}  {'CPU us/publish':>14}  all rounds")
+            print(
+                f"  {'mode':<7} {'publishes/s (median)':>21}  {'ratio to off':>12}  {'CPU us/publish':>14}  all rounds"
+            )
             for m in modes:
                 rounds = ", ".join(f"{x:,.0f}" for x in rates[m])
                 print(f"  {m:<7} {med[m]:>21,.0f}  {med[m] / med['off']:>12.3f}  {cmed[m]:>14.1f}  {rounds}")
-        print(f"\nmetric cells with telemetry off: {_cell_cost():.0f} ns per publish "
-              f"(2 histogram records, 2 counter adds)")
+        print(
+            f"\nmetric cells with telemetry off: {_cell_cost():.0f} ns per publish "
+            f"(2 histogram records, 2 counter adds)"
+        )
     finally:
         stub.terminate()
         stub.wait(5)

@@ -43,7 +43,9 @@ async def lifespan(app: ASGIApp) -> AsyncIterator[None]:
     thread with another loop, where a store opened by the test cannot be used)."""
     to_app: asyncio.Queue[dict] = asyncio.Queue()
     from_app: asyncio.Queue[dict] = asyncio.Queue()
-    task = asyncio.create_task(app({"type": "lifespan", "asgi": {"version": "3.0"}, "state": {}}, to_app.get, from_app.put))
+    task = asyncio.create_task(
+        app({"type": "lifespan", "asgi": {"version": "3.0"}, "state": {}}, to_app.get, from_app.put)
+    )
     await to_app.put({"type": "lifespan.startup"})
     started = await from_app.get()
     if started["type"] != "lifespan.startup.complete":

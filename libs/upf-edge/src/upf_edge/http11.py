@@ -84,7 +84,17 @@ def bad_request(error: str = "invalid request: malformed HTTP request") -> HttpE
 class RequestHead:
     """One parsed request head. ``headers`` keeps the raw (name lower-cased, value) byte pairs for ASGI."""
 
-    __slots__ = ("method", "raw_target", "path", "raw_path", "query_string", "version", "headers", "content_length", "chunked")
+    __slots__ = (
+        "method",
+        "raw_target",
+        "path",
+        "raw_path",
+        "query_string",
+        "version",
+        "headers",
+        "content_length",
+        "chunked",
+    )
 
     def __init__(
         self,
@@ -202,7 +212,15 @@ def parse_head(raw: bytes) -> RequestHead:
     except UnicodeDecodeError:
         raise bad_request("invalid request: path is not UTF-8") from None
     return RequestHead(
-        method.decode("ascii"), target, path, raw_path, query_string, "1." + chr(minor[0]), headers, content_length, chunked
+        method.decode("ascii"),
+        target,
+        path,
+        raw_path,
+        query_string,
+        "1." + chr(minor[0]),
+        headers,
+        content_length,
+        chunked,
     )
 
 
@@ -266,9 +284,7 @@ def json_response(
     return response_head(status, headers) + (b"" if head_only else body)
 
 
-def error_response(
-    problem: Problem, *, keep_alive: bool = False, extra: tuple[tuple[bytes, bytes], ...] = ()
-) -> bytes:
+def error_response(problem: Problem, *, keep_alive: bool = False, extra: tuple[tuple[bytes, bytes], ...] = ()) -> bytes:
     """ntfy's error reply: the JSON body plus a newline, ``Content-Type: application/json``; ``extra``
     are further headers (a 429's ``Retry-After``)."""
     return json_response(problem.http, error_body(problem), keep_alive=keep_alive, extra=extra)

@@ -83,9 +83,28 @@ def presents_credentials(authorization: str | None, auth_param: str | None) -> b
 
 class RequestLimiter:
     __slots__ = (
-        "store", "config", "header", "clock", "_local", "_refused", "_pending", "_waiting", "_exempt_peers", "_peer_keys", "_swept",
-        "_left", "_blocked", "_messages", "_no_messages", "_tasks", "_rates", "_rates_set", "_topics",
-        "_headers", "_stored", "__weakref__",
+        "store",
+        "config",
+        "header",
+        "clock",
+        "_local",
+        "_refused",
+        "_pending",
+        "_waiting",
+        "_exempt_peers",
+        "_peer_keys",
+        "_swept",
+        "_left",
+        "_blocked",
+        "_messages",
+        "_no_messages",
+        "_tasks",
+        "_rates",
+        "_rates_set",
+        "_topics",
+        "_headers",
+        "_stored",
+        "__weakref__",
     )
 
     def __init__(self, store: Store, config: LimitConfig, clock: Callable[[], float] = time.time) -> None:

@@ -61,7 +61,9 @@ class Acceptor:
 
     __slots__ = ("loop", "sock", "factory", "tasks", "closed", "failures", "logged_at", "_retry")
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, sock: socket.socket, factory: Callable[[], asyncio.Protocol]) -> None:
+    def __init__(
+        self, loop: asyncio.AbstractEventLoop, sock: socket.socket, factory: Callable[[], asyncio.Protocol]
+    ) -> None:
         self.loop = loop
         self.sock = sock
         self.factory = factory
@@ -126,7 +128,11 @@ class Acceptor:
         if now - self.logged_at >= EXHAUSTED_LOG_SECS:
             log.warning(
                 "accept paused: out of descriptors",
-                extra={"errno": errno.errorcode.get(err, err), "failures": self.failures, "backoff_secs": ACCEPT_BACKOFF_SECS},
+                extra={
+                    "errno": errno.errorcode.get(err, err),
+                    "failures": self.failures,
+                    "backoff_secs": ACCEPT_BACKOFF_SECS,
+                },
             )
             self.logged_at = now
             self.failures = 0

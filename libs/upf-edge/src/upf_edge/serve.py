@@ -45,7 +45,9 @@ class HandlerServer:
             await self.server.wait_closed()
 
 
-async def serve_handler(handler: Handler, host: str, port: int, *, head_timeout: float = HEAD_TIMEOUT_SECS) -> HandlerServer:
+async def serve_handler(
+    handler: Handler, host: str, port: int, *, head_timeout: float = HEAD_TIMEOUT_SECS
+) -> HandlerServer:
     """Listen on ``host:port`` and answer every request with ``handler`` (404 for what it does not want)."""
     served = HandlerServer()
 
@@ -107,4 +109,3 @@ async def serve_handler(handler: Handler, host: str, port: int, *, head_timeout:
 
     served.server = await asyncio.start_server(connection, host, port)
     return served
-

@@ -169,8 +169,16 @@ def test_ntfy_precedence_own_entries_then_longer_pattern_then_write() -> None:
 
 
 def test_write_granting_entry_wins_a_tie() -> None:
-    authz = Authorizer(state([(EVERYONE, "t*", Permission.READ_ONLY), (EVERYONE, "t*x", Permission.DENY),
-                              (EVERYONE, "t*", Permission.WRITE_ONLY)]), default=Permission.DENY)
+    authz = Authorizer(
+        state(
+            [
+                (EVERYONE, "t*", Permission.READ_ONLY),
+                (EVERYONE, "t*x", Permission.DENY),
+                (EVERYONE, "t*", Permission.WRITE_ONLY),
+            ]
+        ),
+        default=Permission.DENY,
+    )
     assert authz.permission(ANONYMOUS, "tab") is Permission.WRITE_ONLY
 
 

@@ -43,5 +43,7 @@ async def test_with_cors_adds_the_origin_once_and_passes_the_rest() -> None:
     await send({"type": "http.response.body", "body": b"x"})
     assert sent.headers().count(ORIGIN) == 1 and sent.messages[1] == {"type": "http.response.body", "body": b"x"}
     sent = Sent()
-    await with_cors(sent)({"type": "http.response.start", "status": 200, "headers": [(b"Access-Control-Allow-Origin", b"x")]})
+    await with_cors(sent)(
+        {"type": "http.response.start", "status": 200, "headers": [(b"Access-Control-Allow-Origin", b"x")]}
+    )
     assert sent.headers() == [(b"access-control-allow-origin", b"x")]  # a route's own value is kept

@@ -33,7 +33,13 @@ def head(text: str) -> bytes:
 def test_parses_method_path_query_and_headers() -> None:
     """A normal GET yields its decoded path, raw query and lower-cased headers."""
     h = parse_head(head("GET /up%41b/json?since=all&poll=1 HTTP/1.1\nHost: x\nX-Since:  10m "))
-    assert (h.method, h.path, h.raw_path, h.query_string, h.version) == ("GET", "/upAb/json", b"/up%41b/json", b"since=all&poll=1", "1.1")
+    assert (h.method, h.path, h.raw_path, h.query_string, h.version) == (
+        "GET",
+        "/upAb/json",
+        b"/up%41b/json",
+        b"since=all&poll=1",
+        "1.1",
+    )
     assert h.header(b"x-since") == b"10m"
     assert h.query() == {"since": "all", "poll": "1"}
     assert h.keep_alive

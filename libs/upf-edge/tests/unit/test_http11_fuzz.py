@@ -103,13 +103,24 @@ fields = st.lists(
     ),
     max_size=5,
 )  # fmt: skip
-targets = st.lists(st.sampled_from([b"/t", b"/json", b"?", b"&", b"=", b"%ff", b"%c3%a9", b"%00", b"+", b"a", b"%", b"%e2%82"]), max_size=8).map(b"".join)
+targets = st.lists(
+    st.sampled_from([b"/t", b"/json", b"?", b"&", b"=", b"%ff", b"%c3%a9", b"%00", b"+", b"a", b"%", b"%e2%82"]),
+    max_size=8,
+).map(b"".join)
 
 
 @SETTINGS
 @given(target=targets, fields=fields, version=st.sampled_from([b"HTTP/1.1", b"HTTP/1.0"]))
 def test_head_accessors_never_raise_but_400(target: bytes, fields: list[tuple[bytes, bytes]], version: bytes) -> None:
-    raw = b"GET /" + target + b" " + version + b"\r\nHost: x\r\n" + b"".join(k + b": " + v + b"\r\n" for k, v in fields) + b"\r\n"
+    raw = (
+        b"GET /"
+        + target
+        + b" "
+        + version
+        + b"\r\nHost: x\r\n"
+        + b"".join(k + b": " + v + b"\r\n" for k, v in fields)
+        + b"\r\n"
+    )
     try:
         assert find_head_end(raw) == len(raw)
         head = parse_head(raw)

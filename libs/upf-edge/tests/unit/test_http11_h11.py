@@ -18,7 +18,9 @@ from upf_edge.http11 import HttpError, RequestBody, find_head_end, parse_head
 
 # valid parts are drawn more often than junk, so that both accepted and refused heads come up
 _METHODS = st.sampled_from([b"GET", b"POST", b"PUT", b"HEAD", b"GET", b"POST", b"G(T", b"", b"get", b"P\x00T"])
-_TARGET_BYTES = st.sampled_from([b"/", b"t", b"/json", b"?", b"=", b"%41", b"%ff", b" ", b"\x00", b"\x01", b"\x7f", b"\xc3\xa9", b"\t", b"*"])
+_TARGET_BYTES = st.sampled_from(
+    [b"/", b"t", b"/json", b"?", b"=", b"%41", b"%ff", b" ", b"\x00", b"\x01", b"\x7f", b"\xc3\xa9", b"\t", b"*"]
+)
 _CLEAN_TARGETS = st.sampled_from([b"/t/json", b"/t?up=1", b"*", b"/", b"/a,b/ws?since=all", b"/t%20x"])
 _TARGETS = st.one_of(
     _CLEAN_TARGETS,
@@ -27,23 +29,49 @@ _TARGETS = st.one_of(
     st.lists(_TARGET_BYTES, max_size=6).map(b"".join),
 )
 _VERSIONS = st.sampled_from(
-    [b"HTTP/1.1", b"HTTP/1.0", b"HTTP/1.1", b"HTTP/1.0", b"HTTP/1.1", b"HTTP/2.0", b"HTTP/1.2", b"http/1.1", b"HTTP/1.1 ", b"HTTP/11"]
+    [
+        b"HTTP/1.1",
+        b"HTTP/1.0",
+        b"HTTP/1.1",
+        b"HTTP/1.0",
+        b"HTTP/1.1",
+        b"HTTP/2.0",
+        b"HTTP/1.2",
+        b"http/1.1",
+        b"HTTP/1.1 ",
+        b"HTTP/11",
+    ]
 )
 _NAMES = st.sampled_from(
-    [b"Host", b"host", b"Content-Length", b"Transfer-Encoding", b"X-Title", b"Expect", b"Connection", b"X-Title", b"X A", b"", b"\x00"]
+    [
+        b"Host",
+        b"host",
+        b"Content-Length",
+        b"Transfer-Encoding",
+        b"X-Title",
+        b"Expect",
+        b"Connection",
+        b"X-Title",
+        b"X A",
+        b"",
+        b"\x00",
+    ]
 )
 _VALUE_BYTES = st.sampled_from(
     [b"chunked", b"Chunked", b"gzip", b",", b" ", b"\t", b"5", b"0", b"-1", b"+", b"x", b"\x00", b"\x01", b"\x7f", b"\xff",
      b"\r", b"\n", b"\x0b", b"100-continue", b"identity"]
 )  # fmt: skip
 _VALUES = st.one_of(
-    st.sampled_from([b"x", b"5", b"chunked", b"", b"5, 5", b"5, 6", b"a b", b"a\tb"]), st.lists(_VALUE_BYTES, max_size=5).map(b"".join)
+    st.sampled_from([b"x", b"5", b"chunked", b"", b"5, 5", b"5, 6", b"a b", b"a\tb"]),
+    st.lists(_VALUE_BYTES, max_size=5).map(b"".join),
 )
 _CLEAN_FIELDS = st.sampled_from(
     [(b"X-Title", b": ", b"hi"), (b"Connection", b": ", b"close"), (b"Content-Length", b": ", b"0"),
      (b"Transfer-Encoding", b": ", b"chunked"), (b"Expect", b": ", b"100-continue"), (b"Accept", b":", b"*/*")]
 )  # fmt: skip
-_FIELD = st.one_of(_CLEAN_FIELDS, _CLEAN_FIELDS, st.tuples(_NAMES, st.sampled_from([b":", b": ", b" :", b":\t"]), _VALUES))
+_FIELD = st.one_of(
+    _CLEAN_FIELDS, _CLEAN_FIELDS, st.tuples(_NAMES, st.sampled_from([b":", b": ", b" :", b":\t"]), _VALUES)
+)
 _FIELDS = st.lists(_FIELD, max_size=4)
 _EOLS = st.sampled_from([b"\r\n"] * 9 + [b"\n"])
 
@@ -54,7 +82,13 @@ def heads(draw: st.DrawFn) -> bytes:
     if draw(st.booleans()):
         line = draw(_METHODS) + b" " + draw(_TARGETS) + b" " + draw(_VERSIONS)
     else:
-        line = draw(st.sampled_from([b"GET", b"POST"])) + b" " + draw(_CLEAN_TARGETS) + b" " + draw(st.sampled_from([b"HTTP/1.1", b"HTTP/1.0"]))
+        line = (
+            draw(st.sampled_from([b"GET", b"POST"]))
+            + b" "
+            + draw(_CLEAN_TARGETS)
+            + b" "
+            + draw(st.sampled_from([b"HTTP/1.1", b"HTTP/1.0"]))
+        )
     fields = [name + sep + value for name, sep, value in draw(_FIELDS)]
     if draw(st.integers(0, 3)):  # most real heads carry a Host
         fields.insert(0, b"Host: example.org")

@@ -37,13 +37,19 @@ async def test_bodies_of_each_path() -> None:
     assert not r.wants("GET", "/sometopic") and "/metrics" in PATHS
 
 
-@pytest.mark.parametrize(("result", "fail", "status"), [(None, False, 200), (True, False, 200), (False, False, 503), (None, True, 503)])
+@pytest.mark.parametrize(
+    ("result", "fail", "status"), [(None, False, 200), (True, False, 200), (False, False, 503), (None, True, 503)]
+)
 async def test_heartbeat_follows_the_store_probe(result: object, fail: bool, status: int) -> None:
     """The heartbeat is 200 when the probe returns; 503 with ntfy's error JSON when it raises or says False."""
     reply = await call(routes(result, fail), "GET", "/__heartbeat__")
     assert reply.status == status
     if status == 503:
-        assert json.loads(reply.body) == {"code": 50301, "http": 503, "error": "service unavailable: store not responding"}
+        assert json.loads(reply.body) == {
+            "code": 50301,
+            "http": 503,
+            "error": "service unavailable: store not responding",
+        }
     else:
         assert json.loads(reply.body) == {"status": "ok", "store": "ok"}
 
@@ -66,7 +72,10 @@ async def test_full_storage_degrades_both_health_endpoints_for_a_window() -> Non
     storage.write_refused()
     health, heartbeat = await call(r, "GET", "/v1/health"), await call(r, "GET", "/__heartbeat__")
     assert (health.status, json.loads(health.body)) == (503, {"healthy": False, "storage": "full"})
-    assert (heartbeat.status, json.loads(heartbeat.body)) == (503, {"status": "degraded", "store": "ok", "storage": "full"})
+    assert (heartbeat.status, json.loads(heartbeat.body)) == (
+        503,
+        {"status": "degraded", "store": "ok", "storage": "full"},
+    )
     await asyncio.sleep(0.35)
     assert (await call(r, "GET", "/v1/health")).status == 200 and (await call(r, "GET", "/__heartbeat__")).status == 200
 

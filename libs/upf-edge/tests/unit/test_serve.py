@@ -96,7 +96,9 @@ async def test_head_gets_no_body(ops) -> None:
 async def test_bad_requests_get_ntfy_error_bodies(ops, raw: bytes, status: int, code: int) -> None:
     got, headers, body = await exchange(ops[0].port, raw)
     assert got == status and headers["content-type"] == "application/json"
-    assert json.loads(body) == {"code": code, "http": status, "error": json.loads(body)["error"]} and body.endswith(b"\n")
+    assert json.loads(body) == {"code": code, "http": status, "error": json.loads(body)["error"]} and body.endswith(
+        b"\n"
+    )
 
 
 class Echo:
@@ -108,7 +110,15 @@ class Echo:
     def body_limit(self, method: str, topic: str) -> int:
         return 4
 
-    async def __call__(self, method: str, topic: str, headers: Sequence[tuple[bytes, bytes]], query: bytes, body: bytes | None, client: str) -> Reply:
+    async def __call__(
+        self,
+        method: str,
+        topic: str,
+        headers: Sequence[tuple[bytes, bytes]],
+        query: bytes,
+        body: bytes | None,
+        client: str,
+    ) -> Reply:
         if body is None:
             return Reply(413, b'{"code":41301,"http":413,"error":"too large"}\n')
         return Reply(200, body + b"|" + query + b"|" + client.encode())

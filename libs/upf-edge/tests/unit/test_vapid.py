@@ -111,7 +111,9 @@ def test_wrong_algorithm_and_bad_keys(signer):
     assert v.verify(Credentials(token, "BPub"), NOW) == "bad_key"
     assert v.verify(Credentials(token, "not base64!"), NOW) == "bad_key"
     assert v.verify(Credentials(token, ""), NOW) == "malformed"
-    compressed = private.public_key().public_bytes(serialization.Encoding.X962, serialization.PublicFormat.CompressedPoint)
+    compressed = private.public_key().public_bytes(
+        serialization.Encoding.X962, serialization.PublicFormat.CompressedPoint
+    )
     assert v.verify(Credentials(token, b64url(compressed)), NOW) == "ok"  # the same point, compressed
     claims_not_json = token.split(".")[0] + "." + b64url(b"not json") + "." + token.split(".")[2]
     assert v.verify(Credentials(claims_not_json, key), NOW) == "malformed"
@@ -151,7 +153,12 @@ def test_topic_and_urgency_syntax():
     assert not valid_push_topic("a" * 33)
     assert not valid_push_topic("has space") and not valid_push_topic("plus+") and not valid_push_topic("pad=")
     assert not valid_push_topic("")
-    assert [u for u in ("very-low", "low", "normal", "high", "urgent", "") if valid_urgency(u)] == ["very-low", "low", "normal", "high"]
+    assert [u for u in ("very-low", "low", "normal", "high", "urgent", "") if valid_urgency(u)] == [
+        "very-low",
+        "low",
+        "normal",
+        "high",
+    ]
 
 
 def test_origin_of():

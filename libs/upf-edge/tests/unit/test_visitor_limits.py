@@ -186,7 +186,6 @@ async def test_an_admitted_request_carries_what_its_bucket_holds():
     assert dict(success_headers(LimitConfig(burst=60), 99))[b"ratelimit"] == b"limit=60, remaining=60, reset=0"
 
 
-
 class RateStore(FakeStore):
     def __init__(self) -> None:
         super().__init__()

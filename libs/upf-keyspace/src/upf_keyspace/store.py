@@ -176,7 +176,9 @@ class Store:
         """Resolve ``since`` without holding the topics (``poll=1`` reads and leaves)."""
         return await self._resumed(await self.db.transact(ops.read.positions, topics, since), since)
 
-    async def _resumed(self, found: Mapping[str, bytes | None | ops.read.Resume], since: Since) -> dict[str, bytes | None]:
+    async def _resumed(
+        self, found: Mapping[str, bytes | None | ops.read.Resume], since: Since
+    ) -> dict[str, bytes | None]:
         """Finish the time positions that need an unindexed queue scanned: one bounded batch per
         transaction, yielding to the event loop between them (the embedded driver's reads do not)."""
         out: dict[str, bytes | None] = {}
@@ -274,7 +276,9 @@ class Store:
         """The subscriber a UnifiedPush publish to ``topic`` is charged to (see ``ops.limits``)."""
         return await self.db.transact(ops.limits.rate_visitor, topic, now)
 
-    async def sweep_rate_visitors(self, now: float, after: bytes | None = None, limit: int = 500) -> tuple[int, bytes | None]:
+    async def sweep_rate_visitors(
+        self, now: float, after: bytes | None = None, limit: int = 500
+    ) -> tuple[int, bytes | None]:
         return await self.db.transact(ops.limits.sweep_rate_visitors, now, after, limit)
 
     async def touch_topics(self, topics: list[str], now: int, limit: int) -> bool:

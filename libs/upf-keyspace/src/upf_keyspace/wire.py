@@ -50,7 +50,6 @@ class Message(msgspec.Struct, frozen=True, omit_defaults=True, kw_only=True):
     encoding: str = ""
 
 
-
 def message_from_envelope(stamp: bytes, topic: str, env: Envelope) -> Message:
     """A released scheduled message keeps the id its publisher was given (``origin_id``); an
     ``X-Cache: no`` one has no ``expires`` (ntfy's wire form: it is never kept)."""

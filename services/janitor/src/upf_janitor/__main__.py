@@ -32,7 +32,9 @@ async def amain(service_name: str = "upf-janitor") -> None:
 
     registry = telemetry.registry
     # The same ops routes, store probe (a ping) and heartbeat timeout as the writer's.
-    ops = OpsRoutes("upf-janitor", __version__, store.ping, lambda: tm.render_metrics(registry), tm.METRICS_CONTENT_TYPE)
+    ops = OpsRoutes(
+        "upf-janitor", __version__, store.ping, lambda: tm.render_metrics(registry), tm.METRICS_CONTENT_TYPE
+    )
     server = await serve_handler(ops, settings.bind_host, settings.bind_port)
     log.info("janitor started", extra={"bind": f"{settings.bind_host}:{settings.bind_port}", "store": store.db.name})
     run = asyncio.create_task(janitor.run(stop))

@@ -51,7 +51,9 @@ class JanitorMetrics:
     __slots__ = ("passes", "failed_passes", "expired", "swept_nodes", "cleared_affinities", "cleared_buckets")
 
     def __init__(self, registry: tm.Registry) -> None:
-        passes = registry.counter("upf.janitor.passes", "janitor passes, by result: ok or failed", attributes=("result",))
+        passes = registry.counter(
+            "upf.janitor.passes", "janitor passes, by result: ok or failed", attributes=("result",)
+        )
         self.passes = passes.cell("ok")
         self.failed_passes = passes.cell("failed")
         self.expired = registry.counter("upf.janitor.expired", "messages deleted because their TTL ran out").cell()
@@ -118,7 +120,9 @@ class Janitor:
                 break
         after = None
         while True:
-            cleared, after = await self.store.sweep_auth_buckets(now, self.auth_burst, self.auth_refill_secs, after, BUCKET_BATCH)
+            cleared, after = await self.store.sweep_auth_buckets(
+                now, self.auth_burst, self.auth_refill_secs, after, BUCKET_BATCH
+            )
             result.cleared_buckets += cleared
             metrics.cleared_buckets.add(cleared)
             if after is None:
@@ -141,9 +145,13 @@ class Janitor:
         if result.expired or result.swept_nodes or result.cleared_buckets or result.cleared_subscriptions:
             log.info(
                 "janitor pass",
-                extra={"expired": result.expired, "swept_nodes": len(result.swept_nodes),
-                       "cleared_affinities": result.cleared_affinities, "cleared_buckets": result.cleared_buckets,
-                       "cleared_subscriptions": result.cleared_subscriptions},
+                extra={
+                    "expired": result.expired,
+                    "swept_nodes": len(result.swept_nodes),
+                    "cleared_affinities": result.cleared_affinities,
+                    "cleared_buckets": result.cleared_buckets,
+                    "cleared_subscriptions": result.cleared_subscriptions,
+                },
             )
         return result
 

@@ -26,7 +26,9 @@ __all__ = ["ASGIApp", "MAX_BODY", "Cycle", "Lifespan"]
 
 log = logging.getLogger("upf.pusher.asgi")
 
-ASGIApp = Callable[[MutableMapping[str, Any], Callable[[], Awaitable[dict]], Callable[[dict], Awaitable[None]]], Awaitable[None]]
+ASGIApp = Callable[
+    [MutableMapping[str, Any], Callable[[], Awaitable[dict]], Callable[[dict], Awaitable[None]]], Awaitable[None]
+]
 MAX_BODY = 64 * 1024
 _NO_BODY_STATUS = frozenset({204, 304})
 INTERNAL_ERROR = Problem(50000, 500, "internal server error")
@@ -275,5 +277,9 @@ class Lifespan:
             self._started.set_result("complete")
         elif kind == "lifespan.startup.failed" and self._started and not self._started.done():
             self._started.set_result("failed: " + str(message.get("message", "")))
-        elif kind in ("lifespan.shutdown.complete", "lifespan.shutdown.failed") and self._stopped and not self._stopped.done():
+        elif (
+            kind in ("lifespan.shutdown.complete", "lifespan.shutdown.failed")
+            and self._stopped
+            and not self._stopped.done()
+        ):
             self._stopped.set_result(kind)

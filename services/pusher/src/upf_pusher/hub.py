@@ -113,7 +113,9 @@ class HubMetrics:
             attributes=("transport",),
         )
         connections = registry.gauge(
-            "upf.pusher.connections", "open subscriber connections (streams and polls), by transport", attributes=("transport",)
+            "upf.pusher.connections",
+            "open subscriber connections (streams and polls), by transport",
+            attributes=("transport",),
         )
         self.transports = {
             t: _TransportCells(deliveries.cell(t), latency.cell(t), connections.cell(t)) for t in TRANSPORTS
@@ -175,7 +177,12 @@ class Hub:
             await self.store.heartbeat(self.node, int(time.time()))
         except Exception:
             log.warning("first heartbeat failed", extra={"node": self.node}, exc_info=True)
-        loops: list[Coroutine[Any, Any, None]] = [self._bell_loop(), self._safety_loop(), self._sweep_loop(), self._heartbeat_loop()]
+        loops: list[Coroutine[Any, Any, None]] = [
+            self._bell_loop(),
+            self._safety_loop(),
+            self._sweep_loop(),
+            self._heartbeat_loop(),
+        ]
         loops.append(release_loop(self.store, self.settings.release_poll_secs, self.node))
         self._loops = [asyncio.create_task(c) for c in loops]
 
@@ -289,7 +296,9 @@ class Hub:
         self.run(sub, sub.session.write_resumed(), RESUME)
 
     # --- commands -----------------------------------------------------------------------------------
-    def run(self, sub: Subscriber, commands: Iterable[Command], trigger: str = BELL, out: _Outbox | None = None) -> None:
+    def run(
+        self, sub: Subscriber, commands: Iterable[Command], trigger: str = BELL, out: _Outbox | None = None
+    ) -> None:
         """Carry out a session's commands in order. Reads join the next read round; sends are written
         at once, or collected into ``out`` (inside a read round) and written once per connection when
         the round ends. ``trigger`` is what started this chain of reads (subscribe, bell, safety poll,
@@ -313,7 +322,9 @@ class Hub:
                     self.metrics.slow_closes.add()
                 sub.close(cmd.reason)
 
-    def _write(self, sub: Subscriber, sends: list[tuple[Send, str]], frames: _FrameCache, now_ms: float | None = None) -> None:
+    def _write(
+        self, sub: Subscriber, sends: list[tuple[Send, str]], frames: _FrameCache, now_ms: float | None = None
+    ) -> None:
         """Write ``sends`` to ``sub`` in one call: events framed for this connection, queued messages
         framed once per frame kind through ``frames`` (shared by a round). Counts what was delivered,
         records latency from ``published_ms`` and, when tracing, wraps the write in one ``deliver``
@@ -694,7 +705,9 @@ class Hub:
                 except Exception as exc:
                     failures += 1
                     # A store error's code says it all (a full store, a timeout): no traceback.
-                    log.warning("affinity update failed", extra={"hold": want}, exc_info=not isinstance(exc, StoreError))
+                    log.warning(
+                        "affinity update failed", extra={"hold": want}, exc_info=not isinstance(exc, StoreError)
+                    )
                     if failures >= 5:
                         return  # stale affinity only costs pokes; the heartbeat's re-hold covers a lost hold
                     await asyncio.sleep(0.1 * 2**failures)

@@ -32,7 +32,9 @@ _ROUTE = re.compile(r"/([^/]+)/(ws|json|sse|raw)")
 _NTFY_ID = re.compile(r"[A-Za-z0-9]{12}")
 _UNIX = re.compile(r"[+-]?[0-9]+")
 """Go's strconv.ParseInt: a sign is allowed, so ``since=-5`` is a (past) unix time, i.e. everything."""
-DISALLOWED_TOPICS = frozenset({"docs", "static", "file", "app", "metrics", "account", "settings", "signup", "login", "v1"})
+DISALLOWED_TOPICS = frozenset(
+    {"docs", "static", "file", "app", "metrics", "account", "settings", "signup", "login", "v1"}
+)
 """ntfy's default disallowed topics (the writer refuses to publish to them, 40010); a subscribe names
 one: 40009, since ntfy's topicsFromPath turns every topic error into that code."""
 _DURATION = re.compile(r"(?:(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|μs|ms|s|m|h|d))+")

@@ -300,7 +300,9 @@ class HttpProtocol(asyncio.Protocol):
         keep = head.keep_alive
         try:
             headers, query = head.header_map(), head.query()
-            req = parse_subscribe(topics_raw, transport_name, headers, query, time.time, p.settings.max_topics_per_subscribe)
+            req = parse_subscribe(
+                topics_raw, transport_name, headers, query, time.time, p.settings.max_topics_per_subscribe
+            )
         except HttpError as e:  # the head itself (a query that is not UTF-8): the stream is in doubt
             self._refuse(e)
             return True
@@ -336,7 +338,9 @@ class HttpProtocol(asyncio.Protocol):
         limiter = p.limiter
         visitor: str | None = None
         try:
-            who: Identity = await limiter.identify(p.gate, headers.get("authorization"), auth_param(query), self.client, forwarded)
+            who: Identity = await limiter.identify(
+                p.gate, headers.get("authorization"), auth_param(query), self.client, forwarded
+            )
             visitor = limiter.visitor(who.user, self.client, forwarded)
             await limiter.check(visitor)
             p.gate.authorize(who, req.topics, write=False)
@@ -503,7 +507,9 @@ class Pusher:
             proto._timeout()
         self._sweeper = asyncio.get_running_loop().call_later(SWEEP_SECS, self._sweep)
 
-    async def start(self, *, host: str | None = None, port: int | None = None, sock: socket.socket | None = None) -> None:
+    async def start(
+        self, *, host: str | None = None, port: int | None = None, sock: socket.socket | None = None
+    ) -> None:
         """Run the fallback's lifespan startup, start the hub, then listen (settings' bind address by default)."""
         if self.lifespan is not None:
             await self.lifespan.startup()

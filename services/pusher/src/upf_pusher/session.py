@@ -70,7 +70,10 @@ class Send(msgspec.Struct, frozen=True):
     @property
     def messages(self) -> list[Message]:
         """The ntfy Message objects this sends (events, then rows): tests and diagnostics."""
-        return [*self.events, *(message_from_envelope(r.stamp, t, r.envelope) for t, r in zip(self.topics, self.rows, strict=True))]
+        return [
+            *self.events,
+            *(message_from_envelope(r.stamp, t, r.envelope) for t, r in zip(self.topics, self.rows, strict=True)),
+        ]
 
     @property
     def envelopes(self) -> list[Envelope] | None:

@@ -96,7 +96,11 @@ def reset(transport: asyncio.Transport) -> None:
         with contextlib.suppress(OSError):
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER_RESET)
     transport.abort()
-_STREAM_KINDS = {(name, chunked): name + "/chunked" if chunked else name for name in framing.ENCODERS for chunked in (False, True)}
+
+
+_STREAM_KINDS = {
+    (name, chunked): name + "/chunked" if chunked else name for name in framing.ENCODERS for chunked in (False, True)
+}
 
 
 class Subscriber(asyncio.Protocol, abc.ABC):
@@ -226,7 +230,9 @@ class WsSubscriber(Subscriber):
 
     frame_kind = "ws"
 
-    def __init__(self, hub: Hub, session: Session, transport: asyncio.Transport, ws: ServerProtocol, head: bytes) -> None:
+    def __init__(
+        self, hub: Hub, session: Session, transport: asyncio.Transport, ws: ServerProtocol, head: bytes
+    ) -> None:
         super().__init__(hub, session, transport)
         self.transport_name = "ws"
         self.ws = ws

@@ -14,7 +14,10 @@ from upf_pusher.server import Pusher
 async def test_one_read_serves_every_local_subscriber_at_a_cursor(pusher: Pusher, store: Store) -> None:
     """Twenty connections (ws and json) on one topic, all caught up at the same cursor: a publish is
     read from the store once for all of them, and each gets it exactly once in its own framing."""
-    clients = [await Client("ws" if i % 2 else "json").open(pusher.port, "/shared/" + ("ws" if i % 2 else "json")) for i in range(20)]
+    clients = [
+        await Client("ws" if i % 2 else "json").open(pusher.port, "/shared/" + ("ws" if i % 2 else "json"))
+        for i in range(20)
+    ]
     reads: list[tuple[str, Any, int]] = []
     real = store.read_many
 

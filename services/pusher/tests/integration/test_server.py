@@ -25,7 +25,9 @@ def status_and_body(raw: bytes) -> tuple[int, dict[str, str], bytes]:
 
 
 async def get(port: int, path: str, extra: str = "") -> tuple[int, dict[str, str], bytes]:
-    return status_and_body(await raw_request(port, f"GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n{extra}\r\n".encode()))
+    return status_and_body(
+        await raw_request(port, f"GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n{extra}\r\n".encode())
+    )
 
 
 async def test_ws_without_upgrade_is_40016(pusher: Pusher) -> None:
@@ -59,7 +61,11 @@ async def test_heartbeat_is_503_when_the_store_fails(pusher: Pusher, monkeypatch
 
     monkeypatch.setattr(pusher.store, "read_after", broken)
     status, _, body = await get(pusher.port, "/__heartbeat__")
-    assert status == 503 and json.loads(body) == {"code": 50301, "http": 503, "error": "service unavailable: store not responding"}
+    assert status == 503 and json.loads(body) == {
+        "code": 50301,
+        "http": 503,
+        "error": "service unavailable: store not responding",
+    }
 
 
 async def test_keep_alive_serves_requests_in_order(pusher: Pusher) -> None:
@@ -193,7 +199,9 @@ async def test_fallback_gets_other_requests_with_their_bodies(start_pusher: Any)
     got = json.loads(body)
     assert status == 200 and headers["content-length"] == str(len(body))
     assert got["method"] == "POST" and got["path"] == "/upA" and got["raw_path"] == "/up%41"
-    assert got["query"] == "up=1" and got["body"] == "hello" and got["state"] == "hi" and got["client"][0] == "127.0.0.1"
+    assert (
+        got["query"] == "up=1" and got["body"] == "hello" and got["state"] == "hi" and got["client"][0] == "127.0.0.1"
+    )
     await p.stop()
     assert app.lifespan == ["startup", "shutdown"]
 
@@ -217,7 +225,9 @@ async def test_fallback_chunked_body_keep_alive_and_expect_continue(start_pusher
 async def test_fallback_streaming_response_is_chunked(start_pusher: Any) -> None:
     """A response sent in several body messages goes out chunked."""
     p = await start_pusher(fallback=EchoApp())
-    status, headers, body = status_and_body(await raw_request(p.port, b"GET /stream HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"))
+    status, headers, body = status_and_body(
+        await raw_request(p.port, b"GET /stream HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    )
     assert status == 200 and headers["transfer-encoding"] == "chunked"
     assert body == b"5\r\npart1\r\n5\r\npart2\r\n0\r\n\r\n"
 
@@ -225,7 +235,9 @@ async def test_fallback_streaming_response_is_chunked(start_pusher: Any) -> None
 async def test_fallback_body_over_limit_is_413(start_pusher: Any) -> None:
     """A request body over 64 KiB is refused with 413 before the app sees it."""
     p = await start_pusher(fallback=EchoApp())
-    status, _, body = status_and_body(await raw_request(p.port, b"POST /t HTTP/1.1\r\nHost: x\r\nContent-Length: 70000\r\n\r\n"))
+    status, _, body = status_and_body(
+        await raw_request(p.port, b"POST /t HTTP/1.1\r\nHost: x\r\nContent-Length: 70000\r\n\r\n")
+    )
     assert status == 413 and json.loads(body)["http"] == 413
     big = b"8000\r\n" + b"a" * 0x8000 + b"\r\n"
     status, _, _ = status_and_body(
@@ -249,7 +261,9 @@ async def test_subscribe_and_ops_routes_take_precedence_over_the_fallback(start_
     assert (await c.next())["event"] == "open"
 
 
-async def test_store_errors_during_a_drain_are_survived(start_pusher: Any, store: Store, clients: Any, caplog: Any) -> None:
+async def test_store_errors_during_a_drain_are_survived(
+    start_pusher: Any, store: Store, clients: Any, caplog: Any
+) -> None:
     """A failing store read is logged, the process carries on, and the safety poll delivers later."""
     p = await start_pusher(safety_poll_secs=0.2)
     c = await clients(p.port, "json", "/err/json")
@@ -398,7 +412,9 @@ async def test_handler_limits_head_and_failures(tmp_path: Any, store: Store) -> 
     handler = RecordingHandler()
     p = await serve(settings_for(tmp_path), store, handler=handler, host="127.0.0.1", port=0)
     try:
-        await raw_request(p.port, b"POST /t HTTP/1.1\r\nHost: x\r\nContent-Length: 9\r\nConnection: close\r\n\r\n123456789")
+        await raw_request(
+            p.port, b"POST /t HTTP/1.1\r\nHost: x\r\nContent-Length: 9\r\nConnection: close\r\n\r\n123456789"
+        )
         assert handler.calls[-1] == ("POST", "t", None)
         out = await raw_request(p.port, b"HEAD /t?up=1 HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
         status, headers, body = status_and_body(out)
@@ -490,7 +506,9 @@ async def test_cors_preflight_on_every_path_and_origin_on_every_reply(pusher: Pu
     errors, handler replies) allows any origin; a preflight keeps the connection for the next request."""
     req = b"OPTIONS %s HTTP/1.1\r\nHost: x\r\nOrigin: https://a.example\r\nAccess-Control-Request-Method: POST\r\n\r\n"
     for path in (b"/t", b"/t/json", b"/v1/health", b"/"):
-        raw = await raw_request(pusher.port, req % path + b"GET /v1/health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        raw = await raw_request(
+            pusher.port, req % path + b"GET /v1/health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        )
         first, _, second = raw.partition(b"HTTP/1.1 200 OK\r\nContent-Type: application/json")
         status, headers, body = status_and_body(first)
         assert (status, body) == (200, b"")

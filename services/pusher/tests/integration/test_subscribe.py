@@ -65,7 +65,9 @@ async def test_since_id_resumes_after_it(transport: str, pusher: Pusher, store: 
     assert await c.quiet() == []
 
 
-async def test_cursor_from_another_topic_is_a_global_position(transport: str, pusher: Pusher, store: Store, clients) -> None:
+async def test_cursor_from_another_topic_is_a_global_position(
+    transport: str, pusher: Pusher, store: Store, clients
+) -> None:
     """An id from topic B is a position in topic A too: A's messages after it, not before."""
     await publish(store, "a", "before")
     marker = await publish(store, "b", "marker")
@@ -75,7 +77,9 @@ async def test_cursor_from_another_topic_is_a_global_position(transport: str, pu
     assert await c.quiet() == []
 
 
-async def test_multi_topic_connection_replays_in_commit_order(transport: str, pusher: Pusher, store: Store, clients) -> None:
+async def test_multi_topic_connection_replays_in_commit_order(
+    transport: str, pusher: Pusher, store: Store, clients
+) -> None:
     """One connection for several topics replays them merged in stamp order, then streams them all."""
     for i, t in enumerate(["a", "b", "a", "c", "b"]):
         await publish(store, t, f"{t}{i}")
@@ -87,7 +91,9 @@ async def test_multi_topic_connection_replays_in_commit_order(transport: str, pu
     assert got == {"live-c", "live-a"}
 
 
-async def test_every_subscriber_of_a_topic_gets_every_message(transport: str, pusher: Pusher, store: Store, clients) -> None:
+async def test_every_subscriber_of_a_topic_gets_every_message(
+    transport: str, pusher: Pusher, store: Store, clients
+) -> None:
     """Fan-out: subscribers on this transport and on the others all receive the message."""
     subs = [await clients(pusher.port, t, path("fan", t)) for t in (transport, *TRANSPORTS)]
     for s in subs:
@@ -223,13 +229,17 @@ async def test_client_that_never_reads_is_paused_then_closed(transport: str, sta
 
 async def test_bad_since_is_40008(transport: str, pusher: Pusher) -> None:
     """An unparseable since is 400 with ntfy's error code 40008."""
-    out = await raw_request(pusher.port, f"GET /t/{transport}?since=yesterday HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
+    out = await raw_request(
+        pusher.port, f"GET /t/{transport}?since=yesterday HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode()
+    )
     assert_error(out, 400, 40008)
 
 
 async def test_invalid_topic_is_40009(transport: str, pusher: Pusher) -> None:
     """A topic outside ntfy's regex is 400 with code 40009."""
-    out = await raw_request(pusher.port, f"GET /ok,b%24d/{transport} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
+    out = await raw_request(
+        pusher.port, f"GET /ok,b%24d/{transport} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode()
+    )
     assert_error(out, 400, 40009)
 
 

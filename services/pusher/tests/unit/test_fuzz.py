@@ -11,7 +11,10 @@ from upf_keyspace import Since
 from upf_pusher.query import parse_since, parse_subscribe
 
 _HEADISH = st.lists(
-    st.one_of(st.binary(max_size=40), st.sampled_from([b"GET ", b"/t/json", b"?since=", b" HTTP/1.1", b"\r\n", b":", b"%ff", b"%41"])),
+    st.one_of(
+        st.binary(max_size=40),
+        st.sampled_from([b"GET ", b"/t/json", b"?since=", b" HTTP/1.1", b"\r\n", b":", b"%ff", b"%41"]),
+    ),
     max_size=20,
 ).map(b"".join)
 

@@ -32,11 +32,18 @@ durations = st.lists(st.tuples(numbers, st.sampled_from(UNITS + ["", "x", "D", "
 digit_runs = st.one_of(st.integers(0, 2**64).map(str), st.integers(1, 5000).map(lambda n: "1" * n))
 ids = st.binary(min_size=12, max_size=12).map(encode_id)
 near_ids = st.one_of(
-    ids.map(lambda i: i[:-1]), ids.map(lambda i: i + "A"), ids.map(lambda i: i.replace("A", "=").replace("-", "+")),
-    st.from_regex(r"[A-Za-z0-9]{12}", fullmatch=True), st.from_regex(r"[A-Za-z0-9_\-=]{16}", fullmatch=True),
+    ids.map(lambda i: i[:-1]),
+    ids.map(lambda i: i + "A"),
+    ids.map(lambda i: i.replace("A", "=").replace("-", "+")),
+    st.from_regex(r"[A-Za-z0-9]{12}", fullmatch=True),
+    st.from_regex(r"[A-Za-z0-9_\-=]{16}", fullmatch=True),
 )
 since_values = st.one_of(
-    durations, digit_runs, ids, near_ids, st.sampled_from(["all", "none", "latest", " all ", "ALL", "", " ", "\t1h"]),
+    durations,
+    digit_runs,
+    ids,
+    near_ids,
+    st.sampled_from(["all", "none", "latest", " all ", "ALL", "", " ", "\t1h"]),
     st.text(max_size=70),
 )
 

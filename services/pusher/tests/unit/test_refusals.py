@@ -23,14 +23,31 @@ from upf_pusher.transports import StreamSubscriber
     [
         (NOT_FOUND, b"404 Not Found", b'{"code":40401,"http":404,"error":"page not found"}\n'),
         (INTERNAL_ERROR, b"500 Internal Server Error", b'{"code":50000,"http":500,"error":"internal server error"}\n'),
-        (server._SHUTTING_DOWN, b"503 Service Unavailable", b'{"code":50300,"http":503,"error":"service unavailable: shutting down"}\n'),
-        (STORE_SILENT, b"503 Service Unavailable",
-         b'{"code":50301,"http":503,"error":"service unavailable: the store did not answer"}\n'),
-        (server._NOT_WEBSOCKET, b"400 Bad Request",
-         b'{"code":40016,"http":400,"error":"invalid request: client not using the websocket protocol"}\n'),
-        (server._BAD_HANDSHAKE, b"400 Bad Request", b'{"code":40000,"http":400,"error":"invalid request: bad websocket handshake"}\n'),
-        (server._TOO_MANY_CONNECTIONS.problem, b"429 Too Many Requests",
-         b'{"code":42903,"http":429,"error":"limit reached: too many open connections"}\n'),
+        (
+            server._SHUTTING_DOWN,
+            b"503 Service Unavailable",
+            b'{"code":50300,"http":503,"error":"service unavailable: shutting down"}\n',
+        ),
+        (
+            STORE_SILENT,
+            b"503 Service Unavailable",
+            b'{"code":50301,"http":503,"error":"service unavailable: the store did not answer"}\n',
+        ),
+        (
+            server._NOT_WEBSOCKET,
+            b"400 Bad Request",
+            b'{"code":40016,"http":400,"error":"invalid request: client not using the websocket protocol"}\n',
+        ),
+        (
+            server._BAD_HANDSHAKE,
+            b"400 Bad Request",
+            b'{"code":40000,"http":400,"error":"invalid request: bad websocket handshake"}\n',
+        ),
+        (
+            server._TOO_MANY_CONNECTIONS.problem,
+            b"429 Too Many Requests",
+            b'{"code":42903,"http":429,"error":"limit reached: too many open connections"}\n',
+        ),
     ],
 )
 def test_refusal_bytes(problem: Problem, status: bytes, body: bytes) -> None:

@@ -93,7 +93,9 @@ def client_frame(opcode: int, payload: bytes, fin: bool, mask: bytes, rsv: int =
 payloads = st.one_of(
     st.binary(max_size=40),
     st.text(max_size=20).map(str.encode),
-    st.sampled_from([b"\xff\xfe", b"\xe2\x82", b"\xac", b"\xc3", b"\xa9", b"\x03\xe8", b"\x03\xe8ok", b"\x00\x01", b"\x0b\xb8"]),
+    st.sampled_from(
+        [b"\xff\xfe", b"\xe2\x82", b"\xac", b"\xc3", b"\xa9", b"\x03\xe8", b"\x03\xe8ok", b"\x00\x01", b"\x0b\xb8"]
+    ),
     st.integers(4090, 4200).map(lambda n: b"a" * n),  # around the frame limit
 )
 frames = st.builds(
@@ -123,7 +125,13 @@ def server_frames(data: bytes) -> list[Frame]:
 
 async def feed(stream: bytes, cuts: list[int], eof: bool) -> tuple[FakeTransport, FakeHub, WsSubscriber]:
     t, hub = FakeTransport(), FakeHub()
-    sub = WsSubscriber(hub, Session(("a",), "a", SessionConfig()), t, ServerProtocol(state=State.OPEN, max_size=transports.WS_MAX_FRAME), b"")  # type: ignore[arg-type]
+    sub = WsSubscriber(
+        hub,
+        Session(("a",), "a", SessionConfig()),
+        t,
+        ServerProtocol(state=State.OPEN, max_size=transports.WS_MAX_FRAME),
+        b"",
+    )  # type: ignore[arg-type]
     sub.accept()
     last = 0
     for cut in sorted(set(c % (len(stream) + 1) for c in cuts)) + [len(stream)]:
@@ -149,7 +157,13 @@ def test_any_byte_stream_ends_cleanly_or_not_at_all(stream: bytes, cuts: list[in
     assert all(f.opcode in (Opcode.PONG, Opcode.CLOSE) for f in sent), sent
     assert len(closes) <= 1 and (not closes or sent[-1] is closes[0])
     event("pong sent" if any(f.opcode is Opcode.PONG for f in sent) else "no pong")
-    event(f"close {struct.unpack('!H', closes[0].data[:2])[0] if closes[0].data else '(no code)'}" if closes else "closed" if t.closed else "open")
+    event(
+        f"close {struct.unpack('!H', closes[0].data[:2])[0] if closes[0].data else '(no code)'}"
+        if closes
+        else "closed"
+        if t.closed
+        else "open"
+    )
     if closes:
         data = closes[0].data
         assert t.closed
@@ -170,7 +184,13 @@ def test_valid_fragmented_text_is_kept_open(text: str, split: int) -> None:
 
     async def run() -> FakeTransport:
         t = FakeTransport()
-        sub = WsSubscriber(FakeHub(), Session(("a",), "a", SessionConfig()), t, ServerProtocol(state=State.OPEN, max_size=transports.WS_MAX_FRAME), b"")  # type: ignore[arg-type]
+        sub = WsSubscriber(
+            FakeHub(),
+            Session(("a",), "a", SessionConfig()),
+            t,
+            ServerProtocol(state=State.OPEN, max_size=transports.WS_MAX_FRAME),
+            b"",
+        )  # type: ignore[arg-type]
         sub.accept()
         sub.data_received(stream)
         return t

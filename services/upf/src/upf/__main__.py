@@ -61,11 +61,18 @@ async def run_with_pusher(settings: Settings, sock: socket.socket | None = None)
             janitor_task = asyncio.create_task(Janitor(store, settings, telemetry).run(stop))
         log.info(
             "upf started",
-            extra={"roles": ",".join(settings.roles), "bind": f"{settings.bind_host}:{settings.bind_port}",
-                   "store": store.db.name, "node": settings.node_id},
+            extra={
+                "roles": ",".join(settings.roles),
+                "bind": f"{settings.bind_host}:{settings.bind_port}",
+                "store": store.db.name,
+                "node": settings.node_id,
+            },
         )
-        print(f"upf: {','.join(settings.roles)} on http://{settings.bind_host}:{settings.bind_port} "
-              f"(store: {settings.fdb_cluster_file or settings.store_path})", flush=True)
+        print(
+            f"upf: {','.join(settings.roles)} on http://{settings.bind_host}:{settings.bind_port} "
+            f"(store: {settings.fdb_cluster_file or settings.store_path})",
+            flush=True,
+        )
         await stop.wait()
         # Graceful: in-flight publishes answered, streams ended (ws 1001), affinity released, all
         # within the grace; the janitor finishes its pass in what is left of it, else is cancelled.
@@ -88,7 +95,10 @@ def main() -> None:
         from .admin import COMMANDS, run
 
         if sys.argv[1] not in COMMANDS:
-            print(f"upf: unknown command {sys.argv[1]!r}; commands: {', '.join(COMMANDS)} (none: run the server)", file=sys.stderr)
+            print(
+                f"upf: unknown command {sys.argv[1]!r}; commands: {', '.join(COMMANDS)} (none: run the server)",
+                file=sys.stderr,
+            )
             sys.exit(2)
         sys.exit(run(sys.argv[1:]))
     try:

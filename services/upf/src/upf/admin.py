@@ -71,7 +71,9 @@ def _expiry(text: str | None, now: float) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="upf", description="manage UPF's users, ACL entries and tokens; back up and restore its store")
+    ap = argparse.ArgumentParser(
+        prog="upf", description="manage UPF's users, ACL entries and tokens; back up and restore its store"
+    )
     sub = ap.add_subparsers(dest="command", required=True)
 
     user = sub.add_parser("user", help="users").add_subparsers(dest="action", required=True)
@@ -104,15 +106,21 @@ def _parser() -> argparse.ArgumentParser:
     vapid = sub.add_parser("vapid", help="VAPID-restricted topics (UPF_VAPID_RESTRICT=1)").add_subparsers(
         dest="action", required=True
     )
-    vapid.add_parser("list", help="list restricted topics and their keys, or one topic's").add_argument("topic", nargs="?")
+    vapid.add_parser("list", help="list restricted topics and their keys, or one topic's").add_argument(
+        "topic", nargs="?"
+    )
     vapid.add_parser("reset", help="unbind a topic: the next valid VAPID key to publish binds it").add_argument("topic")
     _backup_parsers(sub)
     return ap
 
 
 def _backup_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    sub.add_parser("backup", help="write the store's messages, users and ACL to FILE (safe while serving)").add_argument("file")
-    sub.add_parser("restore", help="load FILE (from upf backup) into an empty store; new ids sort after it").add_argument("file")
+    sub.add_parser(
+        "backup", help="write the store's messages, users and ACL to FILE (safe while serving)"
+    ).add_argument("file")
+    sub.add_parser(
+        "restore", help="load FILE (from upf backup) into an empty store; new ids sort after it"
+    ).add_argument("file")
 
 
 async def _backup(store: Store, args: argparse.Namespace) -> str:
@@ -158,7 +166,9 @@ async def _user(store: Store, args: argparse.Namespace) -> str:
         return "\n".join(lines)
     name = _name(args.name)
     if args.action == "add":
-        await store.add_user(name, User(role=args.role, password_hash=hash_password(_password(name)), created=int(time.time())))
+        await store.add_user(
+            name, User(role=args.role, password_hash=hash_password(_password(name)), created=int(time.time()))
+        )
         return f"user {name} added with role {args.role}"
     if args.action == "del":
         await store.delete_user(name)
@@ -168,7 +178,9 @@ async def _user(store: Store, args: argparse.Namespace) -> str:
         raise NoSuchUser(name)
     user = found
     if args.action == "change-pass":
-        await store.put_user(name, User(role=user.role, password_hash=hash_password(_password(name)), created=user.created))
+        await store.put_user(
+            name, User(role=user.role, password_hash=hash_password(_password(name)), created=user.created)
+        )
         return f"changed password for user {name}"
     await store.put_user(name, User(role=args.role, password_hash=user.password_hash, created=user.created))
     return f"changed role for user {name} to {args.role}"
@@ -216,8 +228,14 @@ async def _token(store: Store, args: argparse.Namespace) -> str:
     lines = []
     for name in names:
         for record in (await store.list_tokens(name)).values():
-            expires = "never expires" if not record.expires else (
-                "expired" if record.expires <= now else f"expires {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(record.expires))}"
+            expires = (
+                "never expires"
+                if not record.expires
+                else (
+                    "expired"
+                    if record.expires <= now
+                    else f"expires {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(record.expires))}"
+                )
             )
             lines.append(f"{name}: {record.hint}... {record.label or '(no label)'}, {expires}")
     return "\n".join(lines) or "no tokens"

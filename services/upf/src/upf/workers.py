@@ -161,8 +161,9 @@ class Supervisor:
         try:
             hold = _reserve(self.settings.bind_host, self.settings.bind_port)
         except OSError as exc:
-            print(f"upf: cannot bind UPF_BIND {self.settings.bind_host}:{self.settings.bind_port}: {exc}",
-                  file=sys.stderr)
+            print(
+                f"upf: cannot bind UPF_BIND {self.settings.bind_host}:{self.settings.bind_port}: {exc}", file=sys.stderr
+            )
             return 1
         self.port = hold.getsockname()[1]
         rfd, wfd = os.pipe()

@@ -81,7 +81,9 @@ def main(argv: list[str] | None = None) -> int:
         "writer starting",
         extra={"bind_host": settings.bind_host, "bind_port": settings.bind_port, "public_url": settings.public_url},
     )
-    build_server(settings.bind_host, settings.bind_port, log_level=level, grace_secs=settings.shutdown_grace_secs).serve()
+    build_server(
+        settings.bind_host, settings.bind_port, log_level=level, grace_secs=settings.shutdown_grace_secs
+    ).serve()
     return 0
 
 

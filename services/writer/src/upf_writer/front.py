@@ -106,7 +106,7 @@ class WriterFront:
         client: str,
     ) -> Reply:
         if "/" in topic:
-            if method == "GET" and topic.count("/") == 1 and topic[topic.find("/"):] in _GET_PUBLISH:
+            if method == "GET" and topic.count("/") == 1 and topic[topic.find("/") :] in _GET_PUBLISH:
                 return await self.publish(topic.partition("/")[0], headers, query, b"", client)
             return await self._by_sequence(method, topic, headers, query, body, client)
         if method == "POST" or method == "PUT":
@@ -198,7 +198,9 @@ class WriterFront:
             params = decode_query(query)
             gate = ctx.require_gate()
             forwarded = headers.get(self._forwarded)
-            who = await ctx.identify(headers.get("authorization"), auth_param(params), client, forwarded)  # 401/42909 first
+            who = await ctx.identify(
+                headers.get("authorization"), auth_param(params), client, forwarded
+            )  # 401/42909 first
             visitor = await ctx.admit(who.user, client, forwarded, topic)
             if topic:
                 ingest.validate_topic(topic)

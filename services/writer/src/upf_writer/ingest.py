@@ -130,8 +130,12 @@ DELAY_NO_CACHE = Problem(40002, 400, "cannot disable cache for delayed message")
 DELAY_CANNOT_PARSE = Problem(40004, 400, "invalid delay parameter: unable to parse delay")
 DELAY_TOO_SMALL = Problem(40005, 400, "invalid delay parameter: too small, please refer to the docs")
 DELAY_TOO_LARGE = Problem(40006, 400, "invalid delay parameter: too large, please refer to the docs")
-PUSH_TOPIC_INVALID = Problem(40097, 400, "invalid request: Topic header invalid, at most 32 base64url characters")  # UPF
-URGENCY_INVALID = Problem(40098, 400, "invalid request: Urgency header invalid, one of very-low, low, normal, high")  # UPF
+PUSH_TOPIC_INVALID = Problem(
+    40097, 400, "invalid request: Topic header invalid, at most 32 base64url characters"
+)  # UPF
+URGENCY_INVALID = Problem(
+    40098, 400, "invalid request: Urgency header invalid, one of very-low, low, normal, high"
+)  # UPF
 VAPID_INVALID = Problem(40191, 401, "unauthorized: VAPID token invalid")  # UPF
 VAPID_KEY_REFUSED = Problem(40192, 401, "unauthorized: topic is restricted to another VAPID key")  # UPF
 METHOD_NOT_ALLOWED = Problem(40501, 405, "method not allowed")  # UPF (ntfy answers 404)
@@ -202,7 +206,9 @@ class Limits(msgspec.Struct, frozen=True):
 
 # --- topics -----------------------------------------------------------------------------------------
 _TOPIC_RE = re.compile(r"[-_A-Za-z0-9]{1,64}")
-DISALLOWED_TOPICS = frozenset({"docs", "static", "file", "app", "metrics", "account", "settings", "signup", "login", "v1"})
+DISALLOWED_TOPICS = frozenset(
+    {"docs", "static", "file", "app", "metrics", "account", "settings", "signup", "login", "v1"}
+)
 
 
 def validate_topic(topic: str) -> str:
@@ -502,7 +508,9 @@ def _parse_delay(headers: Mapping[str, str], query: Mapping[str, str], cache: bo
     return due
 
 
-def _with_scheduling(params: Params, headers: Mapping[str, str], query: Mapping[str, str], now: int, limits: Limits) -> Params:
+def _with_scheduling(
+    params: Params, headers: Mapping[str, str], query: Mapping[str, str], now: int, limits: Limits
+) -> Params:
     """``params`` with the publish's cache and due time. Read last, so a bad delay is reported after a
     bad icon or priority, in ntfy's order; the name check keeps the usual publish at a set intersection."""
     if not _SCHEDULING_NAMES.intersection(headers) and not (query and _SCHEDULING_NAMES.intersection(query)):

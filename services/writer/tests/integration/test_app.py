@@ -64,7 +64,12 @@ async def test_unifiedpush_binary_round_trips(client: AsyncTestClient, store: St
     """An aes128gcm WebPush body (with VAPID auth and TTL, as pywebpush sends) is stored as base64;
     a Web Push request is answered RFC 8030's 201 with TTL (its Urgency high shown as priority 5)."""
     body = bytes(range(256)) * 4
-    headers = {"content-encoding": "aes128gcm", "ttl": "60", "authorization": "vapid t=eyJ0.eyJ1.c2ln,k=BDd3", "urgency": "high"}
+    headers = {
+        "content-encoding": "aes128gcm",
+        "ttl": "60",
+        "authorization": "vapid t=eyJ0.eyJ1.c2ln,k=BDd3",
+        "urgency": "high",
+    }
     r = await client.post("/upAbCdEfGhIjKl", content=body, headers=headers)
     assert r.status_code == 201 and r.headers["ttl"] == "60"
     msg = r.json()
@@ -76,7 +81,7 @@ async def test_unifiedpush_binary_round_trips(client: AsyncTestClient, store: St
 
 
 async def test_unifiedpush_text_is_verbatim(client: AsyncTestClient, store: Store) -> None:
-    r = await client.post("/upX?up=1", content=b"  {\"a\": 1}\n")
+    r = await client.post("/upX?up=1", content=b'  {"a": 1}\n')
     assert r.json()["message"] == '  {"a": 1}\n'
     r = await client.post("/upX", content=b"", headers={"x-unifiedpush": "1"})
     assert r.json()["message"] == "triggered"
@@ -284,12 +289,20 @@ async def test_post_to_a_publish_path_is_a_sequence_id(client: AsyncTestClient) 
 
 
 async def test_actions_and_attachment_round_trip(client: AsyncTestClient, store: Store) -> None:
-    r = await client.post("/rt", content=b"", headers={"x-actions": "view, Open, https://o", "x-attach": "https://e/f.pdf"})
+    r = await client.post(
+        "/rt", content=b"", headers={"x-actions": "view, Open, https://o", "x-attach": "https://e/f.pdf"}
+    )
     msg = r.json()
     assert list(msg)[-3:] == ["message", "actions", "attachment"]
-    assert msg["message"] == "You received a file: f.pdf" and msg["attachment"] == {"name": "f.pdf", "url": "https://e/f.pdf"}
+    assert msg["message"] == "You received a file: f.pdf" and msg["attachment"] == {
+        "name": "f.pdf",
+        "url": "https://e/f.pdf",
+    }
     env = (await stored(store, "rt"))[0].envelope
-    assert json.loads(env.actions) == msg["actions"] and (env.attach_url, env.attach_name) == ("https://e/f.pdf", "f.pdf")
+    assert json.loads(env.actions) == msg["actions"] and (env.attach_url, env.attach_name) == (
+        "https://e/f.pdf",
+        "f.pdf",
+    )
 
 
 async def test_every_answer_allows_any_origin(client: AsyncTestClient) -> None:

@@ -18,7 +18,9 @@ from ..conftest import TIMEOUT_FACTOR, free_port
 async def test_serve_with_a_shared_store_in_this_loop(settings: Settings, store: Store) -> None:
     """The app uses the caller's store (same loop), and leaves it open when the server stops."""
     port = free_port()
-    server = Server(create_app(settings, store), address="127.0.0.1", port=port, interface=Interfaces.ASGI, log_enabled=False)
+    server = Server(
+        create_app(settings, store), address="127.0.0.1", port=port, interface=Interfaces.ASGI, log_enabled=False
+    )
     serving = asyncio.create_task(server.serve())
     try:
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as c:

@@ -74,7 +74,11 @@ async def test_bad_input_over_real_http(writer_process: WriterProcess) -> None:
         assert (await c.post("/", content=json.dumps({"topic": "t", "message": "x" * 4097}))).status_code == 413
     status, body = raw_request(w.port, b"POST /t HTTP/1.1\r\nHost: x\r\nContent-Length: 10000000\r\n\r\n" + b"a" * 1000)
     assert status == 413 and json.loads(body)["code"] == 41301
-    chunked = b"POST /t HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n" + (b"1000\r\n" + b"a" * 4096 + b"\r\n") * 3 + b"0\r\n\r\n"
+    chunked = (
+        b"POST /t HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+        + (b"1000\r\n" + b"a" * 4096 + b"\r\n") * 3
+        + b"0\r\n\r\n"
+    )
     status, body = raw_request(w.port, chunked)
     assert status == 413 and json.loads(body)["code"] == 41301
     assert await read_store(w, "t") == []
@@ -88,9 +92,13 @@ async def test_invalid_utf8_path_and_huge_headers(writer_process: WriterProcess)
     assert status == 400 and json.loads(body)["code"] == 40009
     status, body = raw_request(w.port, b"POST /\xff\xfe HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\nhi")
     assert status == 400 and body == b""
-    status, body = raw_request(w.port, b"POST /t HTTP/1.1\r\nHost: x\r\nX-Title: " + b"a" * 8000 + b"\r\nContent-Length: 2\r\n\r\nhi")
+    status, body = raw_request(
+        w.port, b"POST /t HTTP/1.1\r\nHost: x\r\nX-Title: " + b"a" * 8000 + b"\r\nContent-Length: 2\r\n\r\nhi"
+    )
     assert status == 413 and json.loads(body)["code"] == 41301  # a title over the message limit
-    status, body = raw_request(w.port, b"POST /t HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 500_000 + b"\r\nContent-Length: 2\r\n\r\nhi")
+    status, body = raw_request(
+        w.port, b"POST /t HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 500_000 + b"\r\nContent-Length: 2\r\n\r\nhi"
+    )
     assert status == 431 and body == b""
     many = b"".join(b"X-H%d: v\r\n" % i for i in range(200))
     status, _ = raw_request(w.port, b"POST /t HTTP/1.1\r\nHost: x\r\n" + many + b"Content-Length: 2\r\n\r\nhi")

@@ -46,7 +46,10 @@ def test_other_parameters_extras_intent_and_headers() -> None:
     assert (a.method, a.body) == ("PUT", "this is a body")  # the method is upper-cased
     a = one("action=broadcast, label=Do a thing, extras.command=some command, extras.some_param=a parameter")
     assert a.extras == {"command": "some command", "some_param": "a parameter"} and a.url == ""
-    assert one("action=broadcast, label=Do a thing, intent=io.heckel.ntfy.TEST_INTENT").intent == "io.heckel.ntfy.TEST_INTENT"
+    assert (
+        one("action=broadcast, label=Do a thing, intent=io.heckel.ntfy.TEST_INTENT").intent
+        == "io.heckel.ntfy.TEST_INTENT"
+    )
     a = one("action=http, label=Send, url=http://example.com, method=GET, headers.Content-Type=application/json, "
             "headers.Authorization=Basic sdasffsf")  # fmt: skip
     assert a.headers == {"Content-Type": "application/json", "Authorization": "Basic sdasffsf"}
@@ -72,7 +75,9 @@ def test_quoting_spacing_order_and_non_ascii(text: str, label: str, extra: dict[
 
 
 def test_awkward_spacing_and_clear() -> None:
-    a, b = parse_actions("http , 'Make love, not war 💙🫤' , https://ntfy.sh ; view, \" yo \", https://x.org, clear=true")
+    a, b = parse_actions(
+        "http , 'Make love, not war 💙🫤' , https://ntfy.sh ; view, \" yo \", https://x.org, clear=true"
+    )
     assert (a.label, a.url, a.clear) == ("Make love, not war 💙🫤", "https://ntfy.sh", False)
     assert (b.label, b.url, b.clear) == (" yo ", "https://x.org", True)  # quoted: not trimmed
 
@@ -118,7 +123,7 @@ def test_refusals_with_ntfy_wording(text: str, error: str) -> None:
         '[{"action":"http","label":"l","url":"u","headers":{"a":1}}]',
         '[{"action":"view","label":"l","url":"u","x":NaN}]',
         '[["action","view"]]',
-        '[' * 100000,
+        "[" * 100000,
     ],
 )
 def test_json_that_go_cannot_decode_is_a_json_error(text: str) -> None:

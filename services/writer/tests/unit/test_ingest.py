@@ -15,7 +15,12 @@ NOW = 1_784_214_948
 LIMITS = Limits(max_message_bytes=4096, default_ttl_secs=2_419_200, public_url="https://push.example")
 
 
-def publish(body: bytes = b"", headers: dict[str, str] | None = None, query: dict[str, str] | None = None, topic: str = "mytopic"):
+def publish(
+    body: bytes = b"",
+    headers: dict[str, str] | None = None,
+    query: dict[str, str] | None = None,
+    topic: str = "mytopic",
+):
     return ingest.ingest_publish(topic, headers or {}, query or {}, body, now=NOW, limits=LIMITS)
 
 
@@ -99,7 +104,13 @@ def test_unifiedpush_mode_variants(headers: dict[str, str], query: dict[str, str
 
 @pytest.mark.parametrize(
     "headers,query",
-    [({}, {"up": "0"}), ({}, {"up": "no"}), ({"x-unifiedpush": "0"}, {"up": "1"}), ({"content-encoding": "aesgcm"}, {}), ({}, {"UP": "1"})],
+    [
+        ({}, {"up": "0"}),
+        ({}, {"up": "no"}),
+        ({"x-unifiedpush": "0"}, {"up": "1"}),
+        ({"content-encoding": "aesgcm"}, {}),
+        ({}, {"UP": "1"}),
+    ],
 )
 def test_not_unifiedpush_mode(headers: dict[str, str], query: dict[str, str]) -> None:
     """Only 1/yes/true turn it on; a header wins over the query; aesgcm (old draft) does not; query
@@ -241,7 +252,9 @@ def test_click_icon_markdown() -> None:
 
 def test_app_put_query_form() -> None:
     """The ntfy app's own publish: PUT /t?priority=3&tags=a,b&title=x with a text body."""
-    env = publish(b"hello\n", {}, {"priority": "3", "tags": "a,b", "title": "x", "delay": "", "markdown": "false"}).envelope
+    env = publish(
+        b"hello\n", {}, {"priority": "3", "tags": "a,b", "title": "x", "delay": "", "markdown": "false"}
+    ).envelope
     assert (env.message, env.priority, env.tags, env.title) == ("hello", 3, ("a", "b"), "x")
 
 
@@ -267,7 +280,13 @@ def test_default_expiry() -> None:
 
 @pytest.mark.parametrize(
     "ttl,expires",
-    [("0", NOW), ("60", NOW + 60), (" 86400 ", NOW + 86400), ("99999999", NOW + 2_419_200), ("9" * 40, NOW + 2_419_200)],
+    [
+        ("0", NOW),
+        ("60", NOW + 60),
+        (" 86400 ", NOW + 86400),
+        ("99999999", NOW + 2_419_200),
+        ("9" * 40, NOW + 2_419_200),
+    ],
 )
 def test_ttl_header(ttl: str, expires: int) -> None:
     """RFC 8030 TTL: expires = time + min(TTL, default); TTL 0 expires at once (next janitor pass)."""
@@ -294,7 +313,13 @@ def test_content_length_precheck() -> None:
     ingest.check_content_length({}, 4096, ingest.MESSAGE_TOO_LARGE)
     ingest.check_content_length({"content-length": "junk"}, 4096, ingest.MESSAGE_TOO_LARGE)
     for big in ("4097", "9" * 30):
-        rejected(ingest.MESSAGE_TOO_LARGE, ingest.check_content_length, {"content-length": big}, 4096, ingest.MESSAGE_TOO_LARGE)
+        rejected(
+            ingest.MESSAGE_TOO_LARGE,
+            ingest.check_content_length,
+            {"content-length": big},
+            4096,
+            ingest.MESSAGE_TOO_LARGE,
+        )
 
 
 # --- JSON publish ------------------------------------------------------------------------------------

@@ -31,8 +31,14 @@ INTERESTING = [
 names = st.one_of(st.sampled_from(KNOWN), st.text(min_size=1, max_size=12))
 values = st.one_of(st.sampled_from(INTERESTING), st.text(max_size=300), st.text(max_size=5000))
 params = st.dictionaries(names, values, max_size=12)
-bodies = st.one_of(st.binary(max_size=300), st.binary(min_size=4000, max_size=4200), st.text(max_size=300).map(str.encode))
-topics = st.one_of(st.from_regex(r"[-_A-Za-z0-9]{1,64}", fullmatch=True), st.text(max_size=70), st.sampled_from(sorted(ingest.DISALLOWED_TOPICS)))
+bodies = st.one_of(
+    st.binary(max_size=300), st.binary(min_size=4000, max_size=4200), st.text(max_size=300).map(str.encode)
+)
+topics = st.one_of(
+    st.from_regex(r"[-_A-Za-z0-9]{1,64}", fullmatch=True),
+    st.text(max_size=70),
+    st.sampled_from(sorted(ingest.DISALLOWED_TOPICS)),
+)
 
 
 def assert_encodes(ingested: ingest.Ingested) -> None:
@@ -74,7 +80,11 @@ publish_docs = st.fixed_dictionaries(
         "markdown": json_values,
     },
 )
-json_bodies = st.one_of(publish_docs.map(lambda d: json.dumps(d).encode()), st.binary(max_size=200), json_values.map(lambda v: json.dumps(v).encode()))
+json_bodies = st.one_of(
+    publish_docs.map(lambda d: json.dumps(d).encode()),
+    st.binary(max_size=200),
+    json_values.map(lambda v: json.dumps(v).encode()),
+)
 
 
 @settings(max_examples=400, suppress_health_check=[HealthCheck.too_slow])
@@ -90,7 +100,9 @@ def test_json_publish_fuzz(body: bytes, headers: dict[str, str], query: dict[str
 
 
 pushkeys = st.one_of(
-    st.from_regex(r"https://push\.example/[-_A-Za-z0-9]{0,70}([/?#].{0,20})?", fullmatch=True), st.text(max_size=40), json_values
+    st.from_regex(r"https://push\.example/[-_A-Za-z0-9]{0,70}([/?#].{0,20})?", fullmatch=True),
+    st.text(max_size=40),
+    json_values,
 )
 matrix_docs = st.builds(
     lambda key, extra, wrap: wrap(key, extra),
@@ -120,7 +132,9 @@ def test_matrix_fuzz(body: bytes) -> None:
 
 
 @settings(max_examples=300)
-@given(raw=st.lists(st.tuples(st.binary(max_size=20), st.binary(max_size=200)), max_size=10), qs=st.binary(max_size=300))
+@given(
+    raw=st.lists(st.tuples(st.binary(max_size=20), st.binary(max_size=200)), max_size=10), qs=st.binary(max_size=300)
+)
 def test_http_decoding_fuzz(raw: list[tuple[bytes, bytes]], qs: bytes) -> None:
     """Arbitrary header and query bytes decode to str mappings that ingest then handles."""
     headers = decode_headers(raw)

@@ -84,7 +84,11 @@ def test_scheduling_cache_sequence_and_poll_parameters(headers: dict, query: dic
 
 
 @SETTINGS
-@given(topic=st.one_of(st.just("fuzzT"), st.text(max_size=10)), sid=sids, event=st.sampled_from([ingest.EVENT_CLEAR, ingest.EVENT_DELETE]))
+@given(
+    topic=st.one_of(st.just("fuzzT"), st.text(max_size=10)),
+    sid=sids,
+    event=st.sampled_from([ingest.EVENT_CLEAR, ingest.EVENT_DELETE]),
+)
 def test_clear_and_delete_actions(topic: str, sid: str, event: str) -> None:
     try:
         got = ingest.ingest_action(topic, sid, event, now=NOW, limits=LIMITS)

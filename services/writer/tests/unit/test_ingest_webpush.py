@@ -40,7 +40,9 @@ def test_web_push_requests(headers: dict[str, str], webpush: bool) -> None:
         assert got.envelope.encoding == "base64" and base64.b64decode(got.envelope.message) == BIN
 
 
-@pytest.mark.parametrize(("urgency", "priority"), [("very-low", 1), ("low", 2), ("normal", 3), ("high", 5), ("HIGH", 5)])
+@pytest.mark.parametrize(
+    ("urgency", "priority"), [("very-low", 1), ("low", 2), ("normal", 3), ("high", 5), ("HIGH", 5)]
+)
 def test_urgency_kept_and_shown_as_priority(urgency: str, priority: int) -> None:
     env = publish({**ECE, "urgency": urgency}).envelope
     assert (env.urgency, env.priority) == (urgency.lower(), priority)

@@ -109,7 +109,12 @@ def test_action_on_an_invalid_topic_is_40009() -> None:
 
 @pytest.mark.parametrize(
     ("headers", "query"),
-    [({"x-poll-id": "abc123"}, {}), ({"poll-id": "abc123"}, {}), ({}, {"poll-id": "abc123"}), ({}, {"poll_id": "abc123"})],
+    [
+        ({"x-poll-id": "abc123"}, {}),
+        ({"poll-id": "abc123"}, {}),
+        ({}, {"poll-id": "abc123"}),
+        ({}, {"poll_id": "abc123"}),
+    ],
 )
 def test_poll_request(headers: dict[str, str], query: dict[str, str]) -> None:
     """ntfy's newPollRequestMessage: body, title and the rest dropped; not cached (no expires)."""
@@ -118,7 +123,14 @@ def test_poll_request(headers: dict[str, str], query: dict[str, str]) -> None:
     assert (env.event, env.poll_id, env.message, env.nocache) == ("poll_request", "abc123", "New message", True)
     assert env.expires > NOW  # kept for the janitor; the wire has none
     msg = wire(got)
-    assert msg == {"id": msg["id"], "time": NOW, "event": "poll_request", "topic": "mytopic", "message": "New message", "poll_id": "abc123"}
+    assert msg == {
+        "id": msg["id"],
+        "time": NOW,
+        "event": "poll_request",
+        "topic": "mytopic",
+        "message": "New message",
+        "poll_id": "abc123",
+    }
 
 
 def test_poll_request_in_unifiedpush_mode_is_still_a_poll_request() -> None:
@@ -138,7 +150,9 @@ def front() -> WriterFront:
     from upf_keyspace import Settings
     from upf_keyspace import telemetry as tm
 
-    ctx = SimpleNamespace(limits=LIMITS, telemetry=SimpleNamespace(tracing=False, registry=tm.Registry()), settings=Settings())
+    ctx = SimpleNamespace(
+        limits=LIMITS, telemetry=SimpleNamespace(tracing=False, registry=tm.Registry()), settings=Settings()
+    )
     return WriterFront(ctx, frozenset({"/metrics", "/__version__"}))  # type: ignore[arg-type]
 
 

@@ -12,7 +12,9 @@ from ..telemetry import COUNT_BUCKETS, LATENCY_BUCKETS, REGISTRY
 T = TypeVar("T")
 
 TRANSACTIONS = REGISTRY.counter(
-    "upf.store.transactions", "transactions run through transact (each may take several attempts)", attributes=("driver",)
+    "upf.store.transactions",
+    "transactions run through transact (each may take several attempts)",
+    attributes=("driver",),
 )
 RETRIES = REGISTRY.counter(
     "upf.store.retries",
@@ -20,7 +22,9 @@ RETRIES = REGISTRY.counter(
     attributes=("driver", "code"),
 )
 FAILURES = REGISTRY.counter(
-    "upf.store.failures", "transactions that ended with a store error, by FoundationDB error code", attributes=("driver", "code")
+    "upf.store.failures",
+    "transactions that ended with a store error, by FoundationDB error code",
+    attributes=("driver", "code"),
 )
 COMMIT_BATCH = REGISTRY.histogram(
     "upf.store.commit.batch_size",
@@ -46,7 +50,9 @@ def failed(driver: str, code: int) -> None:
     FAILURES.cell(driver, str(code)).add()
 
 
-async def run(driver: str, tr: Any, fn: Callable[..., Awaitable[T]], args: tuple[Any, ...], kwargs: dict[str, Any]) -> T:
+async def run(
+    driver: str, tr: Any, fn: Callable[..., Awaitable[T]], args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> T:
     """The retry loop both drivers share: run ``fn(tr, ...)`` and commit; on a store error let the
     transaction decide (``on_error`` backs off and resets, or re-raises), counting what happened."""
     TRANSACTIONS.cell(driver).add()

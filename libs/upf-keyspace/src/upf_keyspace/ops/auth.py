@@ -97,7 +97,9 @@ async def _require_user(tr: Transaction, name: str) -> None:
         raise NoSuchUser(name)
 
 
-async def set_access(tr: Transaction, name: str, pattern: str, permission: Permission, *, provisioned: bool = False) -> None:
+async def set_access(
+    tr: Transaction, name: str, pattern: str, permission: Permission, *, provisioned: bool = False
+) -> None:
     """Grant ``permission`` on topics matching ``pattern`` to ``name`` (or ``*``), replacing an entry
     for the same pattern."""
     await _require_user(tr, name)
@@ -138,9 +140,7 @@ async def add_token(tr: Transaction, name: str, digest: str, token: Token, *, pr
     _bump(tr)
 
 
-async def change_token(
-    tr: Transaction, name: str, digest: str, label: str | None, expires: int | None
-) -> Token | None:
+async def change_token(tr: Transaction, name: str, digest: str, label: str | None, expires: int | None) -> Token | None:
     """Change a token's label and/or expiry (None: keep it); None when the user has no such token."""
     key = keys.token_key(name, digest)
     raw = await tr.get(key)
@@ -184,6 +184,7 @@ async def load_state(tr: Transaction) -> AuthState:
         user, digest = keys.unpack_token_key(k)
         tokens[digest] = (user, decode_token(v))
     access = [
-        (*keys.unpack_access_key(k), decode_access(v)) for k, v in await tr.get_range(*keys.access_range(), snapshot=True)
+        (*keys.unpack_access_key(k), decode_access(v))
+        for k, v in await tr.get_range(*keys.access_range(), snapshot=True)
     ]
     return AuthState(version=ver, users=users, tokens=tokens, access=access)

@@ -66,7 +66,13 @@ async def sweep(
 
 
 async def _sweep_buckets(
-    tr: Transaction, span: tuple[bytes, bytes], now: float, burst: int, refill_secs: float, after: bytes | None, limit: int
+    tr: Transaction,
+    span: tuple[bytes, bytes],
+    now: float,
+    burst: int,
+    refill_secs: float,
+    after: bytes | None,
+    limit: int,
 ) -> tuple[int, bytes | None]:
     begin, end = span
     if after is not None:

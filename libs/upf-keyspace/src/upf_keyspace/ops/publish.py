@@ -44,7 +44,14 @@ def count_bytes(tr: Transaction, topic: str, delta: int) -> None:
 
 
 async def publish(
-    tr: Transaction, topic: str, env: Envelope, *, shard_count: int, idem: str = "", origin: bytes = b"", count: bool = True
+    tr: Transaction,
+    topic: str,
+    env: Envelope,
+    *,
+    shard_count: int,
+    idem: str = "",
+    origin: bytes = b"",
+    count: bool = True,
 ) -> Pending:
     """Append to Q, index in X, poke every node holding the topic: one stamp for all of it.
 

@@ -60,9 +60,15 @@ class CellHistograms:
                     continue
                 points.append(
                     HistogramDataPoint(
-                        attributes=dict(cell.attributes), start_time_unix_nano=self.start_ns, time_unix_nano=now_ns,
-                        count=n, sum=cell.sum, bucket_counts=counts, explicit_bounds=list(fam.bounds),
-                        min=cell.min, max=cell.max,
+                        attributes=dict(cell.attributes),
+                        start_time_unix_nano=self.start_ns,
+                        time_unix_nano=now_ns,
+                        count=n,
+                        sum=cell.sum,
+                        bucket_counts=counts,
+                        explicit_bounds=list(fam.bounds),
+                        min=cell.min,
+                        max=cell.max,
                     )
                 )
             if points:
@@ -77,7 +83,9 @@ class CellHistograms:
             return data
         scope = ScopeMetrics(scope=self.scope, metrics=extra, schema_url="")
         if not data.resource_metrics:
-            return MetricsData(resource_metrics=[ResourceMetrics(resource=self.resource, scope_metrics=[scope], schema_url="")])
+            return MetricsData(
+                resource_metrics=[ResourceMetrics(resource=self.resource, scope_metrics=[scope], schema_url="")]
+            )
         first = data.resource_metrics[0]
         merged = ResourceMetrics(
             resource=first.resource, scope_metrics=[*first.scope_metrics, scope], schema_url=first.schema_url
@@ -131,7 +139,9 @@ def bridge_to_otel(registry: Registry, meter: Any, readers: Sequence[Any], versi
         if fam.kind == "counter":
             meter.create_observable_counter(fam.name, [observe(fam)], unit=fam.unit, description=fam.description)
         else:
-            meter.create_observable_up_down_counter(fam.name, [observe(fam)], unit=fam.unit, description=fam.description)
+            meter.create_observable_up_down_counter(
+                fam.name, [observe(fam)], unit=fam.unit, description=fam.description
+            )
 
     registry.listen(bridge)
     for fam in registry.families():

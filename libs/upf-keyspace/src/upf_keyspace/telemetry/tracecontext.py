@@ -59,7 +59,10 @@ def context_from_headers(headers: Mapping[str, str]) -> Any:
     trace_id, span_id, flags = parsed
     state = headers.get("tracestate")
     ctx = t.SpanContext(
-        trace_id, span_id, is_remote=True, trace_flags=t.TraceFlags(flags & 0x01),
+        trace_id,
+        span_id,
+        is_remote=True,
+        trace_flags=t.TraceFlags(flags & 0x01),
         trace_state=t.TraceState.from_header([state]) if state else None,
     )
     return t.set_span_in_context(t.NonRecordingSpan(ctx))

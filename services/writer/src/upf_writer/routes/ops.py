@@ -29,9 +29,7 @@ def build_ops(ctx: WriterContext) -> OpsRoutes:
     async def probe() -> None:
         await ctx.require_store().ping()
 
-    return OpsRoutes(
-        "upf-writer", __version__, probe, lambda: tm.render_metrics(registry), tm.METRICS_CONTENT_TYPE
-    )
+    return OpsRoutes("upf-writer", __version__, probe, lambda: tm.render_metrics(registry), tm.METRICS_CONTENT_TYPE)
 
 
 def build(ctx: WriterContext) -> list[ControllerRouterHandler]:
@@ -52,7 +50,9 @@ def build(ctx: WriterContext) -> list[ControllerRouterHandler]:
         gate = ctx.require_gate()
         client = request.client.host if request.client else ""
         forwarded = request.headers.get(ctx.settings.proxy_forwarded_header)
-        who = await ctx.identify(request.headers.get("authorization"), auth_param(request.query_params), client, forwarded)
+        who = await ctx.identify(
+            request.headers.get("authorization"), auth_param(request.query_params), client, forwarded
+        )
         await ctx.admit(who.user, client, forwarded)
         gate.authorize(who, ingest.validate_topic_list(topics), write=False)
         return Response(auth_body, media_type=_JSON)

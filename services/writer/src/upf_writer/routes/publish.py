@@ -176,4 +176,3 @@ def build(ctx: WriterContext) -> list[ControllerRouterHandler]:
         return Response(schemas.encode(schemas.MatrixResponse()), media_type=_JSON)
 
     return [matrix_discovery, matrix_notify]
-
