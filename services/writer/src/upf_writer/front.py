@@ -163,19 +163,22 @@ class WriterFront:
             headers = decode_headers(raw_headers)
             params = decode_query(query)
             gate = ctx.require_gate()
-            who = gate.identify(headers.get("authorization"), auth_param(params))
-            await ctx.admit(who.user, client, headers.get(self._forwarded))
+            forwarded = headers.get(self._forwarded)
+            who = await ctx.identify(headers.get("authorization"), auth_param(params), client, forwarded)  # 401/42909
+            await ctx.admit(who.user, client, forwarded)
             ingested = ingest.ingest_action(topic, sequence_id, event, now=ctx.clock(), limits=ctx.limits)
             gate.authorize(who, (topic,), write=True)
             payload, _ = await publish_one(ctx, ingested, headers, 0, start_ns, route)
-        except PublishError as exc:
-            ctx.metrics.rejected(exc.problem.code)
-            return problem_reply(exc.problem, exc.headers)
         except Exception as exc:
-            problem = failure_problem(exc, route)
-            ctx.metrics.rejected(problem.code)
-            return problem_reply(problem)
+            return self._refused(exc, route)
         return Reply(200, payload)
+
+    def _refused(self, exc: Exception, route: str) -> Reply:
+        """A publish, clear or delete refused: ntfy's error body (a bug is a 500 with the JSON too),
+        counted by its code."""
+        problem = exc.problem if isinstance(exc, PublishError) else failure_problem(exc, route)
+        self.ctx.metrics.rejected(problem.code)
+        return problem_reply(problem, exc.headers if isinstance(exc, PublishError) else ())
 
     async def publish(
         self,
@@ -226,13 +229,8 @@ class WriterFront:
             await limiter.touch_topics((ingested.topic,), visitor)  # 42904
             await limiter.require_storage()  # 507 past UPF_MAX_STORE_BYTES
             payload, replayed = await publish_one(ctx, ingested, headers, len(body), start_ns, route)
-        except PublishError as exc:
-            ctx.metrics.rejected(exc.problem.code)
-            return problem_reply(exc.problem, exc.headers)
         except Exception as exc:
-            problem = failure_problem(exc, route)
-            ctx.metrics.rejected(problem.code)
-            return problem_reply(problem)
+            return self._refused(exc, route)
         rate = ctx.limiter.headers(visitor)  # type: ignore[union-attr]  # the draft's headers, as on a 429
         extra = _REPLAYED + rate if replayed else rate
         if ingested.webpush:
