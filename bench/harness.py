@@ -168,9 +168,19 @@ def stop_popen(p: subprocess.Popen[str]) -> None:
 
 
 # --------------------------------------------------------------------------------------------- drivers
-def pubdrive(url: str, roots: list[int], *, secs: float, conns: int, topics: int, prefix: str = "upBENCH") -> Drive:
+def pubdrive(
+    url: str,
+    roots: list[int],
+    *,
+    secs: float,
+    conns: int,
+    topics: int,
+    prefix: str = "upBENCH",
+    authorization: str | None = None,
+) -> Drive:
     """Run bench/pubdrive.py pinned to the driver CPU; snapshot the server trees' CPU on its start and
-    stop lines, so only the measured window counts."""
+    stop lines, so only the measured window counts. ``authorization``: a header value sent on every
+    publish (a server with auth configured)."""
     argv = [
         PY,
         str(BENCH / "pubdrive.py"),
@@ -187,6 +197,8 @@ def pubdrive(url: str, roots: list[int], *, secs: float, conns: int, topics: int
         "--body-size",
         str(BODY),
     ]
+    if authorization:
+        argv += ["--authorization", authorization]
     p = spawn_pinned(argv, DRIVER_CPUS, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         assert p.stdout is not None

@@ -109,11 +109,16 @@ class _State:
         self.lat: list[int] = []
 
 
-def build_requests(host: str, prefix: str, topics: list[str], body_size: int) -> list[bytes]:
+def build_requests(
+    host: str, prefix: str, topics: list[str], body_size: int, authorization: str | None = None
+) -> list[bytes]:
+    """One request per topic; ``authorization`` is an Authorization header value (``Basic ...`` or
+    ``Bearer tk_...``) sent on every request, for a server with auth configured."""
     body = (b"lg:0:0:" + b"abcdefghijklmnopqrstuvwxyz0123456789" * (body_size // 36 + 1))[:body_size]
+    auth = f"Authorization: {authorization}\r\n" if authorization else ""
     return [
         (
-            f"POST {prefix}/{t} HTTP/1.1\r\nHost: {host}\r\nContent-Type: text/plain\r\n"
+            f"POST {prefix}/{t} HTTP/1.1\r\nHost: {host}\r\nContent-Type: text/plain\r\n{auth}"
             f"Content-Length: {len(body)}\r\n\r\n"
         ).encode("latin-1")
         + body
@@ -129,10 +134,11 @@ async def drive(
     duration: float = 5.0,
     warmup: float = 1.0,
     body_size: int = 100,
+    authorization: str | None = None,
 ) -> dict[str, object]:
     parts = urlsplit(url)
     host, port = parts.hostname or "127.0.0.1", parts.port or 80
-    st = _State(build_requests(f"{host}:{port}", parts.path.rstrip("/"), topics, body_size))
+    st = _State(build_requests(f"{host}:{port}", parts.path.rstrip("/"), topics, body_size, authorization))
     loop = asyncio.get_running_loop()
     conns: list[_Conn] = []
     for _ in range(connections):
@@ -176,11 +182,24 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--topics", type=int, default=1000, help="distinct topics, published round-robin")
     ap.add_argument("--topic-prefix", default="upBENCH", help="topic names are <prefix><index, 7 digits>")
     ap.add_argument("--body-size", type=int, default=100)
+    ap.add_argument(
+        "--authorization",
+        default=None,
+        help="an Authorization header value sent on every request (Basic or Bearer); default: none",
+    )
     a = ap.parse_args(argv)
+    if a.authorization is not None and ("\r" in a.authorization or "\n" in a.authorization):
+        ap.error("--authorization: a header value has no line breaks")
     topics = [f"{a.topic_prefix}{i:07d}" for i in range(a.topics)]
     out = asyncio.run(
         drive(
-            a.url, topics=topics, connections=a.connections, duration=a.duration, warmup=a.warmup, body_size=a.body_size
+            a.url,
+            topics=topics,
+            connections=a.connections,
+            duration=a.duration,
+            warmup=a.warmup,
+            body_size=a.body_size,
+            authorization=a.authorization,
         )
     )
     print(json.dumps(out), flush=True)

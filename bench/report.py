@@ -8,7 +8,7 @@ import statistics
 from typing import Any
 
 import msgspec
-from schema import GOALS, Price, Results, Sweep
+from schema import GOALS, AuthLimits, Price, Results, Sweep
 
 
 def med(xs: list[float | None]) -> float:
@@ -164,6 +164,17 @@ def summarize(res: Results) -> dict[str, Any]:
                 for k, v in pd.shapes.items()
             },
         }
+    if res.authlimits is not None:
+        a = res.authlimits
+        s["authlimits"] = {
+            "off_cpu_us_per_publish": a.off_cpu_us_per_publish,
+            "on_cpu_us_per_publish": a.on_cpu_us_per_publish,
+            "ratio_cpu_on_over_off": a.ratio_cpu_on_over_off,
+            "off_ok_per_s": a.off_ok_per_s,
+            "on_ok_per_s": a.on_ok_per_s,
+            "ratio_ok_per_s_on_over_off": a.ratio_ok_per_s_on_over_off,
+            "pairs": len(a.pairs),
+        }
     sweeps = res.sweeps
     if "allinone" in sweeps and "allinone_w2" in sweeps:
         k1, k2 = knee_of(sweeps["allinone"]), knee_of(sweeps["allinone_w2"])
@@ -273,6 +284,39 @@ def _f(x: Any, nd: int = 0) -> str:
     return str(x)
 
 
+def _ratio(a: float | None, b: float | None) -> str:
+    return f"{a / b:.2f}x" if a is not None and b else "-"
+
+
+def render_authlimits(a: AuthLimits) -> list[str]:
+    """The on/off table: medians over the pairs, their spread, and the ratio on/off beside them."""
+    rng = lambda xs, nd=1: "-".join(_f(x, nd) for x in spread(xs)) or "-"  # noqa: E731
+    non200 = lambda ds: sum(sum(d.non_200.values()) + d.errors for d in ds)  # noqa: E731
+    offs, ons = [p.off for p in a.pairs], [p.on for p in a.pairs]
+    L = [
+        f"## Auth and limits on vs off: all-in-one, publish-only, {len(a.pairs)} alternating pairs of "
+        f"{a.secs:g} s windows, {a.conns} connections, {a.topics:,} topics",
+        "",
+        "| config | CPU us/publish (median) | range | publishes/s (median) | range | non-200 or errors | others' CPU % of machine |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for name, ds, cpu, ok in (
+        ("off (defaults: loopback exempt, auth open)", offs, a.off_cpu_us_per_publish, a.off_ok_per_s),
+        (f"on (limits on loopback, {a.scheme} auth, deny-all + ACL)", ons, a.on_cpu_us_per_publish, a.on_ok_per_s),
+    ):
+        L.append(
+            f"| {name} | {_f(cpu, 1)} | {rng([d.cpu_us_per_publish for d in ds])} | {_f(ok)} | "
+            f"{rng([d.ok_per_s for d in ds], 0)} | {non200(ds)} | {rng([d.others_cpu_pct_of_machine for d in ds])} |"
+        )
+    L.append(f"| on / off | {_f(a.ratio_cpu_on_over_off, 3)} | - | {_f(a.ratio_ok_per_s_on_over_off, 3)} | - | - | - |")
+    per_pair = "; ".join(
+        f"{'/'.join(p.order)}: {_f(p.off.cpu_us_per_publish, 1)} vs {_f(p.on.cpu_us_per_publish, 1)} us ({_ratio(p.on.cpu_us_per_publish, p.off.cpu_us_per_publish)})"
+        for p in a.pairs
+    )
+    L += [f"\nPer pair (order, off vs on CPU us/publish, on/off): {per_pair or '-'}.", ""]
+    return L
+
+
 def render(res: Results) -> str:
     s = res.summary
     m = res.machine
@@ -379,6 +423,8 @@ def render(res: Results) -> str:
             f"\nRatio {t.large_topics:,} / {t.small_topics:,}: {t.ratio_large_over_small}.",
             "",
         ]
+    if res.authlimits is not None:
+        L += render_authlimits(res.authlimits)
     if res.idle is not None:
         i = res.idle
         L += [f"## Idle subscribers: RSS per connection at {i.n:,}", "", "| kind | KB per connection |", "|---|---|"]

@@ -25,6 +25,9 @@ What it does (see BENCHMARKS.md for how to read it):
 7. pubdeliver CPU of all roles per publish-and-delivery at 2,000/s, 1,000 topics x 1 ws subscriber,
              for the all-in-one with 1 and 2 workers and the split shape (goal 250 us), with the
              CPU per worker, per thread and per role.
+8. authlimits the all-in-one's CPU per publish and publishes/s with auth and limits applied to the
+             load (nobody exempt, a user, deny-all, an ACL grant, Basic credentials) vs the defaults,
+             two servers driven by bench/pubdrive.py in alternating windows (phases/authlimits.py).
 The sweep also runs against the all-in-one with UPF_WORKERS=2 (scaling: the knee of 1 vs 2 workers),
 and each round runs Pushpin (bench/pushpin_peer.py) as a fan-out peer beside the bare broadcast.
 
@@ -60,6 +63,7 @@ import procs
 import report
 import schema
 from harness import BENCH, BODY, loadavg, log, machine_busy, own_cpu
+from phases.authlimits import phase_authlimits
 from phases.idle import phase_idle, phase_idle_cpu
 from phases.probe import phase_probe
 from phases.pubdeliver import phase_pubdeliver
@@ -69,7 +73,7 @@ from phases.topics import phase_topics
 from procs import REPO
 from schema import FULL, GOALS, QUICK, FixedRates, Machine, Noise, Results, Sweep
 
-PHASES = ("sweep", "rounds", "pushpin", "idlecpu", "pubdeliver", "topics", "idle")
+PHASES = ("sweep", "rounds", "pushpin", "idlecpu", "pubdeliver", "topics", "authlimits", "idle")
 
 
 def machine() -> Machine:
@@ -203,6 +207,12 @@ def main() -> int:
         if "topics" not in skip:
             log(f"topics: pre-populating {cfg.topics_large} topics, then {cfg.topics_small} vs {cfg.topics_large}")
             parts["topics"] = phase_topics(cfg, work)
+        if "authlimits" not in skip:
+            log(
+                f"auth and limits on vs off: all-in-one, {cfg.al_pairs} pairs of {cfg.al_secs:g}s publish-only windows, "
+                f"{cfg.ingest_conns} connections, {cfg.ingest_topics} topics"
+            )
+            parts["authlimits"] = phase_authlimits(cfg, work)
         if "idle" not in skip:
             log(f"idle memory: {cfg.idle_n} connections per kind ({cfg.idle_kinds})")
             parts["idle"] = phase_idle(cfg)

@@ -53,6 +53,8 @@ class Config(Rec, kw_only=True):
     pp_channels: int
     pp_streams: int
     pp_rate: int
+    al_pairs: int = 3
+    al_secs: float = 5.0
 
 
 FULL = Config(
@@ -112,6 +114,7 @@ QUICK = msgspec.structs.replace(  # a smoke run: the same phases, shorter and co
     pp_channels=5,
     pp_streams=20,
     pp_rate=200,
+    al_secs=3.0,
 )
 
 GOALS = {
@@ -307,6 +310,33 @@ class Topics(Rec, kw_only=True):
     ratio_large_over_small: float | None
 
 
+class AuthLimitsPair(Rec, kw_only=True):
+    """One off/on pair of publish-only windows (``order`` says which ran first)."""
+
+    order: list[str]
+    off: Drive
+    on: Drive
+
+
+class AuthLimits(Rec, kw_only=True):
+    """The all-in-one's publish cost with auth and limits applied to the load vs the defaults, both
+    servers running side by side and driven in alternating windows by the same driver."""
+
+    secs: float
+    conns: int
+    topics: int
+    scheme: str  # how the driver authenticated on the "on" server: basic or bearer
+    on_env: dict[str, str]  # the settings of the "on" server (the password hash elided)
+    checks: dict[str, str]  # what the "on" server answered before the windows (it does apply auth and limits)
+    pairs: list[AuthLimitsPair]
+    off_cpu_us_per_publish: float | None
+    on_cpu_us_per_publish: float | None
+    off_ok_per_s: float | None
+    on_ok_per_s: float | None
+    ratio_cpu_on_over_off: float | None
+    ratio_ok_per_s_on_over_off: float | None
+
+
 class IdleKind(Rec, kw_only=True):
     rss_before_mb: float
     rss_after_mb: float
@@ -381,6 +411,7 @@ class Results(Rec, kw_only=True):
     idle_cpu: IdleCpu | None = None
     pubdeliver: PubDeliver | None = None
     topics: Topics | None = None
+    authlimits: AuthLimits | None = None
     idle: Idle | None = None
     interrupted: bool = False
     noise: Noise

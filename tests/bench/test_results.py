@@ -239,6 +239,7 @@ def test_quick_is_full_made_shorter():
         "pp_channels",
         "pp_streams",
         "pp_rate",
+        "al_secs",
     }
     assert quick["rounds"] == 1 and max(quick["sweep_rates"]) == 4000
 
