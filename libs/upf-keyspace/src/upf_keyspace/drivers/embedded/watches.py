@@ -48,12 +48,13 @@ class _Watches(_Reads):
     _closed: bool
     _check_scheduled: bool
     _watch_version: int
+    _watch_n: int  # the watches in ``_watches``, kept as they come and go: the limit check is per watch()
     _fallback: asyncio.TimerHandle | None
     _inbox: Inbox | None
     fallback_poll_secs: float
 
     def _watch_count(self) -> int:
-        return sum(len(s) for s in self._watches.values())
+        return self._watch_n
 
     def _arm(self, watches: list[_Watch]) -> None:
         """Register watches, firing at once those whose key already changed (before this point the
@@ -65,14 +66,21 @@ class _Watches(_Reads):
             if value != w.value:
                 w.future.set_result(None)
             else:
-                self._watches.setdefault(w.key, set()).add(w)
+                self._register(w)
         if self._watches and self._fallback is None and not self._closed:
             self._fallback = self._loop.call_later(self.fallback_poll_secs, self._fallback_poll)
 
+    def _register(self, w: _Watch) -> None:
+        s = self._watches.setdefault(w.key, set())
+        if w not in s:
+            s.add(w)
+            self._watch_n += 1
+
     def _unregister(self, w: _Watch) -> None:
         s = self._watches.get(w.key)
-        if s is not None:
+        if s is not None and w in s:
             s.discard(w)
+            self._watch_n -= 1
             if not s:
                 del self._watches[w.key]
 
