@@ -82,7 +82,13 @@ class _Reads(_WriteLog):
             except errors.StoreError:  # the write log no longer reaches back: read the file
                 pass
         version, rows = self._read_range(begin, end, limit, reverse)
-        if len(rows) <= _RANGE_CACHE_ROWS and sum(len(k) + len(v) for k, v in rows) <= _RANGE_CACHE_BYTES:
+        # A read with a larger limit (a Q or inbox drain) moves on to a later start key, so its entry
+        # would never be hit again and would only push the affinity entries out.
+        if (
+            limit <= _RANGE_CACHE_ROWS
+            and len(rows) <= _RANGE_CACHE_ROWS
+            and sum(len(k) + len(v) for k, v in rows) <= _RANGE_CACHE_BYTES
+        ):
             if hit is None and len(self._range_cache) >= _RANGE_CACHE_ENTRIES:
                 del self._range_cache[next(iter(self._range_cache))]  # the oldest entry
             self._range_cache[key] = (version, list(rows))
