@@ -68,3 +68,21 @@ async def test_watch_limit_uses_the_running_count(pair, monkeypatch):
     held.append(await _watch(a, PREFIX + b"x"))  # room again once one is gone
     for w in held:
         w.cancel()
+
+
+async def test_keys_bound_as_bytearray_match_the_stored_blobs(pair):
+    """Reads bind keys as bytearray (no adapter lookup); the rows written with bytes keys must be found
+    by point and range reads with memcmp order, and come back as bytes."""
+    a, _ = pair
+    ks = [PREFIX + b"k", PREFIX + b"k\x00", PREFIX + b"k\x00\x00", PREFIX + b"k\x7f", PREFIX + b"k\x80", PREFIX + b"k\xff"]
+    await _put(a, {k: k[-1:] for k in ks})
+    assert a._reader.execute("SELECT typeof(?), ? = ?", (bytearray(b"x"), bytearray(b"x"), b"x")).fetchone() == ("blob", 1)
+
+    async def read(tr):
+        points = [await tr.get(k) for k in ks]
+        return points, await tr.get_range(PREFIX + b"k\x00", PREFIX + b"k\xff"), await tr.get(PREFIX + b"k\x01")
+
+    points, rows, missing = await a.transact(read)
+    assert points == [k[-1:] for k in ks] and all(type(p) is bytes for p in points)
+    assert rows == [(k, k[-1:]) for k in ks[1:-1]] and all(type(k) is bytes for k, _ in rows)
+    assert missing is None
