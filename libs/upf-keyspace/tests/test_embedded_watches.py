@@ -86,3 +86,58 @@ async def test_keys_bound_as_bytearray_match_the_stored_blobs(pair):
     assert points == [k[-1:] for k in ks] and all(type(p) is bytes for p in points)
     assert rows == [(k, k[-1:]) for k in ks[1:-1]] and all(type(k) is bytes for k, _ in rows)
     assert missing is None
+
+
+async def test_arming_without_a_read_still_sees_a_change_a_check_already_passed(pair):
+    """A watch's value read at v is armed without re-reading only while no check has moved past v:
+    here another watch's check consumes the change first, so the arm must re-read and fire."""
+    a, b = pair
+    a.fallback_poll_secs = 30.0  # the backstop must not be what fires it
+    key, other = PREFIX + b"moved", PREFIX + b"other"
+    await _put(a, {key: b"0", other: b"0"})
+    keep = await _watch(a, other)  # keeps checks running on a
+    tr = a.create_transaction()
+    w = tr.watch(key)
+    await _put(b, {key: b"1"})
+    deadline = asyncio.get_running_loop().time() + 2.0
+    while a._watch_version <= w.version and asyncio.get_running_loop().time() < deadline:
+        await asyncio.sleep(0.01)
+    assert a._watch_version > w.version  # the check covering b's commit ran before the arm
+    await tr.commit()
+    await asyncio.wait_for(w.future, 1.0)
+    keep.cancel()
+
+
+@pytest.mark.parametrize("writer", ["same handle", "other handle"])
+async def test_a_commit_announced_while_nothing_was_watched_is_checked_when_armed(pair, writer):
+    """A commit announced while a handle watched nothing moves no check; a watch read before it and
+    armed after it without a read must still fire promptly (not at the backstop poll)."""
+    a, b = pair
+    a.fallback_poll_secs = 30.0
+    key = PREFIX + b"quiet"
+    await _put(a, {key: b"0"})
+    await asyncio.sleep(0.05)
+    assert not a._watches
+    tr = a.create_transaction()
+    w = tr.watch(key)
+    await _put(a if writer == "same handle" else b, {key: b"1"})
+    await asyncio.sleep(0.1)  # the announcement arrives and finds nothing watched
+    await tr.commit()
+    await asyncio.wait_for(w.future, 1.0)
+
+
+async def test_arming_without_a_read_keeps_a_watch_on_its_own_write(pair):
+    """A transaction that writes a key and watches it arms on the value it wrote: its own commit does
+    not fire it, the next change does."""
+    a, b = pair
+    key = PREFIX + b"own"
+
+    async def write_and_watch(tr):
+        tr.set(key, b"mine")
+        return tr.watch(key)
+
+    w = await a.transact(write_and_watch)
+    await asyncio.sleep(0.1)
+    assert not w.done()
+    await _put(b, {key: b"theirs"})
+    await asyncio.wait_for(w.future, 2.0)

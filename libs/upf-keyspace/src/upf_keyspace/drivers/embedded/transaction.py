@@ -14,12 +14,11 @@ from ...contract import KEY_LIMIT, LIFETIME_SECS, TRANSACTION_LIMIT, VALUE_LIMIT
 from .._ranges import point
 from .committer import _Pending
 from .mutations import _ADD, _CLEAR, _CLEAR_RANGE, _SET, _VS_KEY, _VS_VALUE, _add_le
-from .watches import _Watch
+from .watches import _CHANGED, _Watch
 
 if TYPE_CHECKING:
     from .database import EmbeddedDatabase
 
-_CHANGED = object()  # a watched value no committed value equals: the watch fires when armed
 _MAX_WATCHES = 10_000
 _RETRY_LIMIT = 100
 
@@ -250,7 +249,7 @@ class EmbeddedTransaction:
             self._read_version = version
         elif version != self._read_version and self._db._changed_since(self._read_version, version, [point(key)]):
             value = _CHANGED  # changed after our snapshot: FoundationDB's watch would fire at once
-        w = _Watch(self._db, key, value)
+        w = _Watch(self._db, key, value, version)
         self._watches.append(w)  # type: ignore[arg-type]
         return w
 

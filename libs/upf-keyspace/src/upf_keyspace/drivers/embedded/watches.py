@@ -16,17 +16,19 @@ if TYPE_CHECKING:
 
 _FALLBACK_POLL_SECS = 1.0  # the backstop for lost wake datagrams
 _NO_WAKE_POLL_SECS = 0.05  # without a wake socket (a read-only directory, no /proc for long paths)
+_CHANGED = object()  # a watched value no committed value equals: the watch fires when armed
 
 
 class _Watch:
     """One registered watch; awaiting it waits for the change. ``cancel`` unregisters it."""
 
-    __slots__ = ("key", "value", "future", "_db")
+    __slots__ = ("key", "value", "version", "future", "_db")
 
-    def __init__(self, db: EmbeddedDatabase, key: bytes, value: bytes | None) -> None:
+    def __init__(self, db: EmbeddedDatabase, key: bytes, value: Any, version: int | None = None) -> None:
         self._db = db
         self.key = key
         self.value = value
+        self.version = version  # the commit the value was read at (None: unknown, re-read when armed)
         self.future: asyncio.Future[None] = db._loop.create_future()
         self.future.add_done_callback(lambda _f: db._unregister(self))
 
@@ -49,6 +51,7 @@ class _Watches(_Reads):
     _check_scheduled: bool
     _watch_version: int
     _watch_n: int  # the watches in ``_watches``, kept as they come and go: the limit check is per watch()
+    _unchecked: bool  # a commit was announced while nothing was watched: no check has covered it
     _fallback: asyncio.TimerHandle | None
     _inbox: Inbox | None
     fallback_poll_secs: float
@@ -59,14 +62,23 @@ class _Watches(_Reads):
     def _arm(self, watches: list[_Watch]) -> None:
         """Register watches, firing at once those whose key already changed (before this point the
         incremental check below cannot see the change: it may predate the checked version)."""
+        skipped = False
         for w in watches:
             if w.future.done():
+                continue
+            if w.version is not None and w.value is not _CHANGED and self._watch_version <= w.version:
+                # No check has moved past the version the value was read at, so the next one compares
+                # every commit after it: no change can slip between the read and this point.
+                self._register(w)
+                skipped = True
                 continue
             _, value = self._read_point(w.key)
             if value != w.value:
                 w.future.set_result(None)
             else:
                 self._register(w)
+        if skipped and self._unchecked:
+            self._schedule_watch_check()  # a commit announced while nothing was watched may be one of them
         if self._watches and self._fallback is None and not self._closed:
             self._fallback = self._loop.call_later(self.fallback_poll_secs, self._fallback_poll)
 
@@ -85,7 +97,9 @@ class _Watches(_Reads):
                 del self._watches[w.key]
 
     def _schedule_watch_check(self) -> None:
-        if self._watches and not self._check_scheduled and not self._closed:
+        if not self._watches:
+            self._unchecked = True
+        elif not self._check_scheduled and not self._closed:
             self._check_scheduled = True
             self._loop.call_soon(self._check_watches)
 
@@ -95,7 +109,9 @@ class _Watches(_Reads):
         costs one version read, not a read of every watched key."""
         self._check_scheduled = False
         if not self._watches or self._closed:
+            self._unchecked = True
             return
+        self._unchecked = False
         current_version = self._committed_version()
         if current_version == self._watch_version:
             return
