@@ -141,3 +141,49 @@ async def test_arming_without_a_read_keeps_a_watch_on_its_own_write(pair):
     assert not w.done()
     await _put(b, {key: b"theirs"})
     await asyncio.wait_for(w.future, 2.0)
+
+
+def test_written_keys_match_testing_every_key_against_every_set():
+    """The interval walk finds exactly the watched keys a brute-force overlap test finds, edges
+    included (a key at an interval's begin is written, one at its end is not; k and k+NUL differ)."""
+    import random
+
+    from upf_keyspace.drivers._ranges import IntervalSet, point
+    from upf_keyspace.drivers.embedded.watches import _written
+
+    rng = random.Random(9)
+    alphabet = [b"", b"\x00", b"a", b"a\x00", b"b", b"\xff"]
+
+    def key() -> bytes:
+        return b"".join(rng.choice(alphabet) for _ in range(rng.randint(1, 3)))
+
+    for _ in range(2000):
+        watched = sorted({key() for _ in range(rng.randint(0, 8))})
+        sets = []
+        for _ in range(rng.randint(0, 3)):
+            ranges = []
+            for _ in range(rng.randint(0, 4)):
+                k = key()
+                ranges.append(point(k) if rng.random() < 0.5 else tuple(sorted((k, key()))))
+            sets.append(IntervalSet(ranges))
+        expected = {k for k in watched if any(s.overlaps(*point(k)) for s in sets)}
+        got = _written(watched, sets)
+        assert sorted(got) == sorted(expected) and len(got) == len(set(got))
+
+
+async def test_a_range_clear_and_a_point_write_fire_exactly_the_watches_under_them(pair):
+    a, b = pair
+    names = [b"a", b"b", b"b\x00", b"c", b"d", b"e"]
+    await _put(a, {PREFIX + n: b"0" for n in names})
+    ws = {n: await _watch(a, PREFIX + n) for n in names}
+
+    async def write(tr):
+        tr.clear_range(PREFIX + b"b", PREFIX + b"c")  # b and b\x00, not c
+        tr.set(PREFIX + b"e", b"1")
+
+    await b.transact(write)
+    await asyncio.wait_for(asyncio.gather(*(ws[n].future for n in (b"b", b"b\x00", b"e"))), 2.0)
+    await asyncio.sleep(0.1)
+    assert [n for n in names if ws[n].done()] == [b"b", b"b\x00", b"e"]
+    for w in ws.values():
+        w.cancel()

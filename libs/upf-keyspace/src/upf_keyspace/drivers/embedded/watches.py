@@ -4,10 +4,11 @@ commits wrote, woken by this process's commits, other processes' wake datagrams,
 from __future__ import annotations
 
 import asyncio
+import bisect
 from typing import TYPE_CHECKING, Any
 
 from ... import errors
-from .._ranges import point
+from .._ranges import IntervalSet
 from .._wake import Inbox
 from .reads import _Reads
 
@@ -17,6 +18,20 @@ if TYPE_CHECKING:
 _FALLBACK_POLL_SECS = 1.0  # the backstop for lost wake datagrams
 _NO_WAKE_POLL_SECS = 0.05  # without a wake socket (a read-only directory, no /proc for long paths)
 _CHANGED = object()  # a watched value no committed value equals: the watch fires when armed
+
+
+def _written(watched: list[bytes], sets: list[IntervalSet]) -> list[bytes]:
+    """The sorted ``watched`` keys some write set covers: each written interval is bisected into the
+    watched keys (writes x log watches), not every watched key tested against every set."""
+    found: set[bytes] = set()
+    n = len(watched)
+    for ws in sets:
+        for b, e in zip(ws.begins, ws.ends, strict=True):
+            i = bisect.bisect_left(watched, b)
+            while i < n and watched[i] < e:
+                found.add(watched[i])
+                i += 1
+    return list(found)
 
 
 class _Watch:
@@ -120,7 +135,7 @@ class _Watches(_Reads):
         except errors.StoreError:  # the log no longer reaches back that far: compare them all
             sets = None
         self._watch_version = current_version
-        keys = [k for k in self._watches if sets is None or any(ws.overlaps(*point(k)) for ws in sets)]
+        keys = list(self._watches) if sets is None else _written(sorted(self._watches), sets)
         if not keys:
             return
         current: dict[bytes, bytes] = {}
