@@ -59,7 +59,7 @@ class EmbeddedTransaction:
         self._cleared: list[tuple[bytes, bytes]] = []
         self._adds: dict[bytes, list[bytes]] = {}
         self._unreadable: list[tuple[bytes, bytes]] = []
-        self._watches: list[tuple[bytes, bytes | None]] = []
+        self._watches: list[_Watch] = []
         self._stamp_future: asyncio.Future[bytes] | None = None
         self._user_version = 0
         self._size = 0
@@ -250,7 +250,7 @@ class EmbeddedTransaction:
         elif version != self._read_version and self._db._changed_since(self._read_version, version, [point(key)]):
             value = _CHANGED  # changed after our snapshot: FoundationDB's watch would fire at once
         w = _Watch(self._db, key, value, version)
-        self._watches.append(w)  # type: ignore[arg-type]
+        self._watches.append(w)
         return w
 
     # --- commit ------------------------------------------------------------------------------------
@@ -263,7 +263,7 @@ class EmbeddedTransaction:
             if self._stamp_future is not None and not self._stamp_future.done():
                 self._stamp_future.set_exception(errors.StoreError(errors.NO_COMMIT_VERSION))
                 self._stamp_future.exception()  # retrieved: a read-only caller may never await it
-            self._db._arm(watches)  # type: ignore[arg-type]
+            self._db._arm(watches)
             return
         if self._read_version is None:
             self._read_version = self._db._committed_version()
@@ -277,7 +277,7 @@ class EmbeddedTransaction:
             self._committing = False
         if self._stamp_future is not None and not self._stamp_future.done():
             self._stamp_future.set_result(stamp)
-        self._db._arm(watches)  # type: ignore[arg-type]
+        self._db._arm(watches)
 
     async def on_error(self, exc: BaseException) -> None:
         if not isinstance(exc, errors.StoreError) or not exc.retryable or self._attempts >= _RETRY_LIMIT:
@@ -289,6 +289,6 @@ class EmbeddedTransaction:
 
     def cancel(self) -> None:
         for w in self._watches:
-            w.future.cancel()  # type: ignore[attr-defined]
+            w.future.cancel()
         if self._stamp_future is not None and not self._stamp_future.done():
             self._stamp_future.cancel()
