@@ -92,3 +92,20 @@ async def test_a_cached_range_many_commits_old_is_read_again_not_scanned(pair, m
     monkeypatch.setattr(a, "_changed_since", lambda lo, hi, ranges: scanned.append((lo, hi)) or real(lo, hi, ranges))
     assert await _rows(a, begin, end) == []
     assert not [s for s in scanned if s[1] - s[0] > reads._RANGE_CACHE_SCAN]
+
+
+async def test_reads_with_a_large_limit_are_not_kept(pair):
+    """A drain's read (a limit above what the cache keeps) moves on to a later start key and is never
+    asked again: keeping it would only push the small reads that are asked again out of the cache."""
+    from upf_keyspace.drivers.embedded.reads import _RANGE_CACHE_ROWS
+
+    a, _ = pair
+    begin, end = b"\x01test-drain/", b"\x01test-drain0"
+
+    async def read(tr, limit):
+        return await tr.get_range(begin, end, limit=limit)
+
+    assert await a.transact(read, _RANGE_CACHE_ROWS + 1) == []
+    assert (begin, end, _RANGE_CACHE_ROWS + 1, False) not in a._range_cache
+    assert await a.transact(read, _RANGE_CACHE_ROWS) == []
+    assert (begin, end, _RANGE_CACHE_ROWS, False) in a._range_cache

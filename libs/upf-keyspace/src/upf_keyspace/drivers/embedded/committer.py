@@ -165,5 +165,5 @@ class _Committer(_Watches):
             if isinstance(p.stamp, BaseException):
                 p.future.set_exception(p.stamp)
             else:
-                p.future.set_result(p.stamp)  # type: ignore[arg-type]
+                p.future.set_result(p.stamp)  # type: ignore[arg-type]  # stamped: every batch member is stamped or failed
         self._schedule_watch_check()

@@ -35,6 +35,8 @@ class EmbeddedDatabase(_Committer):
         self._reader = _connect(path)
         self._grv: int | None = None
         self._watches: dict[bytes, set[_Watch]] = {}
+        self._watch_n = 0
+        self._unchecked = False
         self._wlog_cache = writelog._WriteSetCache(writelog._WLOG_CACHE_BYTES, writelog._WLOG_CACHE_ENTRIES)
         self._queue: queue.SimpleQueue[_Pending | None] = queue.SimpleQueue()
         self._closed = False

@@ -26,8 +26,10 @@ class _Reads(_WriteLog):
     # rows, so a read and the version it saw cannot disagree. SQLite runs UNION ALL arms in order.
     _POINT_SQL = "SELECT NULL, version FROM meta UNION ALL SELECT k, v FROM kv WHERE k = ?"
 
+    # Keys are bound as bytearray: sqlite3 binds it as the same BLOB as bytes (compared with memcmp,
+    # read back as bytes) but, unlike bytes, skips its adapter lookup (~1 us of a ~5 us statement).
     def _read_point(self, key: bytes) -> tuple[int, bytes | None]:
-        rows = self._reader.execute(self._POINT_SQL, (key,)).fetchall()
+        rows = self._reader.execute(self._POINT_SQL, (bytearray(key),)).fetchall()
         return self._observed(self._split(rows, 1)[0]), (rows[1][1] if len(rows) > 1 else None)
 
     @staticmethod
@@ -42,7 +44,7 @@ class _Reads(_WriteLog):
             "SELECT NULL, version FROM meta UNION ALL SELECT * FROM "
             f"(SELECT k, v FROM kv WHERE k >= ? AND k < ? ORDER BY k {order} LIMIT ?)"
         )
-        rows = self._reader.execute(sql, (begin, end, limit or -1)).fetchall()
+        rows = self._reader.execute(sql, (bytearray(begin), bytearray(end), limit or -1)).fetchall()
         version, _ = self._split(rows, 0)
         return self._observed(version), rows[1:]
 
@@ -82,7 +84,13 @@ class _Reads(_WriteLog):
             except errors.StoreError:  # the write log no longer reaches back: read the file
                 pass
         version, rows = self._read_range(begin, end, limit, reverse)
-        if len(rows) <= _RANGE_CACHE_ROWS and sum(len(k) + len(v) for k, v in rows) <= _RANGE_CACHE_BYTES:
+        # A read with a larger limit (a Q or inbox drain) moves on to a later start key, so its entry
+        # would never be hit again and would only push the affinity entries out.
+        if (
+            limit <= _RANGE_CACHE_ROWS
+            and len(rows) <= _RANGE_CACHE_ROWS
+            and sum(len(k) + len(v) for k, v in rows) <= _RANGE_CACHE_BYTES
+        ):
             if hit is None and len(self._range_cache) >= _RANGE_CACHE_ENTRIES:
                 del self._range_cache[next(iter(self._range_cache))]  # the oldest entry
             self._range_cache[key] = (version, list(rows))

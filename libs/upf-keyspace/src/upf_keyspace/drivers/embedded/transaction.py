@@ -14,12 +14,11 @@ from ...contract import KEY_LIMIT, LIFETIME_SECS, TRANSACTION_LIMIT, VALUE_LIMIT
 from .._ranges import point
 from .committer import _Pending
 from .mutations import _ADD, _CLEAR, _CLEAR_RANGE, _SET, _VS_KEY, _VS_VALUE, _add_le
-from .watches import _Watch
+from .watches import _CHANGED, _Watch
 
 if TYPE_CHECKING:
     from .database import EmbeddedDatabase
 
-_CHANGED = object()  # a watched value no committed value equals: the watch fires when armed
 _MAX_WATCHES = 10_000
 _RETRY_LIMIT = 100
 
@@ -60,7 +59,7 @@ class EmbeddedTransaction:
         self._cleared: list[tuple[bytes, bytes]] = []
         self._adds: dict[bytes, list[bytes]] = {}
         self._unreadable: list[tuple[bytes, bytes]] = []
-        self._watches: list[tuple[bytes, bytes | None]] = []
+        self._watches: list[_Watch] = []
         self._stamp_future: asyncio.Future[bytes] | None = None
         self._user_version = 0
         self._size = 0
@@ -135,9 +134,11 @@ class EmbeddedTransaction:
         version, rows = self._db._read_range_at(begin, end, 0 if local else limit, reverse, self._read_version)
         if local:
             merged = {k: v for k, v in rows}
-            for k in list(merged) + [k for k in self._overlay if begin <= k < end] + [
-                k for k in self._adds if begin <= k < end
-            ]:
+            for k in (
+                list(merged)
+                + [k for k in self._overlay if begin <= k < end]
+                + [k for k in self._adds if begin <= k < end]
+            ):
                 value = self._local_value(k, merged.get(k))
                 if value is None:
                     merged.pop(k, None)
@@ -250,8 +251,8 @@ class EmbeddedTransaction:
             self._read_version = version
         elif version != self._read_version and self._db._changed_since(self._read_version, version, [point(key)]):
             value = _CHANGED  # changed after our snapshot: FoundationDB's watch would fire at once
-        w = _Watch(self._db, key, value)
-        self._watches.append(w)  # type: ignore[arg-type]
+        w = _Watch(self._db, key, value, version)
+        self._watches.append(w)
         return w
 
     # --- commit ------------------------------------------------------------------------------------
@@ -264,7 +265,7 @@ class EmbeddedTransaction:
             if self._stamp_future is not None and not self._stamp_future.done():
                 self._stamp_future.set_exception(errors.StoreError(errors.NO_COMMIT_VERSION))
                 self._stamp_future.exception()  # retrieved: a read-only caller may never await it
-            self._db._arm(watches)  # type: ignore[arg-type]
+            self._db._arm(watches)
             return
         if self._read_version is None:
             self._read_version = self._db._committed_version()
@@ -278,7 +279,7 @@ class EmbeddedTransaction:
             self._committing = False
         if self._stamp_future is not None and not self._stamp_future.done():
             self._stamp_future.set_result(stamp)
-        self._db._arm(watches)  # type: ignore[arg-type]
+        self._db._arm(watches)
 
     async def on_error(self, exc: BaseException) -> None:
         if not isinstance(exc, errors.StoreError) or not exc.retryable or self._attempts >= _RETRY_LIMIT:
@@ -290,6 +291,6 @@ class EmbeddedTransaction:
 
     def cancel(self) -> None:
         for w in self._watches:
-            w.future.cancel()  # type: ignore[attr-defined]
+            w.future.cancel()
         if self._stamp_future is not None and not self._stamp_future.done():
             self._stamp_future.cancel()

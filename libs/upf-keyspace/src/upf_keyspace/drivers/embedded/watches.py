@@ -4,10 +4,11 @@ commits wrote, woken by this process's commits, other processes' wake datagrams,
 from __future__ import annotations
 
 import asyncio
+import bisect
 from typing import TYPE_CHECKING, Any
 
 from ... import errors
-from .._ranges import point
+from .._ranges import IntervalSet
 from .._wake import Inbox
 from .reads import _Reads
 
@@ -16,17 +17,33 @@ if TYPE_CHECKING:
 
 _FALLBACK_POLL_SECS = 1.0  # the backstop for lost wake datagrams
 _NO_WAKE_POLL_SECS = 0.05  # without a wake socket (a read-only directory, no /proc for long paths)
+_CHANGED = object()  # a watched value no committed value equals: the watch fires when armed
+
+
+def _written(watched: list[bytes], sets: list[IntervalSet]) -> list[bytes]:
+    """The sorted ``watched`` keys some write set covers: each written interval is bisected into the
+    watched keys (writes x log watches), not every watched key tested against every set."""
+    found: set[bytes] = set()
+    n = len(watched)
+    for ws in sets:
+        for b, e in zip(ws.begins, ws.ends, strict=True):
+            i = bisect.bisect_left(watched, b)
+            while i < n and watched[i] < e:
+                found.add(watched[i])
+                i += 1
+    return list(found)
 
 
 class _Watch:
     """One registered watch; awaiting it waits for the change. ``cancel`` unregisters it."""
 
-    __slots__ = ("key", "value", "future", "_db")
+    __slots__ = ("key", "value", "version", "future", "_db")
 
-    def __init__(self, db: EmbeddedDatabase, key: bytes, value: bytes | None) -> None:
+    def __init__(self, db: EmbeddedDatabase, key: bytes, value: Any, version: int | None = None) -> None:
         self._db = db
         self.key = key
         self.value = value
+        self.version = version  # the commit the value was read at (None: unknown, re-read when armed)
         self.future: asyncio.Future[None] = db._loop.create_future()
         self.future.add_done_callback(lambda _f: db._unregister(self))
 
@@ -48,36 +65,56 @@ class _Watches(_Reads):
     _closed: bool
     _check_scheduled: bool
     _watch_version: int
+    _watch_n: int  # the watches in ``_watches``, kept as they come and go: the limit check is per watch()
+    _unchecked: bool  # a commit was announced while nothing was watched: no check has covered it
     _fallback: asyncio.TimerHandle | None
     _inbox: Inbox | None
     fallback_poll_secs: float
 
     def _watch_count(self) -> int:
-        return sum(len(s) for s in self._watches.values())
+        return self._watch_n
 
     def _arm(self, watches: list[_Watch]) -> None:
         """Register watches, firing at once those whose key already changed (before this point the
         incremental check below cannot see the change: it may predate the checked version)."""
+        skipped = False
         for w in watches:
             if w.future.done():
+                continue
+            if w.version is not None and w.value is not _CHANGED and self._watch_version <= w.version:
+                # No check has moved past the version the value was read at, so the next one compares
+                # every commit after it: no change can slip between the read and this point.
+                self._register(w)
+                skipped = True
                 continue
             _, value = self._read_point(w.key)
             if value != w.value:
                 w.future.set_result(None)
             else:
-                self._watches.setdefault(w.key, set()).add(w)
+                self._register(w)
+        if skipped and self._unchecked:
+            self._schedule_watch_check()  # a commit announced while nothing was watched may be one of them
         if self._watches and self._fallback is None and not self._closed:
             self._fallback = self._loop.call_later(self.fallback_poll_secs, self._fallback_poll)
 
+    def _register(self, w: _Watch) -> None:
+        s = self._watches.setdefault(w.key, set())
+        if w not in s:
+            s.add(w)
+            self._watch_n += 1
+
     def _unregister(self, w: _Watch) -> None:
         s = self._watches.get(w.key)
-        if s is not None:
+        if s is not None and w in s:
             s.discard(w)
+            self._watch_n -= 1
             if not s:
                 del self._watches[w.key]
 
     def _schedule_watch_check(self) -> None:
-        if self._watches and not self._check_scheduled and not self._closed:
+        if not self._watches:
+            self._unchecked = True
+        elif not self._check_scheduled and not self._closed:
             self._check_scheduled = True
             self._loop.call_soon(self._check_watches)
 
@@ -87,7 +124,9 @@ class _Watches(_Reads):
         costs one version read, not a read of every watched key."""
         self._check_scheduled = False
         if not self._watches or self._closed:
+            self._unchecked = True
             return
+        self._unchecked = False
         current_version = self._committed_version()
         if current_version == self._watch_version:
             return
@@ -96,7 +135,7 @@ class _Watches(_Reads):
         except errors.StoreError:  # the log no longer reaches back that far: compare them all
             sets = None
         self._watch_version = current_version
-        keys = [k for k in self._watches if sets is None or any(ws.overlaps(*point(k)) for ws in sets)]
+        keys = list(self._watches) if sets is None else _written(sorted(self._watches), sets)
         if not keys:
             return
         current: dict[bytes, bytes] = {}

@@ -76,10 +76,12 @@ class _WriteLog:
         cache = self._wlog_cache
         sets = [cache.get(v) for v in range(after + 1, upto + 1)]
         if all(s is not None for s in sets):
-            return sets  # type: ignore[return-value]
+            return sets  # type: ignore[return-value]  # all() above: no None left, which mypy does not narrow
         loaded = {
             v: IntervalSet.decode(raw)
-            for v, raw in conn.execute("SELECT version, writes FROM wlog WHERE version > ? AND version <= ?", (after, upto))
+            for v, raw in conn.execute(
+                "SELECT version, writes FROM wlog WHERE version > ? AND version <= ?", (after, upto)
+            )
         }
         cache.update(loaded)
         out = []

@@ -1,0 +1,199 @@
+"""The embedded driver's watch bookkeeping: the running count behind the watch limit, and the
+shortcuts that skip work on a wake-up, each pinned by a case where a wrong shortcut would miss a change."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from upf_keyspace import errors
+from upf_keyspace.drivers.embedded import transaction
+
+PREFIX = b"\x01test-watches/"
+
+
+async def _put(db, items: dict[bytes, bytes]) -> None:
+    async def body(tr):
+        for k, v in items.items():
+            tr.set(k, v)
+
+    await db.transact(body)
+
+
+async def _watch(db, key: bytes):
+    async def body(tr):
+        return tr.watch(key)
+
+    return await db.transact(body)
+
+
+def _counted(db) -> int:
+    return sum(len(s) for s in db._watches.values())
+
+
+async def test_watch_count_follows_arms_fires_and_cancels(pair):
+    """The running count equals the registered watches through arming (two on one key), a change
+    firing one, a cancel, and the limit counts it."""
+    a, _ = pair
+    k1, k2 = PREFIX + b"1", PREFIX + b"2"
+    await _put(a, {k1: b"0", k2: b"0"})
+    w1 = await _watch(a, k1)
+    w1b = await _watch(a, k1)
+    w2 = await _watch(a, k2)
+    assert a._watch_count() == _counted(a) == 3
+    await _put(a, {k1: b"1"})
+    await asyncio.wait_for(asyncio.gather(w1.future, w1b.future), 2.0)
+    await asyncio.sleep(0)  # the done callbacks unregister
+    assert a._watch_count() == _counted(a) == 1
+    w2.cancel()
+    w2.cancel()
+    await asyncio.sleep(0)
+    assert a._watch_count() == _counted(a) == 0
+    again = await _watch(a, k1)  # a key watched before: counted afresh
+    assert a._watch_count() == _counted(a) == 1
+    again.cancel()
+
+
+async def test_watch_limit_uses_the_running_count(pair, monkeypatch):
+    a, _ = pair
+    monkeypatch.setattr(transaction, "_MAX_WATCHES", 3)
+    await _put(a, {PREFIX + b"x": b"0"})
+    held = [await _watch(a, PREFIX + b"x") for _ in range(3)]
+    with pytest.raises(errors.StoreError) as info:
+        await _watch(a, PREFIX + b"x")
+    assert info.value.code == errors.TOO_MANY_WATCHES
+    held[0].cancel()
+    await asyncio.sleep(0)
+    held.append(await _watch(a, PREFIX + b"x"))  # room again once one is gone
+    for w in held:
+        w.cancel()
+
+
+async def test_keys_bound_as_bytearray_match_the_stored_blobs(pair):
+    """Reads bind keys as bytearray (no adapter lookup); the rows written with bytes keys must be found
+    by point and range reads with memcmp order, and come back as bytes."""
+    a, _ = pair
+    ks = [
+        PREFIX + b"k",
+        PREFIX + b"k\x00",
+        PREFIX + b"k\x00\x00",
+        PREFIX + b"k\x7f",
+        PREFIX + b"k\x80",
+        PREFIX + b"k\xff",
+    ]
+    await _put(a, {k: k[-1:] for k in ks})
+    assert a._reader.execute("SELECT typeof(?), ? = ?", (bytearray(b"x"), bytearray(b"x"), b"x")).fetchone() == (
+        "blob",
+        1,
+    )
+
+    async def read(tr):
+        points = [await tr.get(k) for k in ks]
+        return points, await tr.get_range(PREFIX + b"k\x00", PREFIX + b"k\xff"), await tr.get(PREFIX + b"k\x01")
+
+    points, rows, missing = await a.transact(read)
+    assert points == [k[-1:] for k in ks] and all(type(p) is bytes for p in points)
+    assert rows == [(k, k[-1:]) for k in ks[1:-1]] and all(type(k) is bytes for k, _ in rows)
+    assert missing is None
+
+
+async def test_arming_without_a_read_still_sees_a_change_a_check_already_passed(pair):
+    """A watch's value read at v is armed without re-reading only while no check has moved past v:
+    here another watch's check consumes the change first, so the arm must re-read and fire."""
+    a, b = pair
+    a.fallback_poll_secs = 30.0  # the backstop must not be what fires it
+    key, other = PREFIX + b"moved", PREFIX + b"other"
+    await _put(a, {key: b"0", other: b"0"})
+    keep = await _watch(a, other)  # keeps checks running on a
+    tr = a.create_transaction()
+    w = tr.watch(key)
+    await _put(b, {key: b"1"})
+    deadline = asyncio.get_running_loop().time() + 2.0
+    while a._watch_version <= w.version and asyncio.get_running_loop().time() < deadline:
+        await asyncio.sleep(0.01)
+    assert a._watch_version > w.version  # the check covering b's commit ran before the arm
+    await tr.commit()
+    await asyncio.wait_for(w.future, 1.0)
+    keep.cancel()
+
+
+@pytest.mark.parametrize("writer", ["same handle", "other handle"])
+async def test_a_commit_announced_while_nothing_was_watched_is_checked_when_armed(pair, writer):
+    """A commit announced while a handle watched nothing moves no check; a watch read before it and
+    armed after it without a read must still fire promptly (not at the backstop poll)."""
+    a, b = pair
+    a.fallback_poll_secs = 30.0
+    key = PREFIX + b"quiet"
+    await _put(a, {key: b"0"})
+    await asyncio.sleep(0.05)
+    assert not a._watches
+    tr = a.create_transaction()
+    w = tr.watch(key)
+    await _put(a if writer == "same handle" else b, {key: b"1"})
+    await asyncio.sleep(0.1)  # the announcement arrives and finds nothing watched
+    await tr.commit()
+    await asyncio.wait_for(w.future, 1.0)
+
+
+async def test_arming_without_a_read_keeps_a_watch_on_its_own_write(pair):
+    """A transaction that writes a key and watches it arms on the value it wrote: its own commit does
+    not fire it, the next change does."""
+    a, b = pair
+    key = PREFIX + b"own"
+
+    async def write_and_watch(tr):
+        tr.set(key, b"mine")
+        return tr.watch(key)
+
+    w = await a.transact(write_and_watch)
+    await asyncio.sleep(0.1)
+    assert not w.done()
+    await _put(b, {key: b"theirs"})
+    await asyncio.wait_for(w.future, 2.0)
+
+
+def test_written_keys_match_testing_every_key_against_every_set():
+    """The interval walk finds exactly the watched keys a brute-force overlap test finds, edges
+    included (a key at an interval's begin is written, one at its end is not; k and k+NUL differ)."""
+    import random
+
+    from upf_keyspace.drivers._ranges import IntervalSet, point
+    from upf_keyspace.drivers.embedded.watches import _written
+
+    rng = random.Random(9)
+    alphabet = [b"", b"\x00", b"a", b"a\x00", b"b", b"\xff"]
+
+    def key() -> bytes:
+        return b"".join(rng.choice(alphabet) for _ in range(rng.randint(1, 3)))
+
+    for _ in range(2000):
+        watched = sorted({key() for _ in range(rng.randint(0, 8))})
+        sets = []
+        for _ in range(rng.randint(0, 3)):
+            ranges = []
+            for _ in range(rng.randint(0, 4)):
+                k = key()
+                ranges.append(point(k) if rng.random() < 0.5 else tuple(sorted((k, key()))))
+            sets.append(IntervalSet(ranges))
+        expected = {k for k in watched if any(s.overlaps(*point(k)) for s in sets)}
+        got = _written(watched, sets)
+        assert sorted(got) == sorted(expected) and len(got) == len(set(got))
+
+
+async def test_a_range_clear_and_a_point_write_fire_exactly_the_watches_under_them(pair):
+    a, b = pair
+    names = [b"a", b"b", b"b\x00", b"c", b"d", b"e"]
+    await _put(a, {PREFIX + n: b"0" for n in names})
+    ws = {n: await _watch(a, PREFIX + n) for n in names}
+
+    async def write(tr):
+        tr.clear_range(PREFIX + b"b", PREFIX + b"c")  # b and b\x00, not c
+        tr.set(PREFIX + b"e", b"1")
+
+    await b.transact(write)
+    await asyncio.wait_for(asyncio.gather(*(ws[n].future for n in (b"b", b"b\x00", b"e"))), 2.0)
+    await asyncio.sleep(0.1)
+    assert [n for n in names if ws[n].done()] == [b"b", b"b\x00", b"e"]
+    for w in ws.values():
+        w.cancel()
