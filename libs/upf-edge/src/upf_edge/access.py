@@ -19,7 +19,8 @@ import base64
 import binascii
 import hashlib
 import re
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 import bcrypt
@@ -66,6 +67,10 @@ _PERMISSIONS = {
     "none": Permission.DENY,
 }
 _BCRYPT_ROUNDS = 10  # ntfy's cost: ~50-80 ms a check here; verified logins are cached below
+_MAX_CACHED = 4096
+"""Entries of each of an authorizer's caches (cleared when full: an authorizer lives until the next
+auth change, so a busy one must not grow without bound)."""
+_MAX_CACHED_DECISIONS = 65_536
 
 
 def parse_permission(text: str) -> Permission:
@@ -178,20 +183,51 @@ ANONYMOUS = Identity(None)
 class Authorizer:
     """Authentication and ACL over one :class:`AuthState` (swap it by making a new one: it is cheap).
     Verified passwords are remembered by a digest of (user, password, stored hash), so a client that
-    sends Basic auth on every request pays bcrypt once, and a password change invalidates it."""
+    sends Basic auth on every request pays bcrypt once, and a password change invalidates it.
+    :meth:`identify` remembers the identity behind each credential that succeeded, and
+    :meth:`permission` each decision: both caches belong to this authorizer, so any auth change (a
+    new state, a new authorizer) drops them; a failure is never remembered here."""
 
-    __slots__ = ("state", "default", "_verified", "_rules")
+    __slots__ = ("state", "default", "_verified", "_rules", "_identities", "_decisions")
 
     def __init__(self, state: AuthState, default: Permission = Permission.READ_WRITE) -> None:
         self.state = state
         self.default = default
         self._verified: set[bytes] = set()
         self._rules: dict[str | None, list[tuple[str, Permission]]] = {}
+        self._identities: dict[tuple[str | None, str | None], tuple[Identity, int]] = {}
+        """(Authorization, ?auth=) -> (who, the token's expiry or 0), for credentials that succeeded."""
+        self._decisions: dict[tuple[str | None, str], Permission] = {}
+
+    def identify(
+        self, authorization: str | None, auth_param: str | None, clock: Callable[[], float] = time.time
+    ) -> Identity:
+        """:func:`parse_credentials` then :meth:`authenticate`, skipping both for a credential that
+        succeeded before (a client sends the same header on every request): ~1 us instead of ~4.
+        A remembered token still stops at its expiry."""
+        key = (authorization, auth_param)
+        hit = self._identities.get(key)
+        if hit is not None:
+            who, expires = hit
+            if not expires or clock() < expires:
+                return who
+            del self._identities[key]
+        creds = parse_credentials(authorization, auth_param)
+        who, expires = self._authenticate(creds, clock())
+        if not creds.anonymous:
+            if len(self._identities) >= _MAX_CACHED:
+                self._identities.clear()
+            self._identities[key] = (who, expires)
+        return who
 
     def authenticate(self, creds: Credentials, now: float) -> Identity:
         """The identity behind ``creds``; :class:`NtfyError` 401 when they are wrong or expired."""
+        return self._authenticate(creds, now)[0]
+
+    def _authenticate(self, creds: Credentials, now: float) -> tuple[Identity, int]:
+        """The identity and, for a token, its expiry (0: none)."""
         if creds.anonymous:
-            return ANONYMOUS
+            return ANONYMOUS, 0
         if creds.token is not None:
             found = self.state.tokens.get(token_digest(creds.token))
             if found is None:
@@ -202,12 +238,12 @@ class Authorizer:
             user = self.state.users.get(name)
             if user is None:
                 raise NtfyError(UNAUTHORIZED)
-            return Identity(name, user.role == ROLE_ADMIN)
+            return Identity(name, user.role == ROLE_ADMIN), token.expires
         name = creds.user or ""
         user = self.state.users.get(name)
         if user is None or not self._password_ok(name, user, creds.password or ""):
             raise NtfyError(UNAUTHORIZED)
-        return Identity(name, user.role == ROLE_ADMIN)
+        return Identity(name, user.role == ROLE_ADMIN), 0
 
     def _password_ok(self, name: str, user: User, password: str) -> bool:
         key = hashlib.sha256(f"{name}\0{password}\0{user.password_hash}".encode()).digest()
@@ -224,13 +260,23 @@ class Authorizer:
         return ok
 
     def permission(self, who: Identity, topic: str) -> Permission:
-        """ntfy's decision for ``who`` on ``topic`` (see the module docstring)."""
+        """ntfy's decision for ``who`` on ``topic`` (see the module docstring), remembered per (user,
+        topic) until the next auth change."""
         if who.admin:
             return Permission.READ_WRITE
+        key = (who.user, topic)
+        decided = self._decisions.get(key)
+        if decided is not None:
+            return decided
+        decided = self.default
         for pattern, permission in self._ordered(who.user):
             if pattern_matches(pattern, topic):
-                return permission
-        return self.default
+                decided = permission
+                break
+        if len(self._decisions) >= _MAX_CACHED_DECISIONS:
+            self._decisions.clear()
+        self._decisions[key] = decided
+        return decided
 
     def _ordered(self, user: str | None) -> list[tuple[str, Permission]]:
         rules = self._rules.get(user)

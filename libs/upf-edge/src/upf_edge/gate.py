@@ -12,14 +12,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 import weakref
 from collections.abc import Mapping, Sequence
 
 from upf_keyspace import Store
 from upf_keyspace.auth import AuthState, Permission
 
-from .access import ANONYMOUS, Authorizer, Identity, parse_credentials
+from .access import ANONYMOUS, Authorizer, Identity
 from .errors import STORE_UNAVAILABLE, NtfyError
 from .provision import apply_provisioning, load_provisioning
 
@@ -134,7 +133,7 @@ class AccessGate:
             return ANONYMOUS
         if not self._loaded:
             raise NtfyError(STORE_UNAVAILABLE)
-        return self.authorizer.authenticate(parse_credentials(authorization, auth_param), time.time())
+        return self.authorizer.identify(authorization, auth_param)
 
     def authorize(self, who: Identity, topics: Sequence[str], *, write: bool) -> None:
         """403 NtfyError unless ``who`` may read (or write) every one of ``topics``."""

@@ -98,6 +98,7 @@ class RequestLimiter:
         "_blocked",
         "_messages",
         "_no_messages",
+        "_message_pending",
         "_tasks",
         "_rates",
         "_rates_set",
@@ -124,6 +125,7 @@ class RequestLimiter:
         self._blocked: dict[str, float] = {}  # visitor -> until when its logins are refused (42909)
         self._messages: dict[str, list[int]] = {}  # visitor -> [daily messages leased and unspent, day]
         self._no_messages: dict[str, float] = {}  # visitor -> when its daily quota is back (42908)
+        self._message_pending: dict[str, asyncio.Future[None]] = {}  # visitor -> its message lease in flight
         self._tasks: set[asyncio.Task[None]] = set()
         self._rates: dict[str, tuple[str | None, float]] = {}  # topic -> (its rate visitor, when read)
         self._rates_set: dict[str, tuple[str, float]] = {}  # topic -> (rate visitor this node wrote, when)
@@ -317,20 +319,36 @@ class RequestLimiter:
     # --- daily messages (ntfy's 42908) --------------------------------------------------------------------
     async def message(self, visitor: str | None) -> None:
         """Spend one of ``visitor``'s messages of the UTC day or raise 42908 (leased like requests: a
-        hundredth of the quota at a time, so a process holds at most that many unspent)."""
+        hundredth of the quota at a time, so a process holds at most that many unspent). Concurrent
+        publishes of one visitor wait for one lease, as :meth:`lease` does: else each would take a
+        lease of its own, spend one message of it and drop the rest (a transaction per publish, and
+        the fleet's quota drawn many times faster than it is used)."""
         if visitor is None:
             return
-        now = self.clock()
-        day = day_of(now)
-        entry = self._messages.get(visitor)
-        if entry is not None and entry[1] == day and entry[0] > 0:
-            entry[0] -= 1
-            return
-        until = self._no_messages.get(visitor)
-        if until is not None:
-            if now < until:
-                raise limited(TOO_MANY_MESSAGES, math.ceil(until - now))
-            del self._no_messages[visitor]
+        while True:
+            now = self.clock()
+            day = day_of(now)
+            entry = self._messages.get(visitor)
+            if entry is not None and entry[1] == day and entry[0] > 0:
+                entry[0] -= 1
+                return
+            until = self._no_messages.get(visitor)
+            if until is not None:
+                if now < until:
+                    raise limited(TOO_MANY_MESSAGES, math.ceil(until - now))
+                del self._no_messages[visitor]
+            pending = self._message_pending.get(visitor)
+            if pending is None:
+                break
+            await asyncio.shield(pending)
+        done = self._message_pending[visitor] = asyncio.get_running_loop().create_future()
+        try:
+            await self._lease_messages(visitor, now, day)
+        finally:
+            del self._message_pending[visitor]
+            done.set_result(None)
+
+    async def _lease_messages(self, visitor: str, now: float, day: int) -> None:
         config = self.config
         try:
             granted = await self.store.lease_messages(visitor, day, config.message_lease, config.message_limit)

@@ -192,3 +192,83 @@ def test_one_denied_topic_fails_a_multi_topic_request() -> None:
     ro.check(ANONYMOUS, ("a",), write=False)
     with pytest.raises(NtfyError):
         ro.check(ANONYMOUS, ("a",), write=True)
+
+
+class Clock:
+    def __init__(self, now: float) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_identify_remembers_successes_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    authz = Authorizer(state([]))
+    clock = Clock(NOW)
+    assert authz.identify(basic("phil", "pw"), None, clock) == Identity("phil", False)
+    parsed = []
+    monkeypatch.setattr("upf_edge.access.parse_credentials", lambda *a: parsed.append(a) or Credentials())
+    assert authz.identify(basic("phil", "pw"), None, clock) == Identity("phil", False)  # remembered
+    assert parsed == []
+    monkeypatch.undo()
+    for _ in range(2):  # a wrong password is checked every time, and never remembered
+        with pytest.raises(NtfyError) as err:
+            authz.identify(basic("phil", "wrong"), None, clock)
+        assert (err.value.http, err.value.code) == (401, 40101)
+    with pytest.raises(NtfyError):
+        authz.identify(basic("nobody", "pw"), None, clock)
+    assert list(authz._identities) == [(basic("phil", "pw"), None)]
+    assert authz.identify(None, None, clock) is ANONYMOUS and authz.identify("vapid t=a,k=b", None, clock) is ANONYMOUS
+
+
+def test_a_remembered_token_stops_at_its_expiry() -> None:
+    token = "tk_" + "q" * 29
+    expiring = AuthState(
+        version=2,
+        users={"phil": User(role="user", password_hash=hash_password("pw"))},
+        tokens={token_digest(token): ("phil", Token(expires=int(NOW) + 10))},
+    )
+    authz = Authorizer(expiring)
+    clock = Clock(NOW)
+    header = "Bearer " + token
+    assert authz.identify(header, None, clock) == Identity("phil", False)
+    clock.now = NOW + 9.5
+    assert authz.identify(header, None, clock) == Identity("phil", False)  # from the cache
+    clock.now = NOW + 10
+    for _ in range(2):
+        with pytest.raises(NtfyError) as err:
+            authz.identify(header, None, clock)
+        assert (err.value.http, err.value.code) == (401, 40101)
+
+
+def test_remembered_decisions_die_with_the_authorizer_on_an_acl_change() -> None:
+    from upf_edge.gate import AccessGate
+
+    gate = AccessGate(None, "deny-all")  # type: ignore[arg-type]  # never started: its state is set below
+    granted = state([("phil", "up*", Permission.WRITE_ONLY)])
+    gate._install(granted)
+    phil = gate.identify(basic("phil", "pw"), None)
+    for _ in range(2):
+        gate.authorize(phil, ("up1",), write=True)
+    gate._install(AuthState(version=2, users=granted.users, access=[]))  # the grant revoked
+    with pytest.raises(NtfyError) as err:
+        gate.authorize(phil, ("up1",), write=True)
+    assert (err.value.http, err.value.code) == (403, 40301)
+    gate._install(AuthState(version=3, users={}, access=[]))  # the user deleted: its login is forgotten
+    with pytest.raises(NtfyError) as err:
+        gate.identify(basic("phil", "pw"), None)
+    assert (err.value.http, err.value.code) == (401, 40101)
+
+
+def test_remembered_decisions_match_fresh_ones() -> None:
+    entries = [
+        (EVERYONE, "alerts*", Permission.READ_ONLY),
+        ("phil", "alerts*", Permission.DENY),
+        ("phil", "m*", Permission.WRITE_ONLY),
+    ]
+    authz = Authorizer(state(entries), default=Permission.DENY)
+    topics = ["alerts1", "mine", "other", "alerts1", "mine"]
+    for who in (Identity("phil"), ANONYMOUS, Identity("root", True)):
+        first = [authz.permission(who, t) for t in topics]
+        assert first == [Authorizer(state(entries), default=Permission.DENY).permission(who, t) for t in topics]
+        assert first == [authz.permission(who, t) for t in topics]

@@ -154,6 +154,31 @@ async def test_the_daily_quota_is_leased_and_refused_until_the_next_utc_midnight
     await lim.message("ip:192.0.2.1")
 
 
+class SlowStore(FakeStore):
+    """A store whose message lease suspends, as a real transaction does."""
+
+    async def lease_messages(self, visitor: str, day: int, want: int, limit: int) -> int:
+        await asyncio.sleep(0)
+        return await super().lease_messages(visitor, day, want, limit)
+
+
+async def test_concurrent_publishes_share_one_message_lease():
+    store, clock = SlowStore(), Clock()
+    lim = RequestLimiter(store, LimitConfig(messages_daily=5000), clock)  # type: ignore[arg-type]  # leases of 50
+    await asyncio.gather(*(lim.message("ip:192.0.2.1") for _ in range(64)))
+    assert store.calls == 2  # one lease, then one for the 14 it did not cover
+    assert sum(store.days.values()) == 100  # the fleet's count: what was leased, 36 of it unspent here
+
+
+async def test_concurrent_publishes_get_the_daily_quota_exactly():
+    store, clock = SlowStore(), Clock()
+    lim = RequestLimiter(store, LimitConfig(messages_daily=250), clock)  # type: ignore[arg-type]  # leases of 2
+    results = await asyncio.gather(*(lim.message("ip:192.0.2.1") for _ in range(300)), return_exceptions=True)
+    refused = [r for r in results if isinstance(r, NtfyError)]
+    assert len(results) - len(refused) == 250
+    assert all(r.problem == TOO_MANY_MESSAGES for r in refused) and len(refused) == 50
+
+
 def test_ntfys_default_daily_quota_is_a_day_of_request_refills():
     assert LimitConfig().message_limit == 17_280 and LimitConfig().message_lease == 50
     assert LimitConfig(messages_daily=5).message_limit == 5 and LimitConfig(messages_daily=5).message_lease == 1
