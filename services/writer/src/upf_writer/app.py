@@ -17,6 +17,7 @@ from litestar import Litestar, Request, Response
 from litestar.exceptions import HTTPException, MethodNotAllowedException, NotFoundException
 from litestar.types import Receive, Scope, Send
 
+from upf_edge import NtfyError
 from upf_edge.asgi import send_preflight, serve_asgi, with_cors
 from upf_edge.gate import AccessGate
 from upf_edge.limiter import RequestLimiter
@@ -27,7 +28,7 @@ from upf_keyspace.telemetry import Telemetry
 from . import ingest
 from .context import WriterContext
 from .front import WriterFront
-from .ingest import Problem, PublishError
+from .ingest import Problem
 from .routes import build_route_handlers
 from .routes.ops import build_ops
 from .routes.publish import failure_problem
@@ -50,7 +51,7 @@ def _problem_response(problem: Problem, headers: dict[str, str] | None = None) -
     return Response(problem.body(), status_code=problem.http, media_type="application/json", headers=headers)
 
 
-def _on_publish_error(_: Request, exc: PublishError) -> Response[bytes]:
+def _on_publish_error(_: Request, exc: NtfyError) -> Response[bytes]:
     headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in exc.headers} if exc.headers else None
     return _problem_response(exc.problem, headers)
 
@@ -158,7 +159,7 @@ def create_app(
         route_handlers=build_route_handlers(ctx),
         lifespan=[store_lifespan],
         exception_handlers={
-            PublishError: _on_publish_error,
+            NtfyError: _on_publish_error,
             NotFoundException: _on_not_found,
             MethodNotAllowedException: _on_method_not_allowed,
             HTTPException: _on_http_exception,

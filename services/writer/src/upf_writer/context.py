@@ -9,13 +9,14 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+from upf_edge import NtfyError
 from upf_edge.access import Identity
 from upf_edge.gate import AccessGate
 from upf_edge.limiter import RequestLimiter
 from upf_keyspace import Settings, Store
 from upf_keyspace import telemetry as tm
 
-from .ingest import CATALOG, STORE_UNAVAILABLE, Limits, PublishError
+from .ingest import CATALOG, STORE_UNAVAILABLE, Limits
 
 __all__ = ["WriterContext", "WriterMetrics"]
 
@@ -82,13 +83,13 @@ class WriterContext:
     def require_store(self) -> Store:
         store = self.store
         if store is None:
-            raise PublishError(STORE_UNAVAILABLE)
+            raise NtfyError(STORE_UNAVAILABLE)
         return store
 
     def require_gate(self) -> AccessGate:
         gate = self.gate
         if gate is None:
-            raise PublishError(STORE_UNAVAILABLE)
+            raise NtfyError(STORE_UNAVAILABLE)
         return gate
 
     async def admit(self, user: str | None, client: str, forwarded: str | None, topic: str = "") -> str | None:
@@ -99,7 +100,7 @@ class WriterContext:
         the RateLimit headers."""
         limiter = self.limiter
         if limiter is None:
-            raise PublishError(STORE_UNAVAILABLE)
+            raise NtfyError(STORE_UNAVAILABLE)
         visitor = limiter.visitor(user, client, forwarded)
         if topic:
             visitor = await limiter.publisher(visitor, topic)
@@ -112,5 +113,5 @@ class WriterContext:
         """Who the request is (401), behind ntfy's failed-login limit (42909)."""
         limiter = self.limiter
         if limiter is None:
-            raise PublishError(STORE_UNAVAILABLE)
+            raise NtfyError(STORE_UNAVAILABLE)
         return await limiter.identify(self.require_gate(), authorization, auth_param, client, forwarded)

@@ -23,13 +23,12 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
-from upf_edge import NO_BODY, Problem, Reply
+from upf_edge import NO_BODY, NtfyError, Problem, Reply
 from upf_edge.gate import auth_param
 from upf_edge.http11 import decode_headers, decode_query
 
 from . import ingest, schemas
 from .context import WriterContext
-from .ingest import PublishError
 from .routes.publish import failure_problem, publish_one
 from .webpush import WebPushPolicy, webpush_reply
 
@@ -120,10 +119,10 @@ class WriterFront:
                 await ctx.admit(who.user, client, forwarded)
                 ingest.validate_topic(topic)
                 if not ingest.unifiedpush_requested(decoded, params):
-                    raise PublishError(ingest.NOT_FOUND)
+                    raise NtfyError(ingest.NOT_FOUND)
                 return Reply(200, schemas.UP_DISCOVERY)
             return problem_reply(ingest.METHOD_NOT_ALLOWED, _ALLOW)
-        except PublishError as exc:
+        except NtfyError as exc:
             return problem_reply(exc.problem, exc.headers)
         except Exception as exc:
             return problem_reply(failure_problem(exc, "topic"))
@@ -176,9 +175,9 @@ class WriterFront:
     def _refused(self, exc: Exception, route: str) -> Reply:
         """A publish, clear or delete refused: ntfy's error body (a bug is a 500 with the JSON too),
         counted by its code."""
-        problem = exc.problem if isinstance(exc, PublishError) else failure_problem(exc, route)
+        problem = exc.problem if isinstance(exc, NtfyError) else failure_problem(exc, route)
         self.ctx.metrics.rejected(problem.code)
-        return problem_reply(problem, exc.headers if isinstance(exc, PublishError) else ())
+        return problem_reply(problem, exc.headers if isinstance(exc, NtfyError) else ())
 
     async def publish(
         self,
@@ -212,7 +211,7 @@ class WriterFront:
                 limit, too_large = self._json_max, ingest.JSON_TOO_LARGE
             ingest.check_content_length(headers, limit, too_large)
             if body is None or len(body) > limit:
-                raise PublishError(too_large)
+                raise NtfyError(too_large)
             if topic:
                 ingested = ingest.ingest_publish(
                     topic, headers, params, body, now=ctx.clock(), limits=ctx.limits, sequence_id=sequence_id

@@ -3,7 +3,7 @@
 No I/O here. The HTTP layer (``routes/``) decodes the request into plain values -- a mapping of
 lower-case header names to their first value, a mapping of query keys to their first value, the body
 bytes, the current unix time -- calls one function of this module and stores what it returns.
-Every rejection is a :class:`PublishError` carrying one :class:`Problem` of :data:`CATALOG`, so the
+Every rejection is a :class:`NtfyError` carrying one :class:`Problem` of :data:`CATALOG`, so the
 set of errors a publisher can see is closed and documented in one place.
 
 Parameters follow ntfy's ``parsePublishParams``/``readParam``: each meaning has a list of names;
@@ -56,7 +56,6 @@ from .schemas import JsonPublish, MatrixPush
 
 __all__ = [
     "Problem",
-    "PublishError",
     "CATALOG",
     "Limits",
     "Params",
@@ -176,7 +175,6 @@ CATALOG: tuple[Problem, ...] = (
 )
 
 
-PublishError = NtfyError
 """The one exception of the ingest core: ``upf_edge``'s ntfy error, so every front door answers it alike."""
 
 
@@ -214,9 +212,9 @@ DISALLOWED_TOPICS = frozenset(
 def validate_topic(topic: str) -> str:
     """A publishable topic, or 400 40009 (bad name) / 40010 (reserved name; exact, case-sensitive)."""
     if _TOPIC_RE.fullmatch(topic) is None:
-        raise PublishError(TOPIC_INVALID)
+        raise NtfyError(TOPIC_INVALID)
     if topic in DISALLOWED_TOPICS:
-        raise PublishError(TOPIC_DISALLOWED)
+        raise NtfyError(TOPIC_DISALLOWED)
     return topic
 
 
@@ -225,7 +223,7 @@ def validate_topic_list(topics: str) -> list[str]:
     out = topics.split(",")
     for t in out:
         if _TOPIC_RE.fullmatch(t) is None:
-            raise PublishError(TOPIC_INVALID)
+            raise NtfyError(TOPIC_INVALID)
     return out
 
 
@@ -354,7 +352,7 @@ def _parse_priority(text: str) -> int:
         return 0
     found = _PRIORITIES.get(text.lower())
     if found is None:
-        raise PublishError(PRIORITY_INVALID)
+        raise NtfyError(PRIORITY_INVALID)
     return found
 
 
@@ -364,7 +362,7 @@ def _parse_ttl(headers: Mapping[str, str], default_ttl: int) -> int:
         return default_ttl
     text = go_trim(raw)
     if _TTL_RE.fullmatch(text) is None:
-        raise PublishError(TTL_INVALID)
+        raise NtfyError(TTL_INVALID)
     if len(text) > 18:  # beyond any sane retention: don't even build the int
         return default_ttl
     return min(int(text), default_ttl)
@@ -379,7 +377,7 @@ def _parse_idempotency_key(headers: Mapping[str, str]) -> str:
         if not key:
             continue
         if _IDEM_RE.fullmatch(key) is None:
-            raise PublishError(IDEMPOTENCY_KEY_INVALID)
+            raise NtfyError(IDEMPOTENCY_KEY_INVALID)
         return key
     return ""
 
@@ -425,10 +423,10 @@ def _parse_webpush(headers: Mapping[str, str]) -> tuple[bool, str, str]:
         return False, "", ""
     urgency = go_trim(headers.get("urgency", "")).lower()  # RFC 5234: ABNF strings ignore case
     if urgency and not vapid.valid_urgency(urgency):
-        raise PublishError(URGENCY_INVALID)
+        raise NtfyError(URGENCY_INVALID)
     push_topic = go_trim(headers.get("topic", ""))
     if push_topic and not vapid.valid_push_topic(push_topic):
-        raise PublishError(PUSH_TOPIC_INVALID)
+        raise NtfyError(PUSH_TOPIC_INVALID)
     return True, urgency, push_topic
 
 
@@ -441,7 +439,7 @@ def _split_tags(text: str) -> tuple[str, ...]:
 def _capped(text: str, limit: int) -> str:
     """``text`` when its UTF-8 form fits ``limit`` bytes, else 413 41301 (encoded only when it might not fit)."""
     if len(text) > limit // 4 and len(text.encode("utf-8", "surrogatepass")) > limit:
-        raise PublishError(MESSAGE_TOO_LARGE)
+        raise NtfyError(MESSAGE_TOO_LARGE)
     return text
 
 
@@ -497,14 +495,14 @@ def _parse_delay(headers: Mapping[str, str], query: Mapping[str, str], cache: bo
     if not text:
         return 0
     if not cache:
-        raise PublishError(DELAY_NO_CACHE)
+        raise NtfyError(DELAY_NO_CACHE)
     due = parse_future_time(text, now)
     if due is None:
-        raise PublishError(DELAY_CANNOT_PARSE)
+        raise NtfyError(DELAY_CANNOT_PARSE)
     if due < now + limits.delay_min_secs:
-        raise PublishError(DELAY_TOO_SMALL)
+        raise NtfyError(DELAY_TOO_SMALL)
     if due > now + limits.delay_max_secs:
-        raise PublishError(DELAY_TOO_LARGE)
+        raise NtfyError(DELAY_TOO_LARGE)
     return due
 
 
@@ -550,9 +548,9 @@ def parse_params(
     attach_url, attach_name = _parse_attach(p.get("attach", ""), p.get("filename", ""), limits)
     icon = p.get("icon", "")
     if icon and _URL_RE.match(icon) is None:
-        raise PublishError(ICON_INVALID)
+        raise NtfyError(ICON_INVALID)
     if "email" in p:  # ntfy without SMTP refuses it rather than drop it; UPF sends no e-mail
-        raise PublishError(EMAIL_DISABLED)
+        raise NtfyError(EMAIL_DISABLED)
     priority = _parse_priority(p.get("priority", ""))
     actions = _parse_actions(p.get("actions", ""), limits)
     markdown = p.get("markdown", "").lower() in ("1", "yes", "true")
@@ -591,7 +589,7 @@ def _parse_actions(text: str, limits: Limits) -> str:
     try:
         encoded = encode_actions(parse_actions(text))
     except ActionsError:
-        raise PublishError(ACTIONS_INVALID) from None
+        raise NtfyError(ACTIONS_INVALID) from None
     return _capped(encoded, limits.max_message_bytes)
 
 
@@ -619,7 +617,7 @@ def _parse_attach(url: str, filename: str, limits: Limits) -> tuple[str, str]:
     if not url:
         return "", ""
     if _URL_RE.match(url) is None:
-        raise PublishError(ATTACHMENT_URL_INVALID)
+        raise NtfyError(ATTACHMENT_URL_INVALID)
     return _capped(url, limits.max_field_bytes), _capped(filename or attachment_name(url), limits.max_field_bytes)
 
 
@@ -638,7 +636,7 @@ def build_envelope(params: Params, body: bytes, *, now: int, limits: Limits) -> 
     With an external attachment (plain mode) the body must be UTF-8 (400 40011, as ntfy) and an empty
     message is "You received a file: <name>"."""
     if len(body) > limits.max_message_bytes:
-        raise PublishError(MESSAGE_TOO_LARGE)
+        raise NtfyError(MESSAGE_TOO_LARGE)
     if params.poll_id:
         return _poll_request(params.poll_id, now=now, ttl=params.ttl)
     if params.unifiedpush:
@@ -648,7 +646,7 @@ def build_envelope(params: Params, body: bytes, *, now: int, limits: Limits) -> 
         if not encoding:
             message = go_trim(message)
         elif params.attach_url:
-            raise PublishError(MESSAGE_NOT_UTF8)
+            raise NtfyError(MESSAGE_NOT_UTF8)
     else:
         message, encoding = params.message, ""
     if not message and params.attach_url and not params.unifiedpush:
@@ -689,7 +687,7 @@ POLL_REQUEST_MESSAGE = "New message"
 def validate_sequence_id(sid: str) -> str:
     """A sequence id has a topic's shape (1-64 of ``[-_A-Za-z0-9]``), else 400 40049."""
     if _TOPIC_RE.fullmatch(sid) is None:
-        raise PublishError(SEQUENCE_ID_INVALID)
+        raise NtfyError(SEQUENCE_ID_INVALID)
     return sid
 
 
@@ -736,7 +734,7 @@ def check_content_length(headers: Mapping[str, str], limit: int, problem: Proble
         return
     text = raw.strip()
     if text.isascii() and text.isdigit() and (len(text) > 18 or int(text) > limit):
-        raise PublishError(problem)
+        raise NtfyError(problem)
 
 
 def ingest_publish(
@@ -785,11 +783,11 @@ def ingest_json(
     """``POST``/``PUT /`` with ntfy's JSON body: its fields act as headers that win over the request's,
     its message acts as the body (so it is trimmed unless the request asked for UnifiedPush mode)."""
     if len(body) > json_body_limit(limits):
-        raise PublishError(JSON_TOO_LARGE)
+        raise NtfyError(JSON_TOO_LARGE)
     try:
         m = _json_publish_decoder.decode(body)
     except msgspec.DecodeError:
-        raise PublishError(JSON_INVALID) from None
+        raise NtfyError(JSON_INVALID) from None
     topic = validate_topic(m.topic or "")
     overrides: dict[str, str] = {}
     if m.title:
@@ -827,7 +825,7 @@ def _json_extras(m: JsonPublish) -> dict[str, str]:
         try:
             count = count_json_actions(text)  # types only: the header's validation follows (40018)
         except ActionsError:
-            raise PublishError(JSON_INVALID) from None
+            raise NtfyError(JSON_INVALID) from None
         if count:
             out["x-actions"] = text
     if m.attach:
@@ -862,15 +860,15 @@ def ingest_matrix(body: bytes, *, now: int, limits: Limits) -> MatrixOutcome:
     topic in its first path segment; the whole original body becomes the message, UnifiedPush mode.
     A pushkey elsewhere, or naming no valid topic, is rejected so the homeserver drops the pusher."""
     if len(body) >= limits.max_message_bytes:
-        raise PublishError(MATRIX_TOO_LARGE)
+        raise NtfyError(MATRIX_TOO_LARGE)
     try:
         m = _matrix_decoder.decode(body)
     except msgspec.DecodeError:
-        raise PublishError(MATRIX_INVALID) from None
+        raise NtfyError(MATRIX_INVALID) from None
     devices = m.notification.devices if m.notification is not None else None
     device = devices[0] if devices else None
     if device is None or not device.pushkey:
-        raise PublishError(MATRIX_INVALID)
+        raise NtfyError(MATRIX_INVALID)
     pushkey = device.pushkey
     prefix = limits.public_url + "/"
     if not pushkey.startswith(prefix):
@@ -878,7 +876,7 @@ def ingest_matrix(body: bytes, *, now: int, limits: Limits) -> MatrixOutcome:
     topic = _PATH_END_RE.split(pushkey[len(prefix) :], maxsplit=1)[0]
     try:
         validate_topic(topic)
-    except PublishError:
+    except NtfyError:
         return MatrixOutcome(pushkey)
     params = Params(unifiedpush=True, ttl=limits.default_ttl_secs)
     envelope = build_envelope(params, body, now=now, limits=limits)

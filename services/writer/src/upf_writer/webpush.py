@@ -17,12 +17,12 @@ from collections.abc import Mapping
 
 import msgspec
 
-from upf_edge import Reply
+from upf_edge import NtfyError, Reply
 from upf_edge.vapid import OUTCOMES, VapidVerifier, parse_credentials
 from upf_keyspace import Settings, Store
 from upf_keyspace import telemetry as tm
 
-from .ingest import VAPID_INVALID, VAPID_KEY_REFUSED, Ingested, PublishError
+from .ingest import VAPID_INVALID, VAPID_KEY_REFUSED, Ingested
 
 __all__ = ["WebPushPolicy", "webpush_reply"]
 
@@ -60,14 +60,14 @@ class WebPushPolicy:
         if outcome == "ok":
             return creds.key, False
         if self.verify:
-            raise PublishError(VAPID_INVALID)
+            raise NtfyError(VAPID_INVALID)
         return None, True
 
     async def admit(self, store: Store, ingested: Ingested, headers: Mapping[str, str], now: float) -> None:
         """Raise the 401 this publish gets, if any; with restriction on, bind an unbound topic."""
         key, invalid = self.verified_key(ingested, headers, now)
         if self.restrict and not await store.vapid_admit(ingested.topic, key, bind=key is not None):
-            raise PublishError(VAPID_INVALID if invalid else VAPID_KEY_REFUSED)
+            raise NtfyError(VAPID_INVALID if invalid else VAPID_KEY_REFUSED)
 
 
 class _Id(msgspec.Struct):

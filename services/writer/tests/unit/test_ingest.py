@@ -8,8 +8,9 @@ import json
 
 import pytest
 
+from upf_edge import NtfyError
 from upf_writer import ingest
-from upf_writer.ingest import Limits, PublishError
+from upf_writer.ingest import Limits
 
 NOW = 1_784_214_948
 LIMITS = Limits(max_message_bytes=4096, default_ttl_secs=2_419_200, public_url="https://push.example")
@@ -25,7 +26,7 @@ def publish(
 
 
 def rejected(problem: ingest.Problem, fn, *args, **kwargs) -> None:
-    with pytest.raises(PublishError) as info:
+    with pytest.raises(NtfyError) as info:
         fn(*args, **kwargs)
     assert info.value.problem == problem
 

@@ -8,11 +8,12 @@ import json
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from upf_edge import NtfyError
 from upf_keyspace import encode_envelope, message_from_envelope
 from upf_keyspace.wire import encode_json
 from upf_writer import ingest
 from upf_writer.httpio import decode_headers, decode_query
-from upf_writer.ingest import Limits, PublishError
+from upf_writer.ingest import Limits
 
 LIMITS = Limits(max_message_bytes=4096, default_ttl_secs=3600, public_url="https://push.example")
 STAMP = bytes(12)
@@ -55,7 +56,7 @@ def test_publish_fuzz(topic: str, headers: dict[str, str], query: dict[str, str]
     try:
         ingest.check_content_length(headers, LIMITS.max_message_bytes, ingest.MESSAGE_TOO_LARGE)
         got = ingest.ingest_publish(topic, headers, query, body, now=now, limits=LIMITS)
-    except PublishError as exc:
+    except NtfyError as exc:
         assert exc.problem in ingest.CATALOG
         return
     assert_encodes(got)
@@ -93,7 +94,7 @@ def test_json_publish_fuzz(body: bytes, headers: dict[str, str], query: dict[str
     """POST /: accepted and encodable, or rejected with a catalogued problem."""
     try:
         got = ingest.ingest_json(headers, query, body, now=1, limits=LIMITS)
-    except PublishError as exc:
+    except NtfyError as exc:
         assert exc.problem in ingest.CATALOG
         return
     assert_encodes(got)
@@ -123,7 +124,7 @@ def test_matrix_fuzz(body: bytes) -> None:
     """POST /_matrix/push/v1/notify: a publish, a rejected pushkey, or a catalogued problem."""
     try:
         out = ingest.ingest_matrix(body, now=1, limits=LIMITS)
-    except PublishError as exc:
+    except NtfyError as exc:
         assert exc.problem in ingest.CATALOG
         return
     if out.ingested is not None:
@@ -141,7 +142,7 @@ def test_http_decoding_fuzz(raw: list[tuple[bytes, bytes]], qs: bytes) -> None:
     query = decode_query(qs)
     try:
         got = ingest.ingest_publish("t", headers, query, b"x", now=1, limits=LIMITS)
-    except PublishError as exc:
+    except NtfyError as exc:
         assert exc.problem in ingest.CATALOG
         return
     assert_encodes(got)

@@ -7,10 +7,11 @@ import json
 
 import pytest
 
+from upf_edge import NtfyError
 from upf_keyspace import message_from_envelope
 from upf_keyspace.wire import encode_json
 from upf_writer import ingest
-from upf_writer.ingest import Limits, PublishError
+from upf_writer.ingest import Limits
 
 NOW = 1_784_214_948
 LIMITS = Limits(max_message_bytes=4096, default_ttl_secs=2_419_200, public_url="https://push.example")
@@ -26,7 +27,7 @@ def publish_json(doc: object, headers: dict[str, str] | None = None):
 
 
 def rejected(problem: ingest.Problem, fn, *args, **kwargs) -> None:
-    with pytest.raises(PublishError) as info:
+    with pytest.raises(NtfyError) as info:
         fn(*args, **kwargs)
     assert info.value.problem == problem
 

@@ -10,10 +10,11 @@ import json
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from upf_edge import NtfyError
 from upf_keyspace import encode_envelope, message_from_envelope
 from upf_keyspace.wire import encode_json
 from upf_writer import ingest
-from upf_writer.ingest import Limits, PublishError
+from upf_writer.ingest import Limits
 
 from .test_ingest_fuzz import assert_encodes
 
@@ -75,7 +76,7 @@ def check(got: ingest.Ingested, asked: dict[str, str]) -> None:
 def test_scheduling_cache_sequence_and_poll_parameters(headers: dict, query: dict, path_sid: str, body: bytes) -> None:
     try:
         got = ingest.ingest_publish("fuzzT", headers, query, body, now=NOW, limits=LIMITS, sequence_id=path_sid)
-    except PublishError as exc:
+    except NtfyError as exc:
         assert exc.problem in ingest.CATALOG
         return
     check(got, {**query, **headers})
@@ -92,7 +93,7 @@ def test_scheduling_cache_sequence_and_poll_parameters(headers: dict, query: dic
 def test_clear_and_delete_actions(topic: str, sid: str, event: str) -> None:
     try:
         got = ingest.ingest_action(topic, sid, event, now=NOW, limits=LIMITS)
-    except PublishError as exc:
+    except NtfyError as exc:
         assert exc.problem in ingest.CATALOG
         return
     encode_envelope(got.envelope)  # an action has no message: assert_encodes' non-empty rule is not its
@@ -117,7 +118,7 @@ json_docs = st.fixed_dictionaries(
 def test_json_publish_scheduling_fields(body: bytes, headers: dict) -> None:
     try:
         got = ingest.ingest_json(headers, {}, body, now=NOW, limits=LIMITS)
-    except PublishError as exc:
+    except NtfyError as exc:
         assert exc.problem in ingest.CATALOG
         return
     check(got, headers)

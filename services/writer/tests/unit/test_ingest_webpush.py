@@ -7,8 +7,9 @@ import base64
 
 import pytest
 
+from upf_edge import NtfyError
 from upf_writer import ingest
-from upf_writer.ingest import Limits, PublishError
+from upf_writer.ingest import Limits
 
 NOW = 1_784_214_948
 LIMITS = Limits(max_message_bytes=4096, default_ttl_secs=2_419_200, public_url="https://push.example")
@@ -68,14 +69,14 @@ def test_ntfy_requests_ignore_urgency_and_topic() -> None:
 
 @pytest.mark.parametrize("value", ["a" * 33, "has space", "plus+sign", "pad==", "ä", "a/b"])
 def test_bad_topic_is_400_40097(value: str) -> None:
-    with pytest.raises(PublishError) as info:
+    with pytest.raises(NtfyError) as info:
         publish({**ECE, "topic": value})
     assert info.value.problem == ingest.PUSH_TOPIC_INVALID and info.value.problem.code == 40097
 
 
 @pytest.mark.parametrize("value", ["urgent", "very low", "5", "normal,high", "verylow"])
 def test_bad_urgency_is_400_40098(value: str) -> None:
-    with pytest.raises(PublishError) as info:
+    with pytest.raises(NtfyError) as info:
         publish({**VAPID, "urgency": value})
     assert info.value.problem == ingest.URGENCY_INVALID and info.value.problem.code == 40098
 

@@ -7,9 +7,10 @@ import json
 
 import pytest
 
+from upf_edge import NtfyError
 from upf_writer import ingest
 from upf_writer.futuretime import go_parse_duration, parse_future_time
-from upf_writer.ingest import Limits, PublishError
+from upf_writer.ingest import Limits
 
 NOW = 1_784_214_948  # 2026-07-16 15:15:48 UTC
 LIMITS = Limits(default_ttl_secs=2_419_200, delay_min_secs=10, delay_max_secs=259_200, nocache_keep_secs=120)
@@ -20,7 +21,7 @@ def publish(headers=None, query=None, body=b"hi"):
 
 
 def rejected(problem, fn, *args, **kwargs) -> None:
-    with pytest.raises(PublishError) as info:
+    with pytest.raises(NtfyError) as info:
         fn(*args, **kwargs)
     assert info.value.problem == problem
 
@@ -112,7 +113,7 @@ def test_settings_move_the_bounds() -> None:
     narrow = Limits(delay_min_secs=1, delay_max_secs=60)
     ing = ingest.ingest_publish("t", {"x-delay": "2s"}, {}, b"x", now=NOW, limits=narrow)
     assert ing.due == NOW + 2
-    with pytest.raises(PublishError) as info:
+    with pytest.raises(NtfyError) as info:
         ingest.ingest_publish("t", {"x-delay": "2m"}, {}, b"x", now=NOW, limits=narrow)
     assert info.value.problem == ingest.DELAY_TOO_LARGE
 

@@ -8,10 +8,11 @@ from types import SimpleNamespace
 import msgspec
 import pytest
 
+from upf_edge import NtfyError
 from upf_keyspace import message_from_envelope
 from upf_writer import ingest
 from upf_writer.front import WriterFront
-from upf_writer.ingest import Limits, PublishError
+from upf_writer.ingest import Limits
 
 NOW = 1_784_214_948
 LIMITS = Limits(max_message_bytes=4096, default_ttl_secs=3600, public_url="https://push.example")
@@ -62,7 +63,7 @@ def test_json_publish_sequence_id() -> None:
     body = b'{"topic":"mytopic","message":"v2","sequence_id":"dl-42"}'
     got = ingest.ingest_json({}, {}, body, now=NOW, limits=LIMITS)
     assert (got.topic, got.envelope.sequence_id, got.envelope.message) == ("mytopic", "dl-42", "v2")
-    with pytest.raises(PublishError) as info:
+    with pytest.raises(NtfyError) as info:
         ingest.ingest_json({}, {}, b'{"topic":"mytopic","sequence_id":"a.b"}', now=NOW, limits=LIMITS)
     assert info.value.problem == ingest.SEQUENCE_ID_INVALID
 
@@ -75,7 +76,7 @@ def test_invalid_sequence_ids_are_400_40049(sid: str) -> None:
         lambda: publish(b"x", sequence_id=sid),
         lambda: ingest.ingest_action("mytopic", sid, ingest.EVENT_DELETE, now=NOW, limits=LIMITS),
     ):
-        with pytest.raises(PublishError) as info:
+        with pytest.raises(NtfyError) as info:
             call()
         assert info.value.problem == ingest.SEQUENCE_ID_INVALID
         assert (info.value.http, info.value.code) == (400, 40049)
@@ -102,7 +103,7 @@ def test_action_event_on_the_wire(event: str) -> None:
 
 
 def test_action_on_an_invalid_topic_is_40009() -> None:
-    with pytest.raises(PublishError) as info:
+    with pytest.raises(NtfyError) as info:
         ingest.ingest_action("a.b", "s", ingest.EVENT_CLEAR, now=NOW, limits=LIMITS)
     assert info.value.problem == ingest.TOPIC_INVALID
 
@@ -139,7 +140,7 @@ def test_poll_request_in_unifiedpush_mode_is_still_a_poll_request() -> None:
 
 
 def test_poll_id_over_the_field_cap_is_413() -> None:
-    with pytest.raises(PublishError) as info:
+    with pytest.raises(NtfyError) as info:
         publish(b"x", {"x-poll-id": "p" * 1025})
     assert info.value.problem == ingest.MESSAGE_TOO_LARGE
 
@@ -193,6 +194,6 @@ def test_body_limits(front: WriterFront) -> None:
 @pytest.mark.parametrize("sid", [" ", "a ", " a", "a\t"])
 def test_a_path_sequence_id_is_not_trimmed_into_a_valid_one(sid: str) -> None:
     """Parameters are trimmed as ntfy trims headers; a path segment is taken as it came."""
-    with pytest.raises(PublishError) as err:
+    with pytest.raises(NtfyError) as err:
         ingest.ingest_publish("t", {}, {}, b"x", now=NOW, limits=LIMITS, sequence_id=sid)
     assert err.value.problem is ingest.SEQUENCE_ID_INVALID

@@ -19,6 +19,7 @@ import msgspec
 from litestar import Request, Response, route
 from litestar.types import ControllerRouterHandler
 
+from upf_edge import NtfyError
 from upf_edge.access import UNAUTHORIZED, new_token, parse_credentials, valid_token
 from upf_edge.gate import auth_param
 from upf_keyspace.auth import Token, token_digest
@@ -26,7 +27,7 @@ from upf_keyspace.auth import Token, token_digest
 from .. import ingest
 from ..context import WriterContext
 from ..httpio import decode_headers, decode_query, read_body
-from ..ingest import Problem, PublishError
+from ..ingest import Problem
 
 __all__ = [
     "build",
@@ -82,9 +83,9 @@ def parse_token_request(body: bytes) -> TokenRequest:
     try:
         req = _decoder.decode(body)
     except msgspec.DecodeError:
-        raise PublishError(JSON_BODY_INVALID) from None
+        raise NtfyError(JSON_BODY_INVALID) from None
     if req.expires is not None and not -(1 << 63) <= req.expires < 1 << 63:
-        raise PublishError(JSON_BODY_INVALID)
+        raise NtfyError(JSON_BODY_INVALID)
     return req
 
 
@@ -98,7 +99,7 @@ def build(ctx: WriterContext) -> list[ControllerRouterHandler]:
         """The logged-in user and the token it logged in with (None: a password)."""
         gate = ctx.require_gate()
         if gate.open:
-            raise PublishError(ingest.NOT_FOUND)  # ntfy without a user database has no account API
+            raise NtfyError(ingest.NOT_FOUND)  # ntfy without a user database has no account API
         headers = decode_headers(request.scope["headers"])
         query = decode_query(request.scope.get("query_string", b""))
         client = request.client.host if request.client else ""
@@ -106,13 +107,13 @@ def build(ctx: WriterContext) -> list[ControllerRouterHandler]:
         forwarded = headers.get(ctx.settings.proxy_forwarded_header.lower())
         who = await ctx.identify(authorization, param, client, forwarded)
         if who.user is None:
-            raise PublishError(UNAUTHORIZED)
+            raise NtfyError(UNAUTHORIZED)
         return who.user, parse_credentials(authorization, param).token
 
     async def body_of(request: Request) -> TokenRequest:
         raw = await read_body(request.receive, JSON_BODY_LIMIT)  # type: ignore[arg-type]  # litestar's ASGI aliases
         if raw is None:
-            raise PublishError(ingest.JSON_TOO_LARGE)
+            raise NtfyError(ingest.JSON_TOO_LARGE)
         return parse_token_request(raw)
 
     @route(PATH, http_method=["POST"], name="account_token_create", status_code=200)
@@ -137,7 +138,7 @@ def build(ctx: WriterContext) -> list[ControllerRouterHandler]:
         req = await body_of(request)
         token = req.token or current
         if not token:
-            raise PublishError(NO_TOKEN)
+            raise NtfyError(NO_TOKEN)
         expires = req.expires
         if expires is None and req.label is None:
             expires = int(time.time()) + TOKEN_EXPIRY_SECS  # ntfy: a bare PATCH extends the token
@@ -145,7 +146,7 @@ def build(ctx: WriterContext) -> list[ControllerRouterHandler]:
         if valid_token(token):
             record = await ctx.require_store().change_token(user, token_digest(token), req.label, expires)
         if record is None:
-            raise PublishError(TOKEN_NOT_FOUND)
+            raise NtfyError(TOKEN_NOT_FOUND)
         return _reply(token, record)
 
     @route(PATH, http_method=["DELETE"], name="account_token_delete", status_code=200)
@@ -155,7 +156,7 @@ def build(ctx: WriterContext) -> list[ControllerRouterHandler]:
         query = decode_query(request.scope.get("query_string", b""))
         token = headers.get("x-token") or headers.get("token") or query.get("x-token") or query.get("token") or current
         if not token:
-            raise PublishError(NO_TOKEN)
+            raise NtfyError(NO_TOKEN)
         if valid_token(token):  # ntfy answers success whether or not the token existed
             await ctx.require_store().remove_token(user, token_digest(token))
         return Response(_SUCCESS, media_type=_JSON)

@@ -17,6 +17,7 @@ import msgspec
 from litestar import Request, Response, get, route
 from litestar.types import ControllerRouterHandler
 
+from upf_edge import NtfyError
 from upf_edge.errors import INSUFFICIENT_STORAGE
 from upf_keyspace import Published, Store, StoreError, message_from_envelope
 from upf_keyspace import telemetry as tm
@@ -24,7 +25,7 @@ from upf_keyspace import telemetry as tm
 from .. import ingest, schemas
 from ..context import WriterContext
 from ..httpio import ClientGone, decode_headers, read_body
-from ..ingest import Ingested, PublishError
+from ..ingest import Ingested
 
 __all__ = ["build", "publish_one", "failure_problem"]
 
@@ -122,7 +123,7 @@ def failure_problem(exc: BaseException, route_name: str) -> ingest.Problem:
 
 def _count_rejection(ctx: WriterContext, exc: BaseException) -> None:
     """A Litestar-routed publish failed: count it under the code its exception handler will answer with."""
-    if isinstance(exc, PublishError):
+    if isinstance(exc, NtfyError):
         ctx.metrics.rejected(exc.problem.code)
     elif isinstance(exc, StoreError):
         ctx.metrics.rejected((INSUFFICIENT_STORAGE if exc.storage_full else ingest.STORE_UNAVAILABLE).code)
@@ -152,7 +153,7 @@ def build(ctx: WriterContext) -> list[ControllerRouterHandler]:
             ingest.check_content_length(headers, limit, ingest.MATRIX_TOO_LARGE)
             body = await read_body(request.receive, limit)  # type: ignore[arg-type]  # litestar's ASGI aliases
             if body is None:
-                raise PublishError(ingest.MATRIX_TOO_LARGE)
+                raise NtfyError(ingest.MATRIX_TOO_LARGE)
             outcome = ingest.ingest_matrix(body, now=ctx.clock(), limits=limits)
             if outcome.ingested is None:
                 log.info("matrix pushkey rejected", extra={"reason": "not this server or no valid topic"})
@@ -161,7 +162,7 @@ def build(ctx: WriterContext) -> list[ControllerRouterHandler]:
             if ctx.settings.vapid_restrict and not await ctx.require_store().vapid_admit(
                 outcome.ingested.topic, None, bind=False
             ):  # a homeserver carries no VAPID key: a topic bound to one refuses it
-                raise PublishError(ingest.VAPID_KEY_REFUSED)
+                raise NtfyError(ingest.VAPID_KEY_REFUSED)
             limiter = ctx.limiter
             assert limiter is not None  # admit() checked it
             await limiter.message(visitor)
