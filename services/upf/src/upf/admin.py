@@ -131,7 +131,7 @@ async def _backup(store: Store, args: argparse.Namespace) -> str:
 
 
 async def _restore(settings: Settings, args: argparse.Namespace) -> str:
-    """Restore, then (store closed) lift its commit version above every restored id."""
+    """Restore, then (store closed) lift its stamp floor above every restored id."""
     from upf_keyspace.msgid import encode_id
 
     from .backup import restore
@@ -147,9 +147,9 @@ async def _restore(settings: Settings, args: argparse.Namespace) -> str:
             f"restored {n} keys from {args.file}{last}; FoundationDB: new ids sort after them only once the "
             f"cluster's version exceeds {floor} (see README, Backups)"
         )
-    from upf_keyspace.drivers.embedded import raise_version_floor
+    from upf_keyspace.drivers.embedded import raise_stamp_floor
 
-    raise_version_floor(settings.store_path, floor)
+    raise_stamp_floor(settings.store_path, floor)
     return f"restored {n} keys from {args.file}{last}"
 
 

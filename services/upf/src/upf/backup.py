@@ -14,8 +14,8 @@ a message without an X entry gets one from its envelope's expiry. FoundationDB: 
 ``fdbrestore`` for a cluster-consistent backup (README, "Backups"); this command works there too.
 
 Ids never go backwards: the restored messages keep their stamps. The backup ends with a fence, a no-op
-commit whose stamp is above every id issued until then; restore raises the store's commit version
-above it plus ``VERSIONS_PER_SEC`` per second elapsed since (embedded driver: ``raise_version_floor``),
+commit whose stamp is above every id issued until then; restore raises the store's stamp floor
+above it plus ``VERSIONS_PER_SEC`` per second elapsed since (embedded driver: ``raise_stamp_floor``),
 so a new message sorts after every restored one and after any the old store issued after the backup
 (then lost), and ``since=<any old id>`` keeps working. FoundationDB: see README, "Backups".
 

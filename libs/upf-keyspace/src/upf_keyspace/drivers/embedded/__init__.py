@@ -17,8 +17,12 @@ How it keeps FoundationDB's meaning:
 - Group commit: one committer thread per process takes every waiting transaction, and applies them in
   one SQLite write transaction (BEGIN IMMEDIATE, so processes serialise on the file lock), each with
   its own batch order, then commits with ``synchronous=FULL``: a commit returns only once the WAL is
-  fsynced. The 10-byte stamp is the 8-byte big-endian commit counter (kept in the file, so strictly
-  increasing across processes) plus the 2-byte batch order.
+  fsynced. The 10-byte stamp is 8 bytes big-endian, kept in the file so strictly increasing across
+  processes and at least the wall clock in microseconds (ids never go backwards, even after the file
+  lost its last commits), plus the 2-byte batch order. Read versions and the write log use a separate
+  dense commit counter.
+- Lost commits are noticed: each commit's stamp is also written to a mark file beside the store; a
+  file that opens below its mark is logged as an error and stamps resume above the mark.
 - The write log (``wlog``) keeps each physical commit's coalesced write ranges for 10 s (longer than
   the 5 s transaction lifetime), so any process can check conflicts against any other's commits.
 - Watches: armed at commit with the value the transaction saw. This process's commits schedule the
@@ -37,13 +41,13 @@ armed at commit), ``reads`` (point and range reads, the shared read version, the
 commit thread), ``watches`` (registration, the incremental check, wake-ups and the backstop poll),
 ``mutations`` (how a batch's mutations are applied), ``file`` (schema, connections, the write lock),
 ``health`` (a full disk and the size quota), ``database`` (``EmbeddedDatabase``, ``open_embedded``,
-``raise_version_floor``). ``EmbeddedDatabase`` is the layers stacked: write log, reads, watches,
+``raise_stamp_floor``). ``EmbeddedDatabase`` is the layers stacked: write log, reads, watches,
 committer, each a class holding one seam's methods over the one handle's state.
 """
 
 from __future__ import annotations
 
-from .database import EmbeddedDatabase, open_embedded, raise_version_floor
+from .database import EmbeddedDatabase, open_embedded, raise_stamp_floor
 from .transaction import EmbeddedTransaction
 
-__all__ = ["EmbeddedDatabase", "EmbeddedTransaction", "open_embedded", "raise_version_floor"]
+__all__ = ["EmbeddedDatabase", "EmbeddedTransaction", "open_embedded", "raise_stamp_floor"]

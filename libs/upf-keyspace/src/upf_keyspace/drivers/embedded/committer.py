@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import queue
 import sqlite3
 import time
@@ -17,7 +18,7 @@ from ...contract import LIFETIME_SECS
 from .. import _metrics
 from .._ranges import BatchWrites
 from .._wake import Doorbell
-from .file import _begin_write, _connect
+from .file import _begin_write, _clock_stamp, _connect
 from .health import _FullLog, _is_full
 from .mutations import _Applier, _apply
 from .watches import _Watches
@@ -54,6 +55,7 @@ class _Committer(_Watches):
     _doorbell: Doorbell | None
     _last_prune: float
     _full_log: _FullLog
+    _mark_fd: int
 
     def _submit(self, pending: _Pending) -> None:
         self._queue.put(pending)
@@ -113,9 +115,10 @@ class _Committer(_Watches):
     def _commit_batch(self, conn: sqlite3.Connection, batch: list[_Pending]) -> bool:
         """Apply one physical commit; True if it committed anything."""
         _begin_write(conn)
-        version = conn.execute("SELECT version FROM meta").fetchone()[0]
+        version, last_stamp = conn.execute("SELECT version, stamp FROM meta").fetchone()
         new_version = version + 1
-        prefix = new_version.to_bytes(8, "big")
+        new_stamp = max(last_stamp + 1, _clock_stamp())
+        prefix = new_stamp.to_bytes(8, "big")
         now = time.monotonic()
         in_batch = BatchWrites()
         applier = _Applier(conn)
@@ -144,12 +147,14 @@ class _Committer(_Watches):
         if order:
             wall = time.time()
             written = in_batch.to_set()
-            conn.execute("UPDATE meta SET version = ?", (new_version,))
+            conn.execute("UPDATE meta SET version = ?, stamp = ?", (new_version, new_stamp))
             if wall - self._last_prune > 1.0:  # before the insert, so a full file can reuse the space
                 self._last_prune = wall
                 conn.execute("DELETE FROM wlog WHERE t < ?", (wall - _WLOG_KEEP_SECS,))
             conn.execute("INSERT INTO wlog VALUES (?, ?, ?)", (new_version, wall, written.encode()))
             conn.execute("COMMIT")
+            with contextlib.suppress(OSError):  # the mark only notices lost commits; it never refuses one
+                os.pwrite(self._mark_fd, prefix, 0)
             self._wlog_cache.put(new_version, written)
             return True
         conn.execute("ROLLBACK")

@@ -1,5 +1,5 @@
 """The handle: ``EmbeddedDatabase`` (the layers of this package over one process's state), opening the
-store file, and raising its version floor."""
+store file (noticing lost commits), and raising its stamp floor."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from .._private import create_private_file, make_private_dirs
 from .._wake import Doorbell, Inbox
 from . import writelog
 from .committer import _Committer, _Pending
-from .file import _SCHEMA, _connect
+from .file import _SCHEMA, _connect, _mark_path, _migrate, _read_mark
 from .health import _FullLog, _health_marker
 from .transaction import EmbeddedTransaction
 from .watches import _FALLBACK_POLL_SECS, _NO_WAKE_POLL_SECS, _Watch
@@ -45,6 +45,8 @@ class EmbeddedDatabase(_Committer):
         self._range_cache: dict[tuple[bytes, bytes, int, bool], tuple[int, list[tuple[bytes, bytes]]]] = {}
         self._last_prune = 0.0
         self._full_log = _FullLog()
+        create_private_file(_mark_path(path))
+        self._mark_fd = os.open(_mark_path(path), os.O_RDWR | getattr(os, "O_NOFOLLOW", 0))
         self.fallback_poll_secs = _FALLBACK_POLL_SECS
         self._fallback: asyncio.TimerHandle | None = None
         self._inbox: Inbox | None = None
@@ -86,6 +88,7 @@ class EmbeddedDatabase(_Committer):
         await asyncio.to_thread(self._committer.join)
         if self._doorbell is not None:
             self._doorbell.close()
+        os.close(self._mark_fd)
         for s in list(self._watches.values()):
             for w in list(s):
                 w.cancel()
@@ -94,7 +97,10 @@ class EmbeddedDatabase(_Committer):
 
 async def open_embedded(path: str) -> EmbeddedDatabase:
     """Open (creating if needed) the store file; the schema is created idempotently by any process.
-    What it creates is private: directories 0700, the file (and so its WAL and SHM) 0600."""
+    What it creates is private: directories 0700, the file (and so its WAL and SHM) 0600.
+
+    A file whose last stamp is below the stamp mark lost commits (SQLite drops a damaged or missing
+    WAL's frames silently): that is logged as an error, and stamps resume above the mark."""
     make_private_dirs(os.path.dirname(os.path.abspath(path)))
     create_private_file(path)
     conn = _connect(path)
@@ -105,6 +111,12 @@ async def open_embedded(path: str) -> EmbeddedDatabase:
         conn.execute("BEGIN IMMEDIATE")
         for stmt in _SCHEMA:
             conn.execute(stmt)
+        _migrate(conn)
+        stamp = int(conn.execute("SELECT stamp FROM meta").fetchone()[0])
+        mark = _read_mark(path)
+        if mark > stamp:
+            log.error("embedded store lost commits", extra={"store": path, "last_stamp": stamp, "stamp_mark": mark})
+            conn.execute("UPDATE meta SET stamp = ?", (mark,))
         conn.execute("COMMIT")
     finally:
         conn.close()
@@ -112,18 +124,23 @@ async def open_embedded(path: str) -> EmbeddedDatabase:
     return EmbeddedDatabase(path, asyncio.get_running_loop())
 
 
-def raise_version_floor(path: str, floor: int) -> int:
-    """Make every later commit's version exceed ``floor``, and return the version now in force.
+def raise_stamp_floor(path: str, floor: int) -> int:
+    """Make every later commit's stamp exceed ``floor``, and return the stamp floor now in force.
 
-    Why: ``upf restore`` writes messages with the stamps (ids) they had; the store they land in may have
-    committed far fewer times, and its next stamps would sort before them (``since=<old id>`` would then
-    skip new messages). Run it with no process using the store (the restore's own handle closed)."""
+    Why: ``upf restore`` writes messages with the stamps (ids) they had; stamps carry the clock, but
+    the clock of the host that issued them may run ahead of this one. The mark moves with it, so the
+    restore is not taken for lost commits. Run it with no process using the store (the restore's own
+    handle closed)."""
     conn = _connect(path)
     try:
         conn.execute("BEGIN IMMEDIATE")
-        conn.execute("UPDATE meta SET version = MAX(version, ?)", (floor,))
-        version = int(conn.execute("SELECT version FROM meta").fetchone()[0])
+        _migrate(conn)
+        conn.execute("UPDATE meta SET stamp = MAX(stamp, ?)", (floor,))
+        stamp = int(conn.execute("SELECT stamp FROM meta").fetchone()[0])
         conn.execute("COMMIT")
-        return version
     finally:
         conn.close()
+    create_private_file(_mark_path(path))
+    with open(_mark_path(path), "r+b") as f:
+        f.write(stamp.to_bytes(8, "big"))
+    return stamp

@@ -1,4 +1,5 @@
-"""The store file: its schema, connections with the driver's pragmas, and the write lock."""
+"""The store file: its schema, connections with the driver's pragmas, the write lock, and the stamp
+mark beside it."""
 
 from __future__ import annotations
 
@@ -10,11 +11,46 @@ from .health import _quota_bytes
 
 _SCHEMA = (
     "CREATE TABLE IF NOT EXISTS kv (k BLOB PRIMARY KEY, v BLOB NOT NULL) WITHOUT ROWID",
-    "CREATE TABLE IF NOT EXISTS meta (id INTEGER PRIMARY KEY CHECK (id = 0), version INTEGER NOT NULL)",
-    "INSERT OR IGNORE INTO meta VALUES (0, 0)",
+    "CREATE TABLE IF NOT EXISTS meta (id INTEGER PRIMARY KEY CHECK (id = 0), version INTEGER NOT NULL,"
+    " stamp INTEGER NOT NULL DEFAULT 0)",
+    "INSERT OR IGNORE INTO meta (id, version) VALUES (0, 0)",
     "CREATE TABLE IF NOT EXISTS wlog (version INTEGER PRIMARY KEY, t REAL NOT NULL, writes BLOB NOT NULL)",
     "CREATE INDEX IF NOT EXISTS wlog_t ON wlog (t)",
 )
+
+
+_STAMPS_PER_SEC = 1_000_000
+"""A commit's stamp is at least the wall clock in microseconds (and above the last one), as
+FoundationDB's versions advance about a million a second: a store that lost its last commits (a
+damaged or deleted WAL, a restored copy) still stamps above every id it handed out before."""
+
+
+def _clock_stamp() -> int:
+    return int(time.time() * _STAMPS_PER_SEC)
+
+
+def _migrate(conn: sqlite3.Connection) -> None:
+    """Stores made before stamps carried time: their stamps were the commit counter, so the stamp
+    column starts there (inside the caller's write transaction)."""
+    columns = {row[1] for row in conn.execute("PRAGMA table_info(meta)")}
+    if "stamp" not in columns:
+        conn.execute("ALTER TABLE meta ADD COLUMN stamp INTEGER NOT NULL DEFAULT 0")
+        conn.execute("UPDATE meta SET stamp = version")
+
+
+def _mark_path(path: str) -> str:
+    """The stamp mark: the last stamp this host's processes committed, written after each commit and
+    outside SQLite, so a store file that comes back without its last commits is noticed at open."""
+    return path + ".mark"
+
+
+def _read_mark(path: str) -> int:
+    try:
+        with open(_mark_path(path), "rb") as f:
+            raw = f.read(8)
+    except FileNotFoundError:
+        return 0
+    return int.from_bytes(raw, "big") if len(raw) == 8 else 0
 
 
 def _connect(path: str, *, busy_timeout_ms: int = 30_000) -> sqlite3.Connection:
