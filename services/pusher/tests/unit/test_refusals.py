@@ -3,10 +3,10 @@ word what they were when each was written out as a status, code and message at i
 
 from __future__ import annotations
 
-import asyncio
 from types import SimpleNamespace
 
 import pytest
+from upf_pusher_fakes import FakeTransport
 
 from upf_edge.errors import NOT_FOUND, Problem
 from upf_edge.http11 import error_response
@@ -57,37 +57,12 @@ def test_refusal_bytes(problem: Problem, status: bytes, body: bytes) -> None:
     assert got == body
 
 
-class _Transport(asyncio.Transport):
-    def __init__(self) -> None:
-        super().__init__()
-        self.written = b""
-        self.closed = False
-
-    def write(self, data: bytes) -> None:
-        self.written += bytes(data)
-
-    def get_write_buffer_size(self) -> int:
-        return 0
-
-    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
-        pass
-
-    def get_extra_info(self, name: str, default: object = None) -> object:
-        return default
-
-    def is_closing(self) -> bool:
-        return self.closed
-
-    def close(self) -> None:
-        self.closed = True
-
-
 def test_a_failed_subscribe_is_refused_with_its_problem_and_closed() -> None:
     """What the hub does when a subscribe's first reads fail: ntfy's error reply, then the connection ends."""
-    t = _Transport()
+    t = FakeTransport()
     hub = SimpleNamespace(settings=Settings())
     sub = StreamSubscriber(hub, Session(("a",), "a", SessionConfig()), t, "json", chunked=True)  # type: ignore[arg-type]
     sub.fail(STORE_SILENT)
-    assert t.written == error_response(STORE_SILENT) and t.closed
+    assert t.data == error_response(STORE_SILENT) and t.closed
     sub.fail(STORE_SILENT)  # a second refusal after the close writes nothing
-    assert t.written == error_response(STORE_SILENT)
+    assert t.data == error_response(STORE_SILENT)

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import asyncio
 
+from upf_pusher_fakes import FakeHub, FakeTransport
 from websockets.protocol import State
 from websockets.server import ServerProtocol
 
-from upf_keyspace import Settings
 from upf_pusher import transports
 from upf_pusher.session import Session, SessionConfig
 from upf_pusher.transports import WsSubscriber
@@ -20,58 +20,8 @@ PING = bytes([0x89, 0x84]) + b"\0\0\0\0" + b"ping"
 PONG = bytes([0x8A, 0x04]) + b"ping"
 
 
-class FakeTransport(asyncio.Transport):
-    def __init__(self) -> None:
-        super().__init__()
-        self.written: list[bytes] = []
-        self.unsent = 0
-        """What the fake kernel has not taken yet: the user-space write buffer."""
-        self.reading = True
-        self.closed = False
-
-    def write(self, data: bytes) -> None:
-        self.written.append(bytes(data))
-        self.unsent += len(data)
-
-    def get_write_buffer_size(self) -> int:
-        return self.unsent
-
-    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
-        pass
-
-    def get_extra_info(self, name: str, default: object = None) -> object:
-        return default
-
-    def pause_reading(self) -> None:
-        self.reading = False
-
-    def resume_reading(self) -> None:
-        self.reading = True
-
-    def is_closing(self) -> bool:
-        return self.closed
-
-    def close(self) -> None:
-        self.closed = True
-
-    def abort(self) -> None:
-        self.closed = True
-
-
-class FakeHub:
-    def __init__(self) -> None:
-        self.settings = Settings()
-        self.events: list[str] = []
-
-    def write_paused(self, sub: object) -> None:
-        self.events.append("paused")
-
-    def write_resumed(self, sub: object) -> None:
-        self.events.append("resumed")
-
-
 def make() -> tuple[WsSubscriber, FakeTransport, FakeHub]:
-    t, hub = FakeTransport(), FakeHub()
+    t, hub = FakeTransport(drains=False), FakeHub()
     session = Session(("a",), "a", SessionConfig())
     sub = WsSubscriber(hub, session, t, ServerProtocol(state=State.OPEN, max_size=transports.WS_MAX_FRAME), b"HEAD")  # type: ignore[arg-type]
     sub.accept()

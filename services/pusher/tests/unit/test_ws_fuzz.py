@@ -13,68 +13,17 @@ import struct
 
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
+from upf_pusher_fakes import FakeHub, FakeTransport
 from websockets.frames import Frame, Opcode
 from websockets.protocol import State
 from websockets.server import ServerProtocol
 from websockets.streams import StreamReader
 
-from upf_keyspace import Settings
 from upf_pusher import transports
 from upf_pusher.session import Session, SessionConfig
 from upf_pusher.transports import WsSubscriber
 
 LEGITIMATE_CLOSE = {1000, 1001, 1002, 1003, 1007, 1008, 1009, 1011}
-
-
-class FakeTransport(asyncio.Transport):
-    def __init__(self) -> None:
-        super().__init__()
-        self.written = bytearray()
-        self.closed = False
-        self.reading = True
-
-    def write(self, data: bytes) -> None:
-        assert not self.closed, "written after close"
-        self.written += data
-
-    def get_write_buffer_size(self) -> int:
-        return 0
-
-    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
-        pass
-
-    def get_extra_info(self, name: str, default: object = None) -> object:
-        return default
-
-    def pause_reading(self) -> None:
-        self.reading = False
-
-    def resume_reading(self) -> None:
-        self.reading = True
-
-    def is_closing(self) -> bool:
-        return self.closed
-
-    def close(self) -> None:
-        self.closed = True
-
-    def abort(self) -> None:
-        self.closed = True
-
-
-class FakeHub:
-    def __init__(self) -> None:
-        self.settings = Settings()
-        self.detached = 0
-
-    def write_paused(self, sub: object) -> None:
-        pass
-
-    def write_resumed(self, sub: object) -> None:
-        pass
-
-    def detach(self, sub: object) -> None:
-        self.detached += 1
 
 
 def client_frame(opcode: int, payload: bytes, fin: bool, mask: bytes, rsv: int = 0) -> bytes:
@@ -152,7 +101,7 @@ async def feed(stream: bytes, cuts: list[int], eof: bool) -> tuple[FakeTransport
 def test_any_byte_stream_ends_cleanly_or_not_at_all(stream: bytes, cuts: list[int], eof: bool) -> None:
     t, hub, sub = asyncio.run(feed(stream, cuts, eof))
     assert hub.detached == 1
-    sent = server_frames(bytes(t.written))
+    sent = server_frames(t.data)
     closes = [f for f in sent if f.opcode is Opcode.CLOSE]
     assert all(f.opcode in (Opcode.PONG, Opcode.CLOSE) for f in sent), sent
     assert len(closes) <= 1 and (not closes or sent[-1] is closes[0])
@@ -196,4 +145,4 @@ def test_valid_fragmented_text_is_kept_open(text: str, split: int) -> None:
         return t
 
     t = asyncio.run(run())
-    assert not t.closed and not t.written
+    assert not t.closed and not t.data
