@@ -10,6 +10,7 @@ import httpx
 import pytest
 
 from tests.clients.ntfy import error_body, poll, publish, subscribe
+from tests.clients.raw import exchange
 
 TRANSPORTS = ["ws", "json", "sse", "raw"]
 
@@ -135,31 +136,14 @@ async def test_malformed_json_publish_is_400(upf):
     assert r.status_code == 400 and error_body(r)["code"] == 40024
 
 
-def _raw_request(port: int, data: bytes) -> bytes:
-    with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
-        s.sendall(data)
-        chunks = []
-        try:
-            while True:
-                c = s.recv(65536)
-                if not c:
-                    break
-                chunks.append(c)
-                if b"\r\n\r\n" in b"".join(chunks):
-                    break
-        except (TimeoutError, ConnectionResetError):
-            pass
-        return b"".join(chunks)
-
-
 def test_invalid_utf8_in_path_is_400(upf):
-    resp = _raw_request(upf.port, b"GET /\xff\xfe/json HTTP/1.1\r\nHost: x\r\n\r\n")
-    assert resp.startswith(b"HTTP/1.1 400")
+    resp, closed = exchange(upf.port, b"GET /\xff\xfe/json HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert resp.startswith(b"HTTP/1.1 400") and closed  # refused, and the connection closed
 
 
 def test_huge_headers_get_431(upf):
-    resp = _raw_request(upf.port, b"GET /t1/json HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 70000 + b"\r\n\r\n")
-    assert resp.startswith(b"HTTP/1.1 431")
+    resp, closed = exchange(upf.port, b"GET /t1/json HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 70000 + b"\r\n\r\n")
+    assert resp.startswith(b"HTTP/1.1 431") and closed
 
 
 async def test_client_that_never_reads_is_closed_and_nothing_lost(fleet):

@@ -13,23 +13,7 @@ import httpx
 import pytest
 
 from tests.clients.ntfy import error_body, poll
-
-
-def _exchange(port: int, data: bytes) -> tuple[bytes, bool]:
-    """Send ``data``, read until the server closes (True) or goes quiet for 5 s (False)."""
-    with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
-        s.sendall(data)
-        chunks = []
-        try:
-            while True:
-                c = s.recv(65536)
-                if not c:
-                    return b"".join(chunks), True
-                chunks.append(c)
-        except TimeoutError:
-            return b"".join(chunks), False
-        except ConnectionResetError:
-            return b"".join(chunks), True
+from tests.clients.raw import exchange
 
 
 def _status_and_error(resp: bytes) -> tuple[int, dict]:
@@ -52,7 +36,7 @@ SMUGGLED = b"POST /smugB HTTP/1.1\r\nHost: x\r\nContent-Length: 7\r\n\r\nsmuggle
 )
 async def test_smuggled_publish_is_never_stored(upf, first):
     """An ambiguous body framing is one 400 and a closed connection: the publish behind it never runs."""
-    resp, closed = _exchange(upf.port, first + SMUGGLED)
+    resp, closed = exchange(upf.port, first + SMUGGLED)
     status, err = _status_and_error(resp)
     assert (status, err["code"], err["http"]) == (400, 40000, 400) and closed
     assert resp.count(b"HTTP/1.1 ") == 1
@@ -74,7 +58,7 @@ async def test_smuggled_publish_is_never_stored(upf, first):
 )
 async def test_malformed_heads_are_400_and_close(upf, raw):
     """Each is ntfy's 400 error JSON, the connection closes, and nothing is stored."""
-    resp, closed = _exchange(upf.port, raw)
+    resp, closed = exchange(upf.port, raw)
     status, err = _status_and_error(resp)
     assert (status, err["code"]) == (400, 40000) and closed
     assert await poll(upf.base, "fd1") == []
@@ -82,13 +66,13 @@ async def test_malformed_heads_are_400_and_close(upf, raw):
 
 def test_bare_lf_head_is_refused_without_waiting(upf):
     """Bare-LF line ends never form a head: 400 and close at once, not a silent head timeout."""
-    resp, closed = _exchange(upf.port, b"GET /fd2/json?poll=1 HTTP/1.1\nHost: x\n\n")
+    resp, closed = exchange(upf.port, b"GET /fd2/json?poll=1 HTTP/1.1\nHost: x\n\n")
     assert _status_and_error(resp)[0] == 400 and closed
 
 
 async def test_declared_length_over_the_limit_is_413_before_100_continue(upf):
     """A publish declaring more than the message limit gets 413 instead of the go-ahead to send it."""
-    resp, closed = _exchange(
+    resp, closed = exchange(
         upf.port, b"POST /fd3 HTTP/1.1\r\nHost: x\r\nContent-Length: 5000\r\nExpect: 100-continue\r\n\r\n"
     )
     assert not resp.startswith(b"HTTP/1.1 100")

@@ -13,6 +13,7 @@ import uuid
 import pytest
 from fdb.tuple import Versionstamp
 
+from upf_keyspace import Settings, open_store
 from upf_keyspace.drivers.embedded import open_embedded
 
 
@@ -85,3 +86,13 @@ class PackableStamp(Versionstamp):
 def stamp() -> type[PackableStamp]:
     """The packable Versionstamp class (a session fixture, so hypothesis tests may use it)."""
     return PackableStamp
+
+
+@pytest.fixture
+async def two_stores(tmp_path):
+    """Two stores on one file: two processes of a fleet."""
+    settings = Settings(store_path=str(tmp_path / "upf.db"), shard_count=4)
+    a, b = await open_store(settings), await open_store(settings)
+    yield a, b
+    await a.close()
+    await b.close()

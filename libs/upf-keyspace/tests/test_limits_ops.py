@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from upf_keyspace import Settings, keys, open_store
+from upf_keyspace import keys
 from upf_keyspace.limits import Bucket, Lease, decode_bucket, encode_bucket, take
 
 
@@ -48,16 +48,6 @@ def test_buckets_round_trip_and_have_their_own_key():
     key = keys.bucket_key("ip:192.0.2.1")
     begin, end = keys.bucket_range()
     assert begin < key < end and keys.unpack_bucket_key(key) == "ip:192.0.2.1"
-
-
-@pytest.fixture
-async def two_stores(tmp_path):
-    """Two stores on one file: two processes of a fleet."""
-    settings = Settings(store_path=str(tmp_path / "upf.db"), shard_count=4)
-    a, b = await open_store(settings), await open_store(settings)
-    yield a, b
-    await a.close()
-    await b.close()
 
 
 async def test_leases_from_two_stores_share_one_bucket(two_stores):

@@ -8,7 +8,7 @@ import asyncio
 
 import pytest
 
-from upf_keyspace import Settings, keys, open_store
+from upf_keyspace import keys
 from upf_keyspace.auth import Token, User
 from upf_keyspace.limits import Bucket, day_of, fail, secs_to_next_day, take_count
 from upf_keyspace.ops.auth import MAX_TOKENS
@@ -56,16 +56,6 @@ def test_the_new_keys_are_their_own_and_round_trip():
     k = keys.node_subscription_key("n1", "ip:a")
     assert not rs[0] <= k < rs[1] and rsn[0] <= k < rsn[1]
     assert not rl[0] <= keys.auth_bucket_key("ip:a") < rl[1] and rf[0] <= keys.auth_bucket_key("ip:a") < rf[1]
-
-
-@pytest.fixture
-async def two_stores(tmp_path):
-    """Two stores on one file: two processes of a fleet."""
-    settings = Settings(store_path=str(tmp_path / "upf.db"), shard_count=4)
-    a, b = await open_store(settings), await open_store(settings)
-    yield a, b
-    await a.close()
-    await b.close()
 
 
 async def test_failed_logins_from_two_processes_share_one_bucket(two_stores):

@@ -13,7 +13,7 @@ from typing import Any
 
 from .handler import NO_BODY, PREFLIGHT, Handler, Reply
 
-__all__ = ["ClientGone", "read_body", "send_reply", "send_preflight", "serve_asgi", "with_cors"]
+__all__ = ["ClientGone", "lazy_app", "read_body", "send_reply", "send_preflight", "serve_asgi", "with_cors"]
 
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
 Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
@@ -98,3 +98,20 @@ async def serve_asgi(handler: Handler, scope: MutableMapping[str, Any], receive:
     peer = scope.get("client")
     client = peer[0] if peer else ""
     await send_reply(send, await handler(method, topic, scope["headers"], scope["query_string"], body, client))
+
+
+def lazy_app(build: Callable[[], Any]) -> Callable[[str], Any]:
+    """A module ``__getattr__`` that builds the module's ``app`` on first access and keeps it.
+
+    Why: granian imports ``module:app`` in each worker process; building at import would set up
+    telemetry and read settings in whatever process merely imports the module."""
+    built: list[Any] = []
+
+    def __getattr__(name: str) -> Any:
+        if name == "app":
+            if not built:
+                built.append(build())
+            return built[0]
+        raise AttributeError(name)
+
+    return __getattr__

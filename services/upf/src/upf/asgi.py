@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 from typing import Any
 
+from upf_edge.asgi import lazy_app
 from upf_keyspace import load_settings, open_store
 from upf_keyspace.telemetry import setup_telemetry
 
@@ -50,13 +51,4 @@ def build_app() -> Any:
     return app
 
 
-_built: Any = None
-
-
-def __getattr__(name: str) -> Any:
-    global _built
-    if name == "app":
-        if _built is None:
-            _built = build_app()
-        return _built
-    raise AttributeError(name)
+__getattr__ = lazy_app(build_app)

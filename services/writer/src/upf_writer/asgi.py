@@ -8,8 +8,7 @@ worker process.
 
 from __future__ import annotations
 
-from typing import Any
-
+from upf_edge.asgi import lazy_app
 from upf_keyspace import load_settings
 from upf_keyspace.telemetry import setup_telemetry
 
@@ -29,13 +28,4 @@ def build_app() -> WriterApp:
     return app
 
 
-_built: WriterApp | None = None
-
-
-def __getattr__(name: str) -> Any:
-    global _built
-    if name == "app":
-        if _built is None:
-            _built = build_app()
-        return _built
-    raise AttributeError(name)
+__getattr__ = lazy_app(build_app)
