@@ -33,7 +33,8 @@ from pathlib import Path
 
 import websockets
 
-from upf_loadgen.checker import Published, Received, Violations, check_topic
+from upf_loadgen.checker import Published, Violations, check_topic
+from upf_loadgen.follow import Follower
 from upf_loadgen.http11 import HttpError, Pool, parse_endpoint
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -74,68 +75,18 @@ class Publisher:
             next_at = max(next_at + self.interval, time.monotonic() - 1.0)  # no burst after a stall
 
 
-class Subscriber:
+class Subscriber(Follower):
+    """Holds each stream a random time (exponential, mean ``hold``), then resumes on a random pusher."""
+
     def __init__(self, pushers: list[str], topic: str, ws: bool, hold: float) -> None:
-        self.pushers, self.topic, self.ws, self.hold = pushers, topic, ws, hold
-        self.seqs: list[int] = []
-        self.ids: list[str] = []
-        self.corrupt = 0
-        self.last = "all"
-        self.connects = 0
+        super().__init__(topic)
+        self.pushers, self.ws, self.hold = pushers, ws, hold
         self.errors = 0
-        self.opened = asyncio.Event()
-
-    def _frame(self, raw: str | bytes) -> None:
-        try:
-            f = json.loads(raw)
-        except ValueError:
-            self.corrupt += 1
-            return
-        ev = f.get("event")
-        if ev == "open":
-            self.opened.set()
-        elif ev == "message":
-            try:
-                self.seqs.append(int(f["message"]))
-            except (KeyError, ValueError):
-                self.corrupt += 1
-                return
-            self.ids.append(f["id"])
-            self.last = f["id"]
-
-    async def _ws(self, base: str) -> None:
-        async with websockets.connect(
-            f"ws://{base}/{self.topic}/ws?since={self.last}", compression=None, open_timeout=10
-        ) as ws:
-            with contextlib.suppress(websockets.ConnectionClosed):
-                async for msg in ws:
-                    self._frame(msg)
-
-    async def _json(self, base: str) -> None:
-        host, port = base.rsplit(":", 1)
-        reader, writer = await asyncio.open_connection(host, int(port))
-        try:
-            writer.write(f"GET /{self.topic}/json?since={self.last} HTTP/1.1\r\nHost: {base}\r\n\r\n".encode())
-            head = await reader.readuntil(b"\r\n\r\n")
-            if b" 200 " not in head.split(b"\r\n", 1)[0] + b" ":
-                raise ConnectionError(head.split(b"\r\n", 1)[0].decode(errors="replace"))
-            buf = b""
-            while True:
-                size = int((await reader.readuntil(b"\r\n")).split(b";")[0], 16)
-                if size == 0:
-                    return
-                buf += (await reader.readexactly(size + 2))[:-2]
-                *lines, buf = buf.split(b"\n")
-                for line in lines:
-                    self._frame(line)
-        finally:
-            writer.close()
 
     async def run(self) -> None:
         while True:
-            base = random.choice(self.pushers)
-            self.connects += 1
-            stream = asyncio.ensure_future(self._ws(base) if self.ws else self._json(base))
+            host, port = random.choice(self.pushers).rsplit(":", 1)
+            stream = asyncio.ensure_future(self.stream(host, int(port), "ws" if self.ws else "json"))
             try:
                 await asyncio.wait_for(asyncio.shield(stream), random.expovariate(1.0 / self.hold))
             except TimeoutError:
@@ -237,7 +188,7 @@ async def soak(args: argparse.Namespace, workdir: Path) -> int:
     for p, s in zip(pubs, subs, strict=True):
         v = check_topic(
             Published(topic=p.topic, sent=p.sent, accepted=p.accepted),
-            [Received(topic=s.topic, seqs=list(s.seqs), ids=list(s.ids), corrupt=s.corrupt)],
+            [s.received()],
         )
         total.add(v.violations)
     sent = sum(p.sent for p in pubs)

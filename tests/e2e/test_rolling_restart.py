@@ -12,8 +12,6 @@ and the test asserts it was not: graceful shutdown answers every publish it rece
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import json
 import os
 import signal
 import sys
@@ -25,7 +23,8 @@ import httpx
 import websockets
 
 from tests.conftest import TIMEOUT_FACTOR, Process, free_port
-from upf_loadgen.checker import Published, Received, check_topic
+from upf_loadgen.checker import Published, check_topic
+from upf_loadgen.follow import Follower
 
 TOPICS = 20
 RATE_PER_TOPIC = 15.0  # 300 messages/s in all
@@ -127,73 +126,19 @@ class Publisher:
                 await asyncio.sleep(max(0.0, next_at - time.monotonic()))
 
 
-class Subscriber:
+class Subscriber(Follower):
     def __init__(self, pushers: list[Role], topic: str, transport: str, first: int) -> None:
-        self.pushers, self.topic, self.transport = pushers, topic, transport
+        super().__init__(topic)
+        self.pushers, self.transport = pushers, transport
         self.at = first
-        self.seqs: list[int] = []
-        self.ids: list[str] = []
-        self.corrupt = 0
-        self.last = "all"
-        self.connects = 0
-        self.opened = asyncio.Event()
-
-    def _message(self, raw: str | bytes) -> None:
-        try:
-            f = json.loads(raw)
-        except ValueError:
-            self.corrupt += 1
-            return
-        if f.get("event") == "open":
-            self.opened.set()
-        if f.get("event") != "message":
-            return
-        try:
-            self.seqs.append(int(f["message"]))
-        except (KeyError, ValueError):
-            self.corrupt += 1
-            return
-        self.ids.append(f["id"])
-        self.last = f["id"]
-
-    async def _ws(self, base: str) -> None:
-        u = urlsplit(base)
-        url = f"ws://{u.hostname}:{u.port}/{self.topic}/ws?since={self.last}"
-        async with websockets.connect(url, compression=None, open_timeout=5) as ws:
-            with contextlib.suppress(websockets.ConnectionClosed):
-                async for msg in ws:
-                    self._message(msg)
-
-    async def _json(self, base: str) -> None:
-        u = urlsplit(base)
-        reader, writer = await asyncio.open_connection(u.hostname, u.port)
-        try:
-            writer.write(f"GET /{self.topic}/json?since={self.last} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
-            head = await reader.readuntil(b"\r\n\r\n")
-            if b" 200 " not in head:
-                raise ConnectionError(head[:40])
-            buf = b""
-            while True:
-                size = int((await reader.readuntil(b"\r\n")).split(b";")[0], 16)
-                if size == 0:
-                    return
-                buf += (await reader.readexactly(size + 2))[:-2]
-                *lines, buf = buf.split(b"\n")
-                for line in lines:
-                    self._message(line)
-        except asyncio.IncompleteReadError:
-            pass
-        finally:
-            writer.close()
 
     async def run(self) -> None:
         """Follow the topic forever: on any end, resume on the next pusher from the last id received."""
         while True:
-            base = self.pushers[self.at % len(self.pushers)].base
+            u = urlsplit(self.pushers[self.at % len(self.pushers)].base)
             self.at += 1
-            self.connects += 1
             try:
-                await (self._ws(base) if self.transport == "ws" else self._json(base))
+                await self.stream(str(u.hostname), int(u.port or 80), self.transport, open_timeout=5)
             except (TimeoutError, OSError, websockets.InvalidHandshake, websockets.InvalidStatus):
                 await asyncio.sleep(0.05)
 
@@ -235,7 +180,7 @@ async def test_rolling_restart_loses_and_duplicates_nothing(tmp_path):
         verdicts = [
             check_topic(
                 Published(topic=p.topic, sent=p.sent, accepted=p.accepted),
-                [Received(topic=s.topic, seqs=list(s.seqs), ids=list(s.ids), corrupt=s.corrupt)],
+                [s.received()],
             )
             for p, s in zip(pubs, subs, strict=True)
         ]
