@@ -13,6 +13,13 @@ async def _set(db, value: bytes) -> None:
     await db.transact(body)
 
 
+async def _write(db, fn) -> None:
+    async def body(tr):
+        fn(tr)
+
+    await db.transact(body)
+
+
 async def _rows(db, begin: bytes, end: bytes):
     async def body(tr):
         return await tr.get_range(begin, end)
@@ -76,22 +83,75 @@ async def test_only_small_range_results_are_kept(pair):
     assert (begin, end, 0, False) not in a._range_cache
 
 
+class _CountingReads:
+    """Counts the handle's range reads from the file."""
+
+    def __init__(self, db, monkeypatch) -> None:
+        self.n = 0
+        real = db._read_range
+
+        def counted(*args):
+            self.n += 1
+            return real(*args)
+
+        monkeypatch.setattr(db, "_read_range", counted)
+
+
 async def test_a_cached_range_many_commits_old_is_read_again_not_scanned(pair, monkeypatch):
     """Checking a cached range against every commit since it was cached costs more than one read
-    once many commits passed (1,000 topics published round-robin): past _RANGE_CACHE_SCAN commits
-    the range is read from the file, and the answer is the same."""
+    once many commits passed: when the head tally cannot rule them out (here they write under the
+    range's head), past _RANGE_CACHE_SCAN commits the range is read from the file, and the answer is
+    the same."""
     from upf_keyspace.drivers.embedded import reads
 
     a, _ = pair
     begin, end = b"\x01test-stale/", b"\x01test-stale0"
     assert await _rows(a, begin, end) == []
     for i in range(reads._RANGE_CACHE_SCAN + 2):
-        await _set(a, b"%d" % i)
+        await _write(a, lambda tr, i=i: tr.set(b"\x01test-stale-%d" % i, b""))  # same head, not in the range
     scanned: list[tuple[int, int]] = []
     real = a._changed_since
     monkeypatch.setattr(a, "_changed_since", lambda lo, hi, ranges: scanned.append((lo, hi)) or real(lo, hi, ranges))
+    reads_ = _CountingReads(a, monkeypatch)
     assert await _rows(a, begin, end) == []
     assert not [s for s in scanned if s[1] - s[0] > reads._RANGE_CACHE_SCAN]
+    assert reads_.n == 1
+
+
+async def test_commits_under_other_heads_keep_the_cached_range_without_a_read(pair, monkeypatch):
+    """A publish's affinity read at 1,000 topics round-robin: many commits since the topic's last
+    publish, none under the range's head, are ruled out by the head tally and the file is not read;
+    a few commits under the same head but outside the range are bisected and passed too."""
+    a, _ = pair
+    begin, end = b"\x01test-head/C/t1/", b"\x01test-head/C/t10"
+    assert await _rows(a, begin, end) == []
+    for i in range(40):
+        await _set(a, b"%d" % i)  # KEY's head differs from the range's
+    reads_ = _CountingReads(a, monkeypatch)
+    assert await _rows(a, begin, end) == []
+    assert reads_.n == 0
+    await _write(a, lambda tr: tr.set(b"\x01test-head/C/t2/n", b""))  # same head, another topic
+    assert await _rows(a, begin, end) == []
+    assert reads_.n == 0
+
+
+async def test_a_write_into_the_range_or_a_wide_clear_after_many_commits_is_seen(pair):
+    """The heads only rule commits out: a commit that wrote into the range, or cleared a span wider
+    than one head (no heads to rule it out), is checked and seen, however many commits came before."""
+    a, b = pair
+    begin, end = b"\x01test-head/C/t1/", b"\x01test-head/C/t10"
+    assert await _rows(a, begin, end) == []
+    for i in range(40):
+        await _set(a, b"%d" % i)
+    await _write(a, lambda tr: tr.set(begin + b"n1", b"1"))
+    assert await _rows(a, begin, end) == [(begin + b"n1", b"1")]
+    for i in range(40):
+        await _set(a, b"%d" % i)
+    assert await _rows(a, begin, end) == [(begin + b"n1", b"1")]  # cached again
+    await _write(a, lambda tr: tr.clear_range(b"\x01test-", b"\x01test-i"))
+    assert await _rows(a, begin, end) == []
+    await _write(b, lambda tr: tr.set(begin + b"n2", b"2"))  # another handle: not in a's memory
+    assert await _rows(a, begin, end) == [(begin + b"n2", b"2")]
 
 
 async def test_reads_with_a_large_limit_are_not_kept(pair):

@@ -13,12 +13,29 @@ def point(key: bytes) -> tuple[bytes, bytes]:
     return key, key + b"\x00"
 
 
+HEAD_BYTES = 8
+"""A key's head is its first 8 bytes: under a tuple-layer root such as ("upf",) that is the root and a
+short kind prefix ("C", "Q", "ST"), so commits of publishes and a subscriber's affinity read have
+different heads. Any other keyspace is still answered right, only filtered less."""
+
+
+def head_of(begin: bytes, end: bytes) -> bytes | None:
+    """The head every key in [begin, end) shares, or None when they need not share one.
+
+    If begin and end agree on their first HEAD_BYTES bytes, a key k with begin <= k < end agrees with
+    them too (a shorter or different k sorts before begin or after end)."""
+    h = begin[:HEAD_BYTES]
+    return h if len(h) == HEAD_BYTES and end[:HEAD_BYTES] == h else None
+
+
 class IntervalSet:
     """Half-open [begin, end) byte intervals, coalesced so that both begins and ends stay sorted."""
 
-    __slots__ = ("begins", "ends")
+    __slots__ = ("begins", "ends", "_heads", "_heads_known")
 
     def __init__(self, ranges: Iterable[tuple[bytes, bytes]] = ()) -> None:
+        self._heads: frozenset[bytes] | None = None
+        self._heads_known = False
         merged: list[list[bytes]] = []
         for b, e in sorted(r for r in ranges if r[0] < r[1]):
             if merged and b <= merged[-1][1]:
@@ -38,6 +55,24 @@ class IntervalSet:
 
     def overlaps_any(self, ranges: Iterable[tuple[bytes, bytes]]) -> bool:
         return any(self.overlaps(b, e) for b, e in ranges)
+
+    def heads(self) -> frozenset[bytes] | None:
+        """The heads of every interval (see head_of), or None if some interval has none. Computed
+        once, on first use: a check then skips a commit whose heads miss the range's head with one
+        set lookup instead of a bisect through its keys. Two threads may both compute it; same result."""
+        if not self._heads_known:
+            found = {head_of(b, e) for b, e in zip(self.begins, self.ends, strict=True)}
+            self._heads = None if None in found else frozenset(h for h in found if h is not None)
+            self._heads_known = True
+        return self._heads
+
+    def overlaps_head(self, head: bytes | None, begin: bytes, end: bytes) -> bool:
+        """``overlaps``, answered by the heads alone when they rule the range out."""
+        if head is not None:
+            hs = self.heads()
+            if hs is not None and head not in hs:
+                return False
+        return self.overlaps(begin, end)
 
     def encode(self) -> bytes:
         return msgspec.msgpack.encode([self.begins, self.ends])

@@ -8,7 +8,7 @@ import sqlite3
 import threading
 
 from ... import errors
-from .._ranges import IntervalSet
+from .._ranges import IntervalSet, head_of
 
 _WLOG_KEEP_SECS = 10.0
 _WLOG_CACHE_ENTRIES = 65_536
@@ -25,11 +25,72 @@ def _set_bytes(s: IntervalSet) -> int:
     return sum(map(len, s.begins)) + sum(map(len, s.ends)) + 82 * len(s.begins) + 120
 
 
+_HEADS_KEPT = 4096  # distinct heads tallied; a commit under any other head counts as wide
+
+
+class _HeadTally:
+    """For each key head (``_ranges.head_of``), the last commit version that wrote under it, over an
+    unbroken run of versions ``start < v <= upto``: then "did anything in (after, upto] write under
+    this head" is one lookup, however many commits passed. That is what makes a publish's cached
+    affinity read free at 1,000 round-robin topics, where ~200 commits pass between two publishes
+    to one topic and checking each one cost as much as reading the file.
+
+    Versions are tallied in any order (another process's commits arrive when read back from the
+    file); ``upto`` only moves over versions all tallied. Written under the cache's lock, read
+    without it: a writer tallies heads before moving ``upto`` and sets ``start`` before ``upto``, and
+    a reader reads ``upto`` before the rest, so a lock-free reader never trusts an untallied version."""
+
+    __slots__ = ("start", "upto", "last", "wide", "_early")
+
+    def __init__(self) -> None:
+        self.start = -1  # nothing tallied yet
+        self.upto = -1
+        self.last: dict[bytes, int] = {}
+        self.wide = -1  # last version with a write under no single head (or past _HEADS_KEPT)
+        self._early: set[int] = set()  # tallied versions past a gap
+
+    def add(self, version: int, s: IntervalSet) -> None:
+        heads = s.heads()
+        if heads is None:
+            self.wide = max(self.wide, version)
+        else:
+            last = self.last
+            for h in heads:
+                if h in last or len(last) < _HEADS_KEPT:
+                    if last.get(h, -1) < version:
+                        last[h] = version
+                elif self.wide < version:
+                    self.wide = version
+        if self.upto < 0:
+            self.start = version - 1
+            self.upto = version
+        elif version == self.upto + 1:
+            upto = version
+            early = self._early
+            while upto + 1 in early:
+                upto += 1
+                early.discard(upto)
+            self.upto = upto
+        elif version > self.upto:
+            self._early.add(version)
+            if len(self._early) > 65_536:  # a gap that never fills: restart the run past it
+                top = max(self._early)
+                self._early.clear()
+                self.start = top
+                self.upto = top
+
+    def quiet(self, head: bytes, after: int, upto: int) -> bool:
+        """True if it is known that no commit in (after, upto] wrote under ``head``."""
+        if upto > self.upto:  # read first: see the class docstring
+            return False
+        return self.start <= after and self.wide <= after and self.last.get(head, -1) <= after
+
+
 class _WriteSetCache:
     """Recent commits' write sets by version, bounded by entries and by bytes; the oldest inserted
     goes first. Written by the committer thread and the loop thread (under a lock), read lock-free."""
 
-    __slots__ = ("_sets", "_sizes", "bytes", "max_bytes", "max_entries", "_lock")
+    __slots__ = ("_sets", "_sizes", "bytes", "max_bytes", "max_entries", "_lock", "heads")
 
     def __init__(self, max_bytes: int, max_entries: int) -> None:
         self._sets: dict[int, IntervalSet] = {}
@@ -38,6 +99,7 @@ class _WriteSetCache:
         self.max_bytes = max_bytes
         self.max_entries = max_entries
         self._lock = threading.Lock()
+        self.heads = _HeadTally()
 
     def __len__(self) -> int:
         return len(self._sets)
@@ -47,9 +109,10 @@ class _WriteSetCache:
 
     def put(self, version: int, s: IntervalSet) -> None:
         size = _set_bytes(s)
-        if size > self.max_bytes:
-            return  # larger than the whole budget: read from the file when needed
         with self._lock:
+            self.heads.add(version, s)
+            if size > self.max_bytes:
+                return  # larger than the whole budget: read from the file when needed
             if version in self._sets:
                 return
             self._sets[version] = s
@@ -94,4 +157,5 @@ class _WriteLog:
         return out
 
     def _changed_since(self, after: int, upto: int, ranges: list[tuple[bytes, bytes]]) -> bool:
-        return any(s.overlaps_any(ranges) for s in self._write_sets(self._reader, after, upto))
+        heads = [(head_of(b, e), b, e) for b, e in ranges]
+        return any(s.overlaps_head(h, b, e) for s in self._write_sets(self._reader, after, upto) for h, b, e in heads)

@@ -1,0 +1,55 @@
+"""The write log's head tally: it may only say "nothing under this head changed" for versions it
+has all seen, in whatever order they arrived."""
+
+from __future__ import annotations
+
+from upf_keyspace.drivers._ranges import IntervalSet, point
+from upf_keyspace.drivers.embedded import writelog
+from upf_keyspace.drivers.embedded.writelog import _HeadTally
+
+A = b"\x02upf\x00\x02C\x00"  # a head: 8 bytes
+B = b"\x02upf\x00\x02Q\x00"
+
+
+def _set(*keys: bytes) -> IntervalSet:
+    return IntervalSet([point(k) for k in keys])
+
+
+def test_quiet_only_over_an_unbroken_run_of_tallied_versions():
+    t = _HeadTally()
+    assert not t.quiet(A, 0, 1)  # nothing tallied
+    t.add(10, _set(B + b"x"))
+    t.add(12, _set(B + b"y"))  # 11 is missing (another process's commit, not read back yet)
+    assert t.quiet(A, 9, 10)
+    assert not t.quiet(A, 9, 12)  # 11 unseen: it might have written under A
+    assert not t.quiet(A, 8, 10)  # 9 came before the run started
+    t.add(11, _set(A + b"t1"))
+    assert t.upto == 12
+    assert not t.quiet(A, 10, 12)
+    assert t.quiet(A, 11, 12)
+    assert t.quiet(B + b"", 12, 12)
+
+
+def test_a_write_spanning_heads_makes_every_head_unquiet():
+    t = _HeadTally()
+    t.add(1, _set(B + b"x"))
+    t.add(2, IntervalSet([(b"\x02upf\x00\x02A", b"\x02upf\x00\x02Z")]))
+    assert not t.quiet(A, 1, 2)
+    assert t.quiet(A, 2, 2)
+
+
+def test_heads_past_the_cap_count_as_wide(monkeypatch):
+    monkeypatch.setattr(writelog, "_HEADS_KEPT", 2)
+    t = _HeadTally()
+    t.add(1, _set(b"head-001x", b"head-002x"))
+    t.add(2, _set(b"head-003x"))  # not kept: counts as a wide write
+    assert not t.quiet(b"head-001", 1, 2)
+    t.add(3, _set(b"head-002x"))
+    assert not t.quiet(b"head-001", 1, 3)
+    assert t.quiet(b"head-001", 2, 3)  # 3 wrote only head-002
+
+
+def test_short_keys_have_no_head():
+    t = _HeadTally()
+    t.add(1, _set(b"abc"))  # shorter than a head: could sort into any range
+    assert not t.quiet(A, 0, 1)
