@@ -517,6 +517,10 @@ def _with_scheduling(
     return msgspec.structs.replace(params, cache=cache, due=_parse_delay(headers, query, cache, now, limits))
 
 
+def _markdown_type(content_type: str) -> bool:
+    return go_trim(content_type.split(";", 1)[0]).lower() == "text/markdown"
+
+
 def parse_params(
     headers: Mapping[str, str],
     query: Mapping[str, str],
@@ -534,7 +538,9 @@ def parse_params(
     ttl = _parse_ttl(headers, limits.default_ttl_secs)
     idem = _parse_idempotency_key(headers)
     webpush, urgency, push_topic = _parse_webpush(headers)
-    if not p:
+    if not p or (len(p) == 1 and "content_type" in p and not _markdown_type(p["content_type"])):
+        # No parameter, or only a Content-Type that changes nothing (what curl and most apps send):
+        # the common publish skips the per-field reads below.
         bare = Params(
             unifiedpush=encrypted or webpush,
             ttl=ttl,
@@ -554,7 +560,7 @@ def parse_params(
     priority = _parse_priority(p.get("priority", ""))
     actions = _parse_actions(p.get("actions", ""), limits)
     markdown = p.get("markdown", "").lower() in ("1", "yes", "true")
-    if go_trim(p.get("content_type", "").split(";", 1)[0]).lower() == "text/markdown":
+    if _markdown_type(p.get("content_type", "")):
         markdown = True
     if not priority and urgency:
         priority = vapid.URGENCY_PRIORITY[urgency]
