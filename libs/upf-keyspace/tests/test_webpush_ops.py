@@ -132,3 +132,34 @@ async def test_stored_bytes_follow_publish_replacement_and_expiry(store):
     assert await store.stored_bytes() == len(encode_envelope(a)) + len(encode_envelope(c))
     await store.db.transact(ops.janitor.expire, int(time.time()), 100)  # a expired
     assert await store.stored_bytes() == len(encode_envelope(c))
+
+
+async def test_one_tally_counts_messages_and_bytes_and_older_stores_counters_are_added_in(store):
+    """A publish counts its message and its bytes with one 16-byte add (``ops.publish.TALLY``);
+    taking bytes off never disturbs the message count, and the two 8-byte counters of stores written
+    before the tally are still read."""
+    from upf_keyspace import encode_envelope, ops
+
+    a = env("a" * 100, ttl=-10)
+    await store.publish("t", a)
+    await store.publish("u", env("b"))
+    stored = len(encode_envelope(a)) + len(encode_envelope(env("b")))
+    assert (await store.stats())[0] == 2
+    assert await store.stored_bytes() == stored
+
+    async def legacy(tr):
+        tr.add(keys.stat_key(ops.publish.LEGACY_MESSAGES, 3), keys.pack_i64(5))
+        tr.add(keys.stat_key(ops.publish.LEGACY_BYTES, 7), keys.pack_i64(1000))
+
+    await store.db.transact(legacy)
+    assert (await store.stats())[0] == 7
+    assert await store.stored_bytes() == stored + 1000
+
+    async def take_off(tr):  # more than this slot ever counted: its byte half goes negative
+        ops.publish.add_tally(tr, "t", 0, -5000)
+
+    await store.db.transact(take_off)
+    assert (await store.stats())[0] == 7  # no borrow from the byte half into the message count
+    assert await store.stored_bytes() == 0  # clamped
+    await store.db.transact(ops.janitor.expire, int(time.time()), 100)
+    assert (await store.stats())[0] == 7

@@ -23,7 +23,8 @@ of key can never collide::
     ├── "S"   / due:int / stamp:Versionstamp / topic:str -> Envelope (msgpack)   scheduled (X-Delay), not yet in Q
     ├── "SR"  / topic:str / origin:bytes / stamp:Versionstamp -> ""             a released scheduled message: its
     │                                                                            publish id -> its Q stamp
-    ├── "ST"  / name:str / slot:int                     -> counter (LE i64)       fleet-wide stats (atomic adds)
+    ├── "ST"  / name:str / slot:int                     -> counter (LE)           fleet-wide stats (atomic adds; "tally":
+    │                                                                            16 bytes, messages | stored bytes)
     ├── "SH"  / unix:int                                -> counter (LE i64)       samples of the messages counter
     ├── "WT"  / topic:str / push_topic:str / stamp:Versionstamp -> ""             Web Push Topic: its last Q entry
     ├── "VK"  / topic:str                               -> VAPID key (utf-8)      topic bound to a VAPID key

@@ -4,7 +4,7 @@ from .. import keys
 from ..contract import Transaction
 from ..envelope import decode_envelope
 from ..msgid import decode_id
-from .publish import RELEASED_MARK, count_bytes
+from .publish import RELEASED_MARK, add_tally
 
 
 async def expire(tr: Transaction, now: int, limit: int) -> int:
@@ -16,7 +16,7 @@ async def expire(tr: Transaction, now: int, limit: int) -> int:
         _, topic, stamp = keys.unpack_expiry_key(key)
         raw = await tr.get(keys.queue_key(topic, stamp), snapshot=True)
         if raw is not None:
-            count_bytes(tr, topic, -len(raw))
+            add_tally(tr, topic, 0, -len(raw))
             env = decode_envelope(raw)
             await _unindex_time(tr, topic, stamp, env.time)
             if env.push_topic:

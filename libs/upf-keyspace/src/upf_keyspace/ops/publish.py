@@ -23,24 +23,33 @@ class Pending(msgspec.Struct):
 
 
 STAT_SLOTS = 16
-"""The fleet-wide message counter is spread over this many keys (summed when read), so the atomic add
-of every publish does not all land on one hot key."""
+"""The fleet-wide counters are spread over this many keys (summed when read), so the atomic add of
+every publish does not all land on one hot key."""
+
+TALLY = "tally"
+"""The stats counter's name (``ST / "tally" / slot``): one 16-byte little-endian value per slot, the
+message count in its low 8 bytes and the stored message bytes in its high 8, so a publish counts both
+with one atomic add. The message count never goes below 0, so adding to the high half never borrows
+from the low one, and the high half read as a signed 64-bit integer is the byte count."""
+
+LEGACY_MESSAGES, LEGACY_BYTES = "messages", "bytes"
+"""The two 8-byte counters ``TALLY`` replaced; stores written before it still hold them, and the
+readers add them in."""
 
 RELEASED_MARK = b"\x01"
 """An X entry's value starting with this byte names the publish id (base64url) of a released scheduled
 message, not an idempotency key (those are printable ASCII): the janitor then clears its SR entry."""
 
-
-def count_message(tr: Transaction, topic: str) -> None:
-    """One more message in ``/v1/stats`` (an atomic add: never a conflict)."""
-    tr.add(keys.stat_key("messages", keys.shard_of(topic, STAT_SLOTS)), _ONE)
+_TALLY_BITS = 1 << 128
 
 
-def count_bytes(tr: Transaction, topic: str, delta: int) -> None:
-    """The fleet's stored message bytes (Q values), for ``UPF_MAX_STORE_BYTES``: added by a publish,
-    taken off by the janitor's expiry and by a Web Push Topic replacement; an atomic add like the
-    message counter. Messages stored before this counter existed are not in it."""
-    tr.add(keys.stat_key("bytes", keys.shard_of(topic, STAT_SLOTS)), keys.pack_i64(delta))
+def add_tally(tr: Transaction, topic: str, messages: int, stored_bytes: int) -> None:
+    """Add to ``/v1/stats``' message count and to the fleet's stored message bytes (for
+    ``UPF_MAX_STORE_BYTES``): added by a publish, the bytes taken off by the janitor's expiry and by
+    a Web Push Topic replacement. An atomic add: never a conflict. Messages stored before the byte
+    count existed are not in it."""
+    param = ((stored_bytes << 64) + messages) % _TALLY_BITS
+    tr.add(keys.stat_key(TALLY, keys.shard_of(topic, STAT_SLOTS)), param.to_bytes(16, "little"))
 
 
 async def publish(
@@ -57,7 +66,7 @@ async def publish(
 
     ``origin`` is set by a scheduled release: the stamp the publisher was given, remembered in the X
     entry so the janitor can clear the SR entry that maps it to this Q stamp. ``count``: add to the
-    stats counter (a release was counted when it was scheduled)."""
+    stats' message count (a release was counted when it was scheduled)."""
     if idem:
         marker = await tr.get_range(*keys.idem_range(topic, idem), limit=1)
         if marker:
@@ -71,14 +80,12 @@ async def publish(
     uv = tr.next_user_version()
     value = encode_envelope(env)
     tr.set_versionstamped_key(keys.queue_key_incomplete(topic, uv), value)
-    count_bytes(tr, topic, len(value))
+    add_tally(tr, topic, 1 if count else 0, len(value))
     if env.push_topic:
         tr.set_versionstamped_key(keys.push_topic_key_incomplete(topic, env.push_topic, uv), b"")
     x_value = RELEASED_MARK + encode_id(origin).encode() if origin else idem.encode()
     tr.set_versionstamped_key(keys.expiry_key_incomplete(env.expires, topic, uv), x_value)
     index_time(tr, topic, env.time, uv)
-    if count:
-        count_message(tr, topic)
     if idem:
         tr.set_versionstamped_key(keys.idem_key_incomplete(topic, idem, uv), b"")
     holders = await tr.get_range(*keys.affinity_range(topic))
@@ -104,7 +111,7 @@ async def replace_push_topic(tr: Transaction, topic: str, push_topic: str) -> in
         if raw is not None:
             old = decode_envelope(raw)
             tr.clear(qkey)
-            count_bytes(tr, topic, -len(raw))
+            add_tally(tr, topic, 0, -len(raw))
             tr.clear(keys.expiry_key(old.expires, topic, stamp))
             if old.idem:
                 tr.clear(keys.idem_key(topic, old.idem, stamp))

@@ -19,7 +19,7 @@ from .. import keys
 from ..contract import Transaction
 from ..envelope import Envelope, decode_envelope, encode_envelope
 from ..msgid import encode_id
-from .publish import Pending, count_message, publish
+from .publish import Pending, add_tally, publish
 
 __all__ = ["schedule", "next_due", "release_due"]
 
@@ -28,7 +28,7 @@ async def schedule(tr: Transaction, topic: str, env: Envelope, due: int) -> Pend
     """Keep ``env`` in S until ``due`` (unix secs). Nothing is poked: no subscriber may see it yet."""
     uv = tr.next_user_version()
     tr.set_versionstamped_key(keys.scheduled_key_incomplete(due, topic, uv), encode_envelope(env))
-    count_message(tr, topic)
+    add_tally(tr, topic, 1, 0)
     return Pending(envelope=env, user_version=uv, commit_stamp=tr.get_versionstamp())
 
 

@@ -1,4 +1,4 @@
-"""``GET /v1/stats``, fleet-wide: the message counter every publish adds to (``publish.count_message``)
+"""``GET /v1/stats``, fleet-wide: the message count every publish adds to (``publish.add_tally``)
 and the samples of it that the janitor takes, from which the rate comes as ntfy computes it (the
 difference between the newest and oldest of the last few samples, over the time between them)."""
 
@@ -6,20 +6,33 @@ from __future__ import annotations
 
 from .. import keys
 from ..contract import Transaction
+from .publish import LEGACY_BYTES, LEGACY_MESSAGES, TALLY
 
 __all__ = ["total", "stored_bytes", "sample", "samples", "rate"]
 
 
+async def _tally(tr: Transaction) -> tuple[int, int]:
+    """(messages, stored bytes) summed over the tally's slots and the counters it replaced."""
+    messages = stored = 0
+    for _, v in await tr.get_range(*keys.stat_range(TALLY), snapshot=True):
+        v = v[:16].ljust(16, b"\x00")
+        messages += int.from_bytes(v[:8], "little")
+        stored += int.from_bytes(v[8:], "little", signed=True)
+    for _, v in await tr.get_range(*keys.stat_range(LEGACY_MESSAGES), snapshot=True):
+        messages += keys.unpack_i64(v)
+    for _, v in await tr.get_range(*keys.stat_range(LEGACY_BYTES), snapshot=True):
+        stored += keys.unpack_i64(v)
+    return messages, stored
+
+
 async def total(tr: Transaction) -> int:
-    rows = await tr.get_range(*keys.stat_range("messages"), snapshot=True)
-    return sum(keys.unpack_i64(v) for _, v in rows)
+    return (await _tally(tr))[0]
 
 
 async def stored_bytes(tr: Transaction) -> int:
-    """The fleet's stored message bytes (``publish.count_bytes``); never below 0 (messages stored
-    before the counter existed are taken off when they expire)."""
-    rows = await tr.get_range(*keys.stat_range("bytes"), snapshot=True)
-    return max(0, sum(keys.unpack_i64(v) for _, v in rows))
+    """The fleet's stored message bytes; never below 0 (messages stored before the counter existed
+    are taken off when they expire)."""
+    return max(0, (await _tally(tr))[1])
 
 
 async def samples(tr: Transaction) -> list[tuple[int, int]]:
