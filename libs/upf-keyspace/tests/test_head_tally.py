@@ -53,3 +53,22 @@ def test_short_keys_have_no_head():
     t = _HeadTally()
     t.add(1, _set(b"abc"))  # shorter than a head: could sort into any range
     assert not t.quiet(A, 0, 1)
+
+
+def test_heads_found_by_runs_equal_head_of_every_interval():
+    """IntervalSet.heads bisects once per head; it must say what head_of over each interval says,
+    also around 0x00/0xff bytes and for ranges that leave their head."""
+    import random
+
+    from upf_keyspace.drivers._ranges import head_of
+
+    rng = random.Random(7)
+    for _ in range(3000):
+        ranges = []
+        for _ in range(rng.randint(0, 12)):
+            a = bytes(rng.choice(b"\x00\x01\xfe\xff") for _ in range(rng.randint(5, 11)))
+            b = bytes(rng.choice(b"\x00\x01\xfe\xff") for _ in range(rng.randint(5, 11)))
+            ranges.append(point(a) if rng.random() < 0.6 else (min(a, b), max(a, b)))
+        s = IntervalSet(ranges)
+        each = {head_of(b, e) for b, e in zip(s.begins, s.ends, strict=True)}
+        assert s.heads() == (None if None in each else frozenset(each)), ranges

@@ -61,10 +61,28 @@ class IntervalSet:
         once, on first use: a check then skips a commit whose heads miss the range's head with one
         set lookup instead of a bisect through its keys. Two threads may both compute it; same result."""
         if not self._heads_known:
-            found = {head_of(b, e) for b, e in zip(self.begins, self.ends, strict=True)}
-            self._heads = None if None in found else frozenset(h for h in found if h is not None)
+            self._heads = self._find_heads()
             self._heads_known = True
         return self._heads
+
+    def _find_heads(self) -> frozenset[bytes] | None:
+        """One bisect per distinct head, not a slice per interval: begins are sorted, so the
+        intervals under one head are a run, and only the run's last end can leave the head (every
+        earlier end lies between two begins under it)."""
+        begins, ends = self.begins, self.ends
+        found = []
+        i, n = 0, len(begins)
+        while i < n:
+            h = begins[i][:HEAD_BYTES]
+            if len(h) < HEAD_BYTES:
+                return None
+            stripped = h.rstrip(b"\xff")
+            j = bisect.bisect_left(begins, stripped[:-1] + bytes((stripped[-1] + 1,)), i) if stripped else n
+            if not ends[j - 1].startswith(h):
+                return None
+            found.append(h)
+            i = j
+        return frozenset(found)
 
     def overlaps_head(self, head: bytes | None, begin: bytes, end: bytes) -> bool:
         """``overlaps``, answered by the heads alone when they rule the range out."""
