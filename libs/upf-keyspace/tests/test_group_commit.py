@@ -1,0 +1,72 @@
+"""The committer's short gather: it waits for more transactions only while some arrived during the
+last commit (concurrent publishers), never for a lone client that awaits each commit in turn."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+from upf_keyspace.drivers.embedded import committer, open_embedded
+
+
+async def _put(db, key: bytes) -> None:
+    async def body(tr):
+        tr.set(key, b"1")
+
+    await db.transact(body)
+
+
+async def test_a_lone_sequential_client_never_waits(tmp_path, monkeypatch):
+    waits: list[float] = []
+    real = committer._Committer._gather
+    monkeypatch.setattr(
+        committer._Committer, "_gather", lambda self, batch, wait: waits.append(wait) or real(self, batch, wait)
+    )
+    db = await open_embedded(str(tmp_path / "s.db"))
+    try:
+        for i in range(20):
+            await _put(db, b"k%d" % i)
+    finally:
+        await db.close()
+    assert len(waits) == 20 and set(waits) == {0.0}
+
+
+async def test_transactions_arriving_during_a_commit_make_the_next_batch_gather(tmp_path, monkeypatch):
+    """A commit is held open while two more transactions arrive: the batch after it gathers (for
+    _GROUP_WAIT_SECS), takes both, and every transaction commits once."""
+    waits: list[float] = []
+    sizes: list[int] = []
+    real_gather = committer._Committer._gather
+    real_commit = committer._Committer._commit_batch
+    release = threading.Event()
+
+    def gather(self, batch, wait):
+        waits.append(wait)
+        return real_gather(self, batch, wait)
+
+    def commit(self, conn, batch):
+        sizes.append(len(batch))
+        if len(sizes) == 1:
+            assert release.wait(10)
+        return real_commit(self, conn, batch)
+
+    monkeypatch.setattr(committer._Committer, "_gather", gather)
+    monkeypatch.setattr(committer._Committer, "_commit_batch", commit)
+    db = await open_embedded(str(tmp_path / "s.db"))
+    try:
+        first = asyncio.create_task(_put(db, b"a"))
+        while not sizes:
+            await asyncio.sleep(0.001)
+        later = [asyncio.create_task(_put(db, b"b")), asyncio.create_task(_put(db, b"c"))]
+        await asyncio.sleep(0.05)  # both are queued behind the held commit
+        release.set()
+        await asyncio.gather(first, *later)
+
+        async def read(tr):
+            return await tr.get_range(b"a", b"d")
+
+        assert [k for k, _ in await db.transact(read)] == [b"a", b"b", b"c"]
+    finally:
+        await db.close()
+    assert sizes[:2] == [1, 2]
+    assert waits[:2] == [0.0, committer._GROUP_WAIT_SECS]
