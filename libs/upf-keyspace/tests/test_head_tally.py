@@ -72,3 +72,18 @@ def test_heads_found_by_runs_equal_head_of_every_interval():
         s = IntervalSet(ranges)
         each = {head_of(b, e) for b, e in zip(s.begins, s.ends, strict=True)}
         assert s.heads() == (None if None in each else frozenset(each)), ranges
+
+
+def test_a_gap_that_never_fills_restarts_the_run_past_it(monkeypatch):
+    """Another process's commit never read back must not keep the tally from answering (nor grow its
+    memory) for good: past _EARLY_KEPT later versions the run restarts after them."""
+    monkeypatch.setattr(writelog, "_EARLY_KEPT", 4)
+    t = _HeadTally()
+    t.add(1, _set(B + b"x"))
+    for v in range(3, 9):  # 2 is never tallied
+        t.add(v, _set(B + b"x"))
+    assert len(t._early) <= 4
+    assert not t.quiet(A, 1, 8)  # 2 unseen, still unknown
+    t.add(9, _set(B + b"y"))
+    t.add(10, _set(B + b"y"))
+    assert t.quiet(A, t.start, t.upto) and t.upto >= 9

@@ -31,11 +31,9 @@ def head_of(begin: bytes, end: bytes) -> bytes | None:
 class IntervalSet:
     """Half-open [begin, end) byte intervals, coalesced so that both begins and ends stay sorted."""
 
-    __slots__ = ("begins", "ends", "_heads", "_heads_known")
+    __slots__ = ("begins", "ends")
 
     def __init__(self, ranges: Iterable[tuple[bytes, bytes]] = ()) -> None:
-        self._heads: frozenset[bytes] | None = None
-        self._heads_known = False
         merged: list[list[bytes]] = []
         for b, e in sorted(r for r in ranges if r[0] < r[1]):
             if merged and b <= merged[-1][1]:
@@ -57,18 +55,13 @@ class IntervalSet:
         return any(self.overlaps(b, e) for b, e in ranges)
 
     def heads(self) -> frozenset[bytes] | None:
-        """The heads of every interval (see head_of), or None if some interval has none. Computed
-        once, on first use: a check then skips a commit whose heads miss the range's head with one
-        set lookup instead of a bisect through its keys. Two threads may both compute it; same result."""
-        if not self._heads_known:
-            self._heads = self._find_heads()
-            self._heads_known = True
-        return self._heads
+        """The heads of every interval (see head_of), or None if some interval has none: what the
+        write log's head tally keeps of a commit (not kept here: the cached write sets of 10,000
+        subscribes would each carry a set).
 
-    def _find_heads(self) -> frozenset[bytes] | None:
-        """One bisect per distinct head, not a slice per interval: begins are sorted, so the
-        intervals under one head are a run, and only the run's last end can leave the head (every
-        earlier end lies between two begins under it)."""
+        One bisect per distinct head, not a slice per interval: begins are sorted, so the intervals
+        under one head are a run, and only the run's last end can leave the head (every earlier end
+        lies between two begins under it)."""
         begins, ends = self.begins, self.ends
         found = []
         i, n = 0, len(begins)
@@ -83,14 +76,6 @@ class IntervalSet:
             found.append(h)
             i = j
         return frozenset(found)
-
-    def overlaps_head(self, head: bytes | None, begin: bytes, end: bytes) -> bool:
-        """``overlaps``, answered by the heads alone when they rule the range out."""
-        if head is not None:
-            hs = self.heads()
-            if hs is not None and head not in hs:
-                return False
-        return self.overlaps(begin, end)
 
     def encode(self) -> bytes:
         return msgspec.msgpack.encode([self.begins, self.ends])

@@ -8,7 +8,7 @@ import sqlite3
 import threading
 
 from ... import errors
-from .._ranges import IntervalSet, head_of
+from .._ranges import IntervalSet
 
 _WLOG_KEEP_SECS = 10.0
 _WLOG_CACHE_ENTRIES = 65_536
@@ -26,6 +26,7 @@ def _set_bytes(s: IntervalSet) -> int:
 
 
 _HEADS_KEPT = 4096  # distinct heads tallied; a commit under any other head counts as wide
+_EARLY_KEPT = 1024  # versions tallied past a gap; past it the run restarts after them (bounded memory)
 
 
 class _HeadTally:
@@ -73,7 +74,7 @@ class _HeadTally:
             self.upto = upto
         elif version > self.upto:
             self._early.add(version)
-            if len(self._early) > 65_536:  # a gap that never fills: restart the run past it
+            if len(self._early) > _EARLY_KEPT:  # a gap that never fills: restart the run past it
                 top = max(self._early)
                 self._early.clear()
                 self.start = top
@@ -157,5 +158,4 @@ class _WriteLog:
         return out
 
     def _changed_since(self, after: int, upto: int, ranges: list[tuple[bytes, bytes]]) -> bool:
-        heads = [(head_of(b, e), b, e) for b, e in ranges]
-        return any(s.overlaps_head(h, b, e) for s in self._write_sets(self._reader, after, upto) for h, b, e in heads)
+        return any(s.overlaps_any(ranges) for s in self._write_sets(self._reader, after, upto))
