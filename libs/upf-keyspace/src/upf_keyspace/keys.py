@@ -398,7 +398,9 @@ def affinity_range(topic: str) -> tuple[bytes, bytes]:
     return _range(Prefix.AFFINITY.value, topic)
 
 
+@functools.lru_cache(maxsize=65536)
 def unpack_affinity_key(key: bytes) -> tuple[str, str]:
+    """Cached: every publish unpacks its topic's holders, and the same (topic, node) keys recur."""
     topic, node = _unpack(key, Prefix.AFFINITY, 2)
     return topic, node
 

@@ -101,6 +101,8 @@ class EmbeddedTransaction:
         return value
 
     def _touched(self, begin: bytes, end: bytes) -> bool:
+        if not (self._overlay or self._cleared or self._adds):
+            return False  # a read-only transaction (the pusher's drains and reads): nothing to scan
         return (
             any(begin <= k < end for k in self._overlay)
             or any(b < end and begin < e for b, e in self._cleared)
