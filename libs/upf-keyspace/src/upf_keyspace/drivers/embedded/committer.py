@@ -108,12 +108,12 @@ class _Committer(_Watches):
 
     def _gather(self, batch: list[_Pending], wait: float) -> None:
         """Add what waits in the queue to ``batch``, and what arrives within ``wait`` seconds."""
-        deadline = time.monotonic() + wait if wait else 0.0
+        deadline = time.monotonic() + wait
         while len(batch) < _MAX_BATCH:
             try:
                 nxt = self._queue.get_nowait()
             except queue.Empty:
-                remaining = deadline - time.monotonic() if wait else 0.0
+                remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     return
                 try:
