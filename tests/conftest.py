@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -20,10 +21,33 @@ import pytest
 TIMEOUT_FACTOR = float(os.environ.get("UPF_TESTS_TIMEOUT_FACTOR", "1"))
 
 
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
+_EPHEMERAL = _ephemeral_range()
+
+
 def free_port() -> int:
+    """A port free now, from below the kernel's ephemeral range when there is room: a port the kernel
+    hands out (port 0) can be taken by any outgoing connection before the process we give it to binds."""
+    low = 20000 if _EPHEMERAL[0] > 21000 else 1024
+    high = min(_EPHEMERAL[0], 65536) if _EPHEMERAL[0] > low + 1000 else 65536
+    for _ in range(200):
+        port = random.randrange(low, high)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        return int(s.getsockname()[1])
 
 
 async def eventually(check: Callable[[], Any], timeout: float = 10.0, interval: float = 0.1) -> Any:

@@ -219,13 +219,15 @@ def self_signed(tmp: Path) -> tuple[Path, Path]:
     return cert_path, key_path
 
 
-async def tls_ingress(port: int, upstream: int, cert: Path, key: Path) -> asyncio.Server:
-    """A TLS-terminating TCP proxy in front of UPF, as a deployment's ingress: web-push only speaks https."""
+async def tls_ingress(upstream: list[int], cert: Path, key: Path) -> asyncio.Server:
+    """A TLS-terminating TCP proxy in front of UPF, as a deployment's ingress: web-push only speaks https.
+    It listens on a port of its own choosing before UPF starts (a port picked and bound later can be
+    taken in between); ``upstream`` holds UPF's port once it is known."""
     ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     ctx.load_cert_chain(cert, key)
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", upstream)
+        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", upstream[0])
 
         async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter, half_close: bool) -> None:
             try:
@@ -242,7 +244,7 @@ async def tls_ingress(port: int, upstream: int, cert: Path, key: Path) -> asynci
         await asyncio.gather(pipe(reader, up_writer, True), pipe(up_reader, writer, False))
         up_writer.close()
 
-    return await asyncio.start_server(handle, "127.0.0.1", port, ssl=ctx)
+    return await asyncio.start_server(handle, "127.0.0.1", 0, ssl=ctx)
 
 
 async def send_node(modules: Path, cert: Path, request: dict) -> tuple[int, dict]:
@@ -259,10 +261,12 @@ async def send_node(modules: Path, cert: Path, request: dict) -> tuple[int, dict
 async def test_web_push_npm_end_to_end(fleet, tmp_path, web_push_modules) -> None:
     """web-push (npm) sends over https (through a TLS ingress; UPF_PUBLIC_URL is the https origin, so
     its VAPID aud verifies); it accepts UPF's 201; the subscriber decrypts the payload."""
-    ingress_port = free_port()
-    upf = start(fleet, public_url=f"https://127.0.0.1:{ingress_port}", UPF_VAPID_VERIFY="1")
     cert, key = self_signed(tmp_path)
-    server = await tls_ingress(ingress_port, upf.port, cert, key)
+    upstream: list[int] = []
+    server = await tls_ingress(upstream, cert, key)
+    ingress_port = server.sockets[0].getsockname()[1]
+    upf = start(fleet, public_url=f"https://127.0.0.1:{ingress_port}", UPF_VAPID_VERIFY="1")
+    upstream.append(upf.port)
     topic, ua, app = up_topic(), UserAgent(), AppServer()
     plaintext = b"\x00binary \xff payload from web-push " + secrets.token_bytes(64)
     request = {
