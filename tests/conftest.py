@@ -30,6 +30,7 @@ def _ephemeral_range() -> tuple[int, int]:
 
 
 _EPHEMERAL = _ephemeral_range()
+_HANDED_OUT: set[int] = set()  # a port is handed out once per test run: two picks may both still be unbound
 
 
 def free_port() -> int:
@@ -39,11 +40,14 @@ def free_port() -> int:
     high = min(_EPHEMERAL[0], 65536) if _EPHEMERAL[0] > low + 1000 else 65536
     for _ in range(200):
         port = random.randrange(low, high)
+        if port in _HANDED_OUT:
+            continue
         with socket.socket() as s:
             try:
                 s.bind(("127.0.0.1", port))
             except OSError:
                 continue
+            _HANDED_OUT.add(port)
             return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
