@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
-import sqlite3
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -78,16 +78,32 @@ async def json_stream(base: str, topic: str, out: Outcome) -> None:
         writer.close()
 
 
+_HOLD_LOCK = """
+import sys, lmdb
+env = lmdb.open(sys.argv[1], subdir=False, map_size=1 << 40, max_dbs=3, max_readers=1024)
+txn = env.begin(write=True)
+print("held", flush=True)
+sys.stdin.readline()
+txn.abort()
+env.close()
+"""
+
+
 @contextlib.contextmanager
-def write_lock(store_path: str) -> Iterator[sqlite3.Connection]:
-    """Hold the embedded store's write lock: every commit waits (up to its 30 s lock wait) until released."""
-    conn = sqlite3.connect(store_path, isolation_level=None, timeout=10)
-    conn.execute("BEGIN IMMEDIATE")
+def write_lock(store_path: str) -> Iterator[None]:
+    """Hold the embedded store's write lock (an open LMDB write transaction in another process):
+    every commit waits until it is released."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _HOLD_LOCK, store_path], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
     try:
-        yield conn
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "held"
+        yield
     finally:
-        conn.execute("ROLLBACK")
-        conn.close()
+        assert proc.stdin is not None
+        proc.stdin.write("\n")
+        proc.stdin.close()
+        proc.wait(10)
 
 
 def role_env(fleet, **extra: str) -> dict[str, str]:

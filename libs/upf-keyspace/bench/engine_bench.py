@@ -3,10 +3,10 @@ run, same rows: each publish is one affinity lookup (a range probe under the top
 Q and an X insert, 256 publishes per durable commit; then range reads of Q (20 entries after a
 cursor, one read transaction each), as a pusher's drain does.
 
-    uv run --with lmdb python libs/upf-keyspace/bench/engine_bench.py [--publishes N] [--rounds R]
+    uv run python libs/upf-keyspace/bench/engine_bench.py [--publishes N] [--rounds R]
 
-This measures the engines alone (no transaction layer, no asyncio): it bounds what a switch could
-buy, it does not decide one. Figures drift between runs on shared machines; compare the ratios.
+This measures the engines alone (no transaction layer, no asyncio): it bounded what the switch to
+LMDB could buy; the end-to-end A/B that decided it is in BENCHMARKS.md. Figures drift between runs on shared machines; compare the ratios.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The embedded store's files are private to UPF's user whatever the umask: directories it creates
-0700, the store file and its WAL and SHM 0600; what already exists keeps its mode."""
+0700, the store file and its lock file 0600; what already exists keeps its mode."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ def open_umask():
     os.umask(old)
 
 
-async def test_store_file_wal_shm_and_directories_are_private(tmp_path, open_umask) -> None:
+async def test_store_file_its_lock_file_and_directories_are_private(tmp_path, open_umask) -> None:
     os.chmod(tmp_path, 0o755)
     path = str(tmp_path / "a" / "b" / "upf.db")
     db = await open_embedded(path)
@@ -34,8 +34,8 @@ async def test_store_file_wal_shm_and_directories_are_private(tmp_path, open_uma
             tr.set(b"\x01private/k", b"v")
 
         await db.transact(body)
-        assert os.path.exists(path + "-wal") and os.path.exists(path + "-shm")
-        modes = {p: _mode(p) for p in (path, path + "-wal", path + "-shm")}
+        assert os.path.exists(path + "-lock")
+        modes = {p: _mode(p) for p in (path, path + "-lock", path + ".mark")}
         assert modes == {p: 0o600 for p in modes}
         assert (_mode(str(tmp_path / "a")), _mode(str(tmp_path / "a" / "b")), _mode(wake_dir(path))) == (0o700,) * 3
         assert _mode(str(tmp_path)) == 0o755  # a directory that was there is left alone

@@ -1,17 +1,18 @@
-"""A full store (SQLite's SQLITE_FULL, made real with a file-size quota): the commit fails at once
-with STORAGE_FULL, not retried; reads still work; the process's storage health says degraded."""
+"""A full store (a size quota on the store's data, or LMDB's map full): the commit fails at once with
+STORAGE_FULL, not retried; reads still work; the process's storage health says degraded; a commit
+that frees space still passes, so the store recovers."""
 
 from __future__ import annotations
 
 import logging
-import sqlite3
 import time
 
+import lmdb
 import pytest
 
 from upf_keyspace import errors, keys
 from upf_keyspace.drivers.embedded import open_embedded
-from upf_keyspace.drivers.embedded.health import _is_full
+from upf_keyspace.drivers.embedded.health import _is_full, _OverQuota
 
 
 @pytest.fixture
@@ -63,9 +64,11 @@ async def test_full_store_fails_fast_not_retried_and_recovers(full_db, caplog):
 
 
 def test_full_is_recognised_however_it_surfaces():
-    assert _is_full(sqlite3.OperationalError("database or disk is full"))
+    assert _is_full(_OverQuota())
+    assert _is_full(lmdb.MapFullError("mdb_put: MDB_MAP_FULL: Environment mapsize limit reached"))
+    assert _is_full(lmdb.Error("mdb_txn_commit: No space left on device"))
     assert _is_full(OSError(28, "No space left on device"))
-    assert not _is_full(sqlite3.OperationalError("database is locked"))
+    assert not _is_full(lmdb.ReadersFullError("mdb_txn_begin: MDB_READERS_FULL"))
     assert not _is_full(OSError(5, "Input/output error"))
 
 

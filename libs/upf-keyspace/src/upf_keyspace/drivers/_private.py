@@ -2,7 +2,7 @@
 
 Why: the store file holds every queued message and, with auth, password hashes and tokens; its wake
 directory takes datagrams from anyone who can reach it. Files are created 0600 and directories 0700
-(SQLite gives the WAL and shared-memory files the store file's mode). What exists already is left as it is.
+(the store's LMDB lock file too). What exists already is left as it is.
 """
 
 from __future__ import annotations

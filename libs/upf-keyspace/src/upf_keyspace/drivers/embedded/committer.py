@@ -9,20 +9,21 @@ import contextlib
 import logging
 import os
 import queue
-import sqlite3
 import time
 from typing import TYPE_CHECKING
+
+import lmdb
 
 from ... import errors
 from ...contract import LIFETIME_SECS
 from .. import _metrics
 from .._ranges import BatchWrites
 from .._wake import Doorbell
-from .file import _begin_write, _clock_stamp, _connect
-from .health import _FullLog, _is_full
+from .file import _T, _clock_stamp, _File
+from .health import _FullLog, _is_full, _OverQuota
 from .mutations import _Applier, _apply
 from .watches import _Watches
-from .writelog import _WLOG_KEEP_SECS
+from .writelog import _WLOG_KEEP_SECS, wlog_key
 
 if TYPE_CHECKING:
     from .transaction import EmbeddedTransaction
@@ -68,43 +69,36 @@ class _Committer(_Watches):
         self._queue.put(pending)
 
     def _commit_loop(self) -> None:
-        # No SQLite busy handler here: its sleeps (1, 2, 5, 10 ... 25 ms) let a waiter oversleep the
-        # other process's lock by tens of ms; _begin_write polls the lock far more finely instead.
-        conn = _connect(self.path, busy_timeout_ms=0)
+        f = self._reader
         busy = False  # did transactions arrive while the last commit ran?
-        try:
-            while True:
-                first = self._queue.get()
-                if first is None:
-                    return
-                batch = [first]
-                self._gather(batch, _GROUP_WAIT_SECS if busy else 0.0)
-                started = time.perf_counter()
-                try:
-                    if self._commit_batch(conn, batch):
-                        self._ring()
-                    _COMMIT_DURATION.record(time.perf_counter() - started)
-                    _BATCH_SIZE.record(len(batch))
-                except Exception as exc:  # a failed physical commit fails every transaction in it
-                    with contextlib.suppress(sqlite3.Error):
-                        conn.execute("ROLLBACK")
-                    if _is_full(exc):
-                        # Not retryable: each caller learns at once, and the log gets one line a minute.
-                        failure = errors.StoreError(errors.STORAGE_FULL, type(exc).__name__)
-                        self._full_log.add(len(batch))
-                    else:
-                        log.exception("embedded commit failed")
-                        failure = errors.StoreError(errors.NOT_COMMITTED, type(exc).__name__)
-                    for p in batch:
-                        if p.stamp is None or isinstance(p.stamp, bytes):
-                            p.stamp = failure
-                busy = not self._queue.empty()
-                try:
-                    self._loop.call_soon_threadsafe(self._resolve, batch)
-                except RuntimeError:  # the loop is gone: nobody is waiting any more
-                    return
-        finally:
-            conn.close()
+        while True:
+            first = self._queue.get()
+            if first is None:
+                return
+            batch = [first]
+            self._gather(batch, _GROUP_WAIT_SECS if busy else 0.0)
+            started = time.perf_counter()
+            try:
+                if self._commit_batch(f, batch):
+                    self._ring()
+                _COMMIT_DURATION.record(time.perf_counter() - started)
+                _BATCH_SIZE.record(len(batch))
+            except Exception as exc:  # a failed physical commit fails every transaction in it
+                if _is_full(exc):
+                    # Not retryable: each caller learns at once, and the log gets one line a minute.
+                    failure = errors.StoreError(errors.STORAGE_FULL, type(exc).__name__)
+                    self._full_log.add(len(batch))
+                else:
+                    log.exception("embedded commit failed")
+                    failure = errors.StoreError(errors.NOT_COMMITTED, type(exc).__name__)
+                for p in batch:
+                    if p.stamp is None or isinstance(p.stamp, bytes):
+                        p.stamp = failure
+            busy = not self._queue.empty()
+            try:
+                self._loop.call_soon_threadsafe(self._resolve, batch)
+            except RuntimeError:  # the loop is gone: nobody is waiting any more
+                return
 
     def _gather(self, batch: list[_Pending], wait: float) -> None:
         """Add what waits in the queue to ``batch``, and what arrives within ``wait`` seconds."""
@@ -132,16 +126,24 @@ class _Committer(_Watches):
         except Exception:  # a wake is advisory: peers' fallback poll still sees the commit
             log.exception("embedded wake failed")
 
-    def _commit_batch(self, conn: sqlite3.Connection, batch: list[_Pending]) -> bool:
+    def _commit_batch(self, f: _File, batch: list[_Pending]) -> bool:
         """Apply one physical commit; True if it committed anything."""
-        _begin_write(conn)
-        version, last_stamp = conn.execute("SELECT version, stamp FROM meta").fetchone()
+        txn = f.env.begin(write=True)  # waits for another process's write lock (a robust mutex)
+        try:
+            return self._apply_batch(f, txn, batch)
+        except BaseException:
+            txn.abort()
+            raise
+
+    def _apply_batch(self, f: _File, txn: lmdb.Transaction, batch: list[_Pending]) -> bool:
+        version, last_stamp = f.version(txn)
+        before = f.live_bytes(txn) if f.quota else 0
         new_version = version + 1
         new_stamp = max(last_stamp + 1, _clock_stamp())
         prefix = new_stamp.to_bytes(8, "big")
         now = time.monotonic()
         in_batch = BatchWrites()
-        applier = _Applier(conn)
+        applier = _Applier(txn, f.kv)
         order = 0
         for p in batch:
             if now - p.started > LIFETIME_SECS:
@@ -149,7 +151,7 @@ class _Committer(_Watches):
                 continue
             if p.reads:
                 try:
-                    sets = self._write_sets(conn, p.read_version or 0, version)
+                    sets = self._write_sets(txn, p.read_version or 0, version)
                 except errors.StoreError as exc:
                     p.stamp = exc
                     continue
@@ -163,22 +165,25 @@ class _Committer(_Watches):
             for b, e in p.writes:
                 in_batch.add(b, e)
             p.stamp = stamp
-        applier.flush()
-        if order:
-            wall = time.time()
-            written = in_batch.to_set()
-            conn.execute("UPDATE meta SET version = ?, stamp = ?", (new_version, new_stamp))
-            if wall - self._last_prune > 1.0:  # before the insert, so a full file can reuse the space
-                self._last_prune = wall
-                conn.execute("DELETE FROM wlog WHERE t < ?", (wall - _WLOG_KEEP_SECS,))
-            conn.execute("INSERT INTO wlog VALUES (?, ?, ?)", (new_version, wall, written.encode()))
-            conn.execute("COMMIT")
-            with contextlib.suppress(OSError):  # the mark only notices lost commits; it never refuses one
-                os.pwrite(self._mark_fd, prefix, 0)
-            self._wlog_cache.put(new_version, written)
-            return True
-        conn.execute("ROLLBACK")
-        return False
+        if not order:
+            txn.abort()
+            return False
+        wall = time.time()
+        written = in_batch.to_set()
+        f.set_version(txn, new_version, new_stamp)
+        if wall - self._last_prune > 1.0:  # before the insert, so a full file can reuse the space
+            self._last_prune = wall
+            _prune(txn, f, wall - _WLOG_KEEP_SECS)
+        txn.put(wlog_key(new_version), _T.pack(wall) + written.encode(), db=f.wlog)
+        if f.quota:
+            after = f.live_bytes(txn)
+            if after > f.quota and after > before:  # a commit that frees space passes, even over it
+                raise _OverQuota
+        txn.commit()
+        with contextlib.suppress(OSError):  # the mark only notices lost commits; it never refuses one
+            os.pwrite(self._mark_fd, prefix, 0)
+        self._wlog_cache.put(new_version, written)
+        return True
 
     def _resolve(self, batch: list[_Pending]) -> None:
         self._grv = None  # what starts after these acknowledgements reads past them
@@ -192,3 +197,16 @@ class _Committer(_Watches):
             else:
                 p.future.set_result(p.stamp)  # type: ignore[arg-type]  # stamped: every batch member is stamped or failed
         self._schedule_watch_check()
+
+
+def _prune(txn: lmdb.Transaction, f: _File, before: float) -> None:
+    """Drop the write log's commits older than ``before`` (versions are in commit order, and so in
+    time order but for clock steps, which only keep an entry a little longer)."""
+    cur = txn.cursor(db=f.wlog)
+    if not cur.first():
+        return
+    while True:
+        raw = cur.value()
+        if not raw or _T.unpack(raw[:8])[0] >= before:
+            return
+        cur.delete()

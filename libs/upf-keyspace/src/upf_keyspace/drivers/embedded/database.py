@@ -17,7 +17,8 @@ from .._private import create_private_file, make_private_dirs
 from .._wake import Doorbell, Inbox
 from . import writelog
 from .committer import _Committer, _Pending
-from .file import _SCHEMA, _connect, _mark_path, _migrate, _read_mark
+from .convert import convert_sqlite, is_sqlite
+from .file import _close_file, _File, _mark_path, _open_file, _read_mark
 from .health import _FullLog, _health_marker
 from .transaction import EmbeddedTransaction
 from .watches import _FALLBACK_POLL_SECS, _NO_WAKE_POLL_SECS, _Watch
@@ -32,7 +33,7 @@ class EmbeddedDatabase(_Committer):
     def __init__(self, path: str, loop: asyncio.AbstractEventLoop) -> None:
         self.path = path
         self._loop = loop
-        self._reader = _connect(path)
+        self._reader: _File = _open_file(path)
         self._grv: int | None = None
         self._watches: dict[bytes, set[_Watch]] = {}
         self._watch_n = 0
@@ -92,34 +93,32 @@ class EmbeddedDatabase(_Committer):
         for s in list(self._watches.values()):
             for w in list(s):
                 w.cancel()
-        self._reader.close()
+        _close_file(self._reader)
 
 
 async def open_embedded(path: str) -> EmbeddedDatabase:
-    """Open (creating if needed) the store file; the schema is created idempotently by any process.
-    What it creates is private: directories 0700, the file (and so its WAL and SHM) 0600.
+    """Open (creating if needed) the store file. What it creates is private: directories 0700, the
+    file and its lock file 0600.
 
-    A file whose last stamp is below the stamp mark lost commits (SQLite drops a damaged or missing
-    WAL's frames silently): that is logged as an error, and stamps resume above the mark."""
+    A file whose last stamp is below the stamp mark lost commits (a restored copy): that is logged as
+    an error, and stamps resume above the mark."""
     make_private_dirs(os.path.dirname(os.path.abspath(path)))
+    if is_sqlite(path):
+        await asyncio.to_thread(convert_sqlite, path)
     create_private_file(path)
-    conn = _connect(path)
+    create_private_file(path + "-lock")
+    f = _open_file(path)
     try:
-        mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
-        if mode.lower() != "wal":
-            raise RuntimeError("the embedded store needs SQLite's WAL mode")
-        conn.execute("BEGIN IMMEDIATE")
-        for stmt in _SCHEMA:
-            conn.execute(stmt)
-        _migrate(conn)
-        stamp = int(conn.execute("SELECT stamp FROM meta").fetchone()[0])
-        mark = _read_mark(path)
-        if mark > stamp:
-            log.error("embedded store lost commits", extra={"store": path, "last_stamp": stamp, "stamp_mark": mark})
-            conn.execute("UPDATE meta SET stamp = ?", (mark,))
-        conn.execute("COMMIT")
+        with f.env.begin(write=True) as txn:
+            version, stamp = f.version(txn)
+            mark = _read_mark(path)
+            if mark > stamp:
+                log.error("embedded store lost commits", extra={"store": path, "last_stamp": stamp, "stamp_mark": mark})
+                f.set_version(txn, version, mark)
+            elif txn.get(b"m", db=f.meta) is None:
+                f.set_version(txn, version, stamp)
     finally:
-        conn.close()
+        _close_file(f)
     errors.STORAGE.share(_health_marker(path))
     return EmbeddedDatabase(path, asyncio.get_running_loop())
 
@@ -131,16 +130,17 @@ def raise_stamp_floor(path: str, floor: int) -> int:
     the clock of the host that issued them may run ahead of this one. The mark moves with it, so the
     restore is not taken for lost commits. Run it with no process using the store (the restore's own
     handle closed)."""
-    conn = _connect(path)
+    if is_sqlite(path):
+        convert_sqlite(path)
+    f = _open_file(path)
     try:
-        conn.execute("BEGIN IMMEDIATE")
-        _migrate(conn)
-        conn.execute("UPDATE meta SET stamp = MAX(stamp, ?)", (floor,))
-        stamp = int(conn.execute("SELECT stamp FROM meta").fetchone()[0])
-        conn.execute("COMMIT")
+        with f.env.begin(write=True) as txn:
+            version, stamp = f.version(txn)
+            stamp = max(stamp, floor)
+            f.set_version(txn, version, stamp)
     finally:
-        conn.close()
+        _close_file(f)
     create_private_file(_mark_path(path))
-    with open(_mark_path(path), "r+b") as f:
-        f.write(stamp.to_bytes(8, "big"))
+    with open(_mark_path(path), "r+b") as fh:
+        fh.write(stamp.to_bytes(8, "big"))
     return stamp

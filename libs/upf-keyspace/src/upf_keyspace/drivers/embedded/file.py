@@ -1,46 +1,107 @@
-"""The store file: its schema, connections with the driver's pragmas, the write lock, and the stamp
-mark beside it."""
+"""The store file: an LMDB environment (one data file and its lock file) opened once per process and
+shared by its handles, its three databases, and the stamp mark beside it."""
 
 from __future__ import annotations
 
 import os
-import sqlite3
+import struct
+import threading
 import time
 
+import lmdb
+
 from .health import _quota_bytes
-
-_SCHEMA = (
-    "CREATE TABLE IF NOT EXISTS kv (k BLOB PRIMARY KEY, v BLOB NOT NULL) WITHOUT ROWID",
-    "CREATE TABLE IF NOT EXISTS meta (id INTEGER PRIMARY KEY CHECK (id = 0), version INTEGER NOT NULL,"
-    " stamp INTEGER NOT NULL DEFAULT 0)",
-    "INSERT OR IGNORE INTO meta (id, version) VALUES (0, 0)",
-    "CREATE TABLE IF NOT EXISTS wlog (version INTEGER PRIMARY KEY, t REAL NOT NULL, writes BLOB NOT NULL)",
-    "CREATE INDEX IF NOT EXISTS wlog_t ON wlog (t)",
-)
-
 
 _STAMPS_PER_SEC = 1_000_000
 """A commit's stamp is at least the wall clock in microseconds (and above the last one), as
 FoundationDB's versions advance about a million a second: a store that lost its last commits (a
-damaged or deleted WAL, a restored copy) still stamps above every id it handed out before."""
+restored copy) still stamps above every id it handed out before."""
+
+_MAP_BYTES = 1 << 40
+"""The address space reserved for the file (not its size: the file grows as pages are written)."""
+_QUOTA_ROOM = 4 << 20
+_PAGE_BYTES = 4096  # LMDB's page on Linux (the OS page size)
+_MAX_READERS = 1024
+_META_KEY = b"m"
+_META = struct.Struct(">QQ")  # the commit counter, the last stamp
+_T = struct.Struct(">d")
 
 
 def _clock_stamp() -> int:
     return int(time.time() * _STAMPS_PER_SEC)
 
 
-def _migrate(conn: sqlite3.Connection) -> None:
-    """Stores made before stamps carried time: their stamps were the commit counter, so the stamp
-    column starts there (inside the caller's write transaction)."""
-    columns = {row[1] for row in conn.execute("PRAGMA table_info(meta)")}
-    if "stamp" not in columns:
-        conn.execute("ALTER TABLE meta ADD COLUMN stamp INTEGER NOT NULL DEFAULT 0")
-        conn.execute("UPDATE meta SET stamp = version")
+class _File:
+    """One process's environment on a store file. LMDB forbids opening one file twice in a process
+    (closing either breaks the other's locks), so handles share it, counted."""
+
+    __slots__ = ("env", "kv", "meta", "wlog", "users", "path", "quota")
+
+    def __init__(self, path: str) -> None:
+        self.quota = _quota_bytes()
+        self.path = path
+        self.env = lmdb.open(
+            path,
+            subdir=False,
+            # Under a quota, room beyond it so that a commit which frees space can still copy its pages.
+            map_size=self.quota * 2 + _QUOTA_ROOM if self.quota > 0 else _MAP_BYTES,
+            max_dbs=3,
+            max_readers=_MAX_READERS,
+            sync=True,
+            metasync=True,
+            readahead=False,
+            mode=0o600,
+        )
+        self.kv = self.env.open_db(b"kv")
+        self.meta = self.env.open_db(b"meta")
+        self.wlog = self.env.open_db(b"wlog")
+        self.users = 0
+        self.env.reader_check()  # slots of processes that died holding a snapshot
+
+    def version(self, txn: lmdb.Transaction) -> tuple[int, int]:
+        raw = txn.get(_META_KEY, db=self.meta)
+        if raw is None:
+            return 0, 0
+        version, stamp = _META.unpack(raw)
+        return version, stamp
+
+    def live_bytes(self, txn: lmdb.Transaction) -> int:
+        """The pages the databases hold as ``txn`` sees them (not the file's high-water mark)."""
+        pages = 0
+        for db in (None, self.kv, self.meta, self.wlog):
+            st = txn.stat(db) if db is not None else txn.stat()
+            pages += st["branch_pages"] + st["leaf_pages"] + st["overflow_pages"]
+        return pages * _PAGE_BYTES
+
+    def set_version(self, txn: lmdb.Transaction, version: int, stamp: int) -> None:
+        txn.put(_META_KEY, _META.pack(version, stamp), db=self.meta)
+
+
+_FILES: dict[str, _File] = {}
+_FILES_LOCK = threading.Lock()
+
+
+def _open_file(path: str) -> _File:
+    key = os.path.realpath(path)
+    with _FILES_LOCK:
+        f = _FILES.get(key)
+        if f is None:
+            f = _FILES[key] = _File(path)
+        f.users += 1
+        return f
+
+
+def _close_file(f: _File) -> None:
+    with _FILES_LOCK:
+        f.users -= 1
+        if f.users == 0:
+            _FILES.pop(os.path.realpath(f.path), None)
+            f.env.close()
 
 
 def _mark_path(path: str) -> str:
     """The stamp mark: the last stamp this host's processes committed, written after each commit and
-    outside SQLite, so a store file that comes back without its last commits is noticed at open."""
+    outside the store, so a store file that comes back without its last commits is noticed at open."""
     return path + ".mark"
 
 
@@ -51,36 +112,3 @@ def _read_mark(path: str) -> int:
     except FileNotFoundError:
         return 0
     return int.from_bytes(raw, "big") if len(raw) == 8 else 0
-
-
-def _connect(path: str, *, busy_timeout_ms: int = 30_000) -> sqlite3.Connection:
-    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=busy_timeout_ms / 1000)
-    conn.execute(f"PRAGMA busy_timeout = {busy_timeout_ms}")
-    conn.execute("PRAGMA synchronous = FULL")
-    conn.execute(f"PRAGMA mmap_size = {os.environ.get('UPF_EMBEDDED_MMAP', 1 << 28)}")
-    quota = _quota_bytes()
-    if quota > 0:
-        # A size quota on the file: writes past it fail with SQLITE_FULL, exactly as on a full disk.
-        page = conn.execute("PRAGMA page_size").fetchone()[0]
-        conn.execute(f"PRAGMA max_page_count = {max(1, quota // page)}")
-    return conn
-
-
-_LOCK_WAIT_SECS = 30.0
-
-
-def _begin_write(conn: sqlite3.Connection) -> None:
-    """BEGIN IMMEDIATE, waiting for another process's write lock in steps of 0.2-2 ms."""
-    deadline = time.monotonic() + _LOCK_WAIT_SECS
-    pause = 0.0002
-    while True:
-        try:
-            conn.execute("BEGIN IMMEDIATE")
-            return
-        except sqlite3.OperationalError as exc:
-            if "locked" not in str(exc) and "busy" not in str(exc):
-                raise
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(pause)
-            pause = min(pause * 1.5, 0.002)

@@ -8,8 +8,9 @@ import contextlib
 import errno
 import logging
 import os
-import sqlite3
 import time
+
+import lmdb
 
 from .._private import create_private_file
 
@@ -25,13 +26,17 @@ def _quota_bytes() -> int:
     return int(raw)
 
 
+class _OverQuota(Exception):
+    """A commit that would grow the store's data past ``UPF_EMBEDDED_MAX_BYTES``."""
+
+
 def _is_full(exc: BaseException) -> bool:
-    """SQLite's SQLITE_FULL ("database or disk is full") or the OS's ENOSPC, however it surfaced."""
-    if isinstance(exc, sqlite3.Error):
-        code = getattr(exc, "sqlite_errorcode", None)
-        if code is not None and code & 0xFF == sqlite3.SQLITE_FULL:
-            return True
-        return "database or disk is full" in str(exc)
+    """Over the quota, LMDB's MDB_MAP_FULL (its map, sized from the quota) or the OS's ENOSPC,
+    however it surfaced."""
+    if isinstance(exc, (_OverQuota, lmdb.MapFullError)):
+        return True
+    if isinstance(exc, lmdb.Error):
+        return "No space left on device" in str(exc)
     return isinstance(exc, OSError) and exc.errno == errno.ENOSPC
 
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-import sqlite3
+from typing import cast
+
+import lmdb
 
 from .._ranges import point
 
@@ -24,53 +26,36 @@ def _stamp_key(raw: bytes, stamp10: bytes) -> bytes:
 
 
 class _Applier:
-    """Applies a batch's mutations in order, but runs consecutive puts as one ``executemany``: the
-    committer's Python time is what competes with the event loop for the GIL."""
+    """Applies a batch's mutations in order inside the committer's write transaction."""
 
-    __slots__ = ("conn", "puts", "pending", "added")
+    __slots__ = ("txn", "db")
 
-    def __init__(self, conn: sqlite3.Connection) -> None:
-        self.conn = conn
-        self.puts: list[tuple[bytes, bytes]] = []
-        self.pending: set[bytes] = set()
-        self.added: dict[bytes, bytes | None] = {}  # values of keys this batch atomically added to
+    def __init__(self, txn: lmdb.Transaction, db: lmdb._Database) -> None:
+        self.txn = txn
+        self.db = db
 
     def flush(self) -> None:
-        if self.puts:
-            self.conn.executemany("INSERT OR REPLACE INTO kv VALUES (?, ?)", self.puts)
-            self.puts.clear()
-            self.pending.clear()
+        pass
 
     def put(self, key: bytes, value: bytes) -> None:
-        self.puts.append((key, value))
-        self.pending.add(key)
-        if key in self.added:
-            self.added[key] = value
+        self.txn.put(key, value, db=self.db)
 
     def add(self, key: bytes, param: bytes) -> None:
-        if key in self.added:
-            base = self.added[key]
-        else:
-            if key in self.pending:
-                self.flush()
-            row = self.conn.execute("SELECT v FROM kv WHERE k = ?", (key,)).fetchone()
-            base = row[0] if row else None
-        value = _add_le(base, param)
-        self.puts.append((key, value))
-        self.pending.add(key)
-        self.added[key] = value
+        base = cast("bytes | None", self.txn.get(key, db=self.db))  # bytes: no transaction uses buffers=True
+        self.txn.put(key, _add_le(base, param), db=self.db)
 
     def delete(self, key: bytes) -> None:
-        self.flush()
-        self.conn.execute("DELETE FROM kv WHERE k = ?", (key,))
-        if key in self.added:
-            self.added[key] = None
+        self.txn.delete(key, db=self.db)
 
     def delete_range(self, begin: bytes, end: bytes) -> None:
-        self.flush()
-        self.conn.execute("DELETE FROM kv WHERE k >= ? AND k < ?", (begin, end))
-        for k in [k for k in self.added if begin <= k < end]:
-            self.added[k] = None
+        cur = self.txn.cursor(db=self.db)
+        if not cur.set_range(begin):
+            return
+        while True:
+            k = cast(bytes, cur.key())  # b"" once past the last key
+            if not k or k >= end:
+                return
+            cur.delete()  # and moves to the next key
 
 
 def _apply(applier: _Applier, mutations: list[tuple[int, bytes, bytes]], stamp: bytes) -> list[tuple[bytes, bytes]]:

@@ -131,20 +131,18 @@ class _Watches(_Reads):
         if current_version == self._watch_version:
             return
         try:
-            sets = self._write_sets(self._reader, self._watch_version, current_version)
+            sets = self._write_sets(None, self._watch_version, current_version)
         except errors.StoreError:  # the log no longer reaches back that far: compare them all
             sets = None
         self._watch_version = current_version
         keys = list(self._watches) if sets is None else _written(sorted(self._watches), sets)
         if not keys:
             return
-        current: dict[bytes, bytes] = {}
-        for i in range(0, len(keys), 500):
-            chunk = keys[i : i + 500]
-            marks = ",".join("?" * len(chunk))
-            current.update(self._reader.execute(f"SELECT k, v FROM kv WHERE k IN ({marks})", chunk).fetchall())
+        f = self._reader
+        with f.env.begin() as txn:
+            current = {key: txn.get(key, db=f.kv) for key in keys}
         for key in keys:
-            value = current.get(key)
+            value = current[key]
             for w in list(self._watches.get(key, ())):
                 if w.value != value and not w.future.done():
                     w.future.set_result(None)

@@ -4,11 +4,16 @@ checks read it."""
 
 from __future__ import annotations
 
-import sqlite3
 import threading
+from typing import TYPE_CHECKING
 
 from ... import errors
 from .._ranges import IntervalSet
+
+if TYPE_CHECKING:
+    import lmdb
+
+    from .file import _File
 
 _WLOG_KEEP_SECS = 10.0
 _WLOG_CACHE_ENTRIES = 65_536
@@ -132,21 +137,22 @@ class _WriteSetCache:
 class _WriteLog:
     """The handle's write-log checks (the base of ``EmbeddedDatabase``)."""
 
-    _reader: sqlite3.Connection
+    _reader: _File
     _wlog_cache: _WriteSetCache
 
-    def _write_sets(self, conn: sqlite3.Connection, after: int, upto: int) -> list[IntervalSet]:
-        """The write sets of commits after..upto: from this process's cache, else from the file."""
+    def _write_sets(self, txn: lmdb.Transaction | None, after: int, upto: int) -> list[IntervalSet]:
+        """The write sets of commits after..upto: from this process's cache, else from the file
+        (through ``txn``, the committer's, or a read transaction of its own)."""
         cache = self._wlog_cache
         sets = [cache.get(v) for v in range(after + 1, upto + 1)]
         if all(s is not None for s in sets):
             return sets  # type: ignore[return-value]  # all() above: no None left, which mypy does not narrow
-        loaded = {
-            v: IntervalSet.decode(raw)
-            for v, raw in conn.execute(
-                "SELECT version, writes FROM wlog WHERE version > ? AND version <= ?", (after, upto)
-            )
-        }
+        f = self._reader
+        if txn is None:
+            with f.env.begin() as own:
+                loaded = _load(own, f, after, upto)
+        else:
+            loaded = _load(txn, f, after, upto)
         cache.update(loaded)
         out = []
         for v in range(after + 1, upto + 1):
@@ -158,4 +164,20 @@ class _WriteLog:
         return out
 
     def _changed_since(self, after: int, upto: int, ranges: list[tuple[bytes, bytes]]) -> bool:
-        return any(s.overlaps_any(ranges) for s in self._write_sets(self._reader, after, upto))
+        return any(s.overlaps_any(ranges) for s in self._write_sets(None, after, upto))
+
+
+def wlog_key(version: int) -> bytes:
+    return version.to_bytes(8, "big")
+
+
+def _load(txn: lmdb.Transaction, f: _File, after: int, upto: int) -> dict[int, IntervalSet]:
+    out: dict[int, IntervalSet] = {}
+    cur = txn.cursor(db=f.wlog)
+    if cur.set_range(wlog_key(after + 1)):
+        for k, raw in cur.iternext():
+            v = int.from_bytes(k, "big")
+            if v > upto:
+                break
+            out[v] = IntervalSet.decode(bytes(raw[8:]))
+    return out
