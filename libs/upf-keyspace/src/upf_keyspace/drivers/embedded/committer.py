@@ -10,7 +10,7 @@ import logging
 import os
 import queue
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import lmdb
 
@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("upf.store.embedded")
 
 _MAX_BATCH = 2048
+_CLOCK_STEP_SECS = 60.0  # a write-log entry stamped this far ahead of the clock is from before a step back
 _GROUP_WAIT_SECS = 0.001
 """While transactions keep arriving during commits (concurrent publishers, not one client awaiting
 each commit in turn), the committer gathers for up to this long before it commits, as FoundationDB's
@@ -173,7 +174,8 @@ class _Committer(_Watches):
         f.set_version(txn, new_version, new_stamp)
         if wall - self._last_prune > 1.0:  # before the insert, so a full file can reuse the space
             self._last_prune = wall
-            _prune(txn, f, wall - _WLOG_KEEP_SECS)
+            _prune(txn, f, wall - _WLOG_KEEP_SECS, wall + _CLOCK_STEP_SECS)
+            f.env.reader_check()  # a killed process's reader slot would pin old pages: the file would grow
         txn.put(wlog_key(new_version), _T.pack(wall) + written.encode(), db=f.wlog)
         if f.quota:
             after = f.live_bytes(txn)
@@ -199,14 +201,19 @@ class _Committer(_Watches):
         self._schedule_watch_check()
 
 
-def _prune(txn: lmdb.Transaction, f: _File, before: float) -> None:
-    """Drop the write log's commits older than ``before`` (versions are in commit order, and so in
-    time order but for clock steps, which only keep an entry a little longer)."""
+def _prune(txn: lmdb.Transaction, f: _File, before: float, ahead: float) -> None:
+    """Drop the write log's commits older than ``before``. Versions are in commit order, so in time
+    order but for a clock stepped back: an entry stamped after ``ahead`` (from before the step) goes
+    too, or it would hold back the pruning of every later one. A dropped entry can only make an
+    older transaction fail as too old, which it retries."""
     cur = txn.cursor(db=f.wlog)
     if not cur.first():
         return
     while True:
-        raw = cur.value()
-        if not raw or _T.unpack(raw[:8])[0] >= before:
+        raw = cast(bytes, cur.value())
+        if not raw:
+            return
+        t = _T.unpack(raw[:8])[0]
+        if before <= t <= ahead:
             return
         cur.delete()

@@ -9,6 +9,7 @@ import contextlib
 import fcntl
 import logging
 import os
+import shutil
 import sqlite3
 import time
 
@@ -56,7 +57,10 @@ def convert_sqlite(path: str) -> None:
         kept = path + ".sqlite"
         if os.path.exists(kept):
             kept = f"{path}.sqlite-{int(time.time())}"
-        os.link(path, kept)  # the old file stays, under its new name, before the store is replaced
+        try:
+            os.link(path, kept)  # the old file stays, under its new name, before the store is replaced
+        except OSError:  # a filesystem without hard links
+            shutil.copy2(path, kept)
         os.replace(tmp, path)
         for stale in (tmp + "-lock", path + "-wal", path + "-shm"):
             with contextlib.suppress(FileNotFoundError):
