@@ -3,6 +3,10 @@ forbids opening a file twice in a process), and the write log's pruning, clock s
 
 from __future__ import annotations
 
+import asyncio
+import subprocess
+import sys
+
 from upf_keyspace.drivers.embedded import open_embedded
 from upf_keyspace.drivers.embedded.committer import _prune
 from upf_keyspace.drivers.embedded.file import _FILES, _T, _close_file, _open_file
@@ -55,3 +59,43 @@ def test_the_write_log_is_pruned_by_age_and_past_a_clock_step(tmp_path) -> None:
         assert left == [4, 5, 6]
     finally:
         _close_file(f)
+
+
+async def test_a_process_killed_holding_the_write_lock_does_not_stop_commits(tmp_path) -> None:
+    """LMDB's writer mutex is robust: when its holder dies (kill -9 in the middle of a commit), the
+    next writer takes it over instead of waiting forever."""
+    path = str(tmp_path / "s.db")
+    db = await open_embedded(path)
+    try:
+        holder = subprocess.Popen(
+            [sys.executable, "-c", _HOLD_AND_WAIT, path], stdout=subprocess.PIPE, stdin=subprocess.PIPE, text=True
+        )
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+
+        async def put(tr):  # type: ignore[no-untyped-def]
+            tr.set(b"\x01after", b"v")
+
+        commit = asyncio.ensure_future(db.transact(put))
+        await asyncio.sleep(0.3)
+        assert not commit.done(), "the commit must wait while the lock is held"
+        holder.kill()
+        holder.wait(10)
+        await asyncio.wait_for(commit, 10)
+
+        async def get(tr):  # type: ignore[no-untyped-def]
+            return await tr.get(b"\x01after"), await tr.get(b"\x01dead")
+
+        assert await db.transact(get) == (b"v", None)  # the dead holder's write was never committed
+    finally:
+        await db.close()
+
+
+_HOLD_AND_WAIT = """
+import sys, lmdb
+env = lmdb.open(sys.argv[1], subdir=False, map_size=1 << 40, max_dbs=3, max_readers=1024)
+kv = env.open_db(b"kv")
+txn = env.begin(write=True)
+txn.put(b"\\x01dead", b"x", db=kv)
+print("held", flush=True)
+sys.stdin.readline()
+"""
