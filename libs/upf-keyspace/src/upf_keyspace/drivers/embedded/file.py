@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import struct
+import sys
 import threading
 import time
 
@@ -17,8 +18,9 @@ _STAMPS_PER_SEC = 1_000_000
 FoundationDB's versions advance about a million a second: a store that lost its last commits (a
 restored copy) still stamps above every id it handed out before."""
 
-_MAP_BYTES = 1 << 40
-"""The address space reserved for the file (not its size: the file grows as pages are written)."""
+_MAP_BYTES = 1 << 40 if sys.maxsize > 1 << 32 else 1 << 30
+"""The address space reserved for the file (not its size: the file grows as pages are written): 1 TiB,
+or 1 GiB in a 32-bit process (a small board's), whose whole address space is 4 GiB."""
 _QUOTA_ROOM = 4 << 20
 _PAGE_BYTES = 4096  # LMDB's page on Linux (the OS page size)
 _MAX_READERS = 1024
