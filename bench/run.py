@@ -28,6 +28,9 @@ What it does (see BENCHMARKS.md for how to read it):
 8. authlimits the all-in-one's CPU per publish and publishes/s with auth and limits applied to the
              load (nobody exempt, a user, deny-all, an ACL grant, Basic credentials) vs the defaults,
              two servers driven by bench/pubdrive.py in alternating windows (phases/authlimits.py).
+9. store     the embedded store alone (no HTTP): publish transactions/s against bare SQLite writing
+             the same rows 256 per durable commit, alternating (libs/upf-keyspace/bench/publish_bench.py;
+             goal 0.5).
 The sweep also runs against the all-in-one with UPF_WORKERS=2 (scaling: the knee of 1 vs 2 workers),
 and each round runs Pushpin (bench/pushpin_peer.py) as a fan-out peer beside the bare broadcast.
 
@@ -68,12 +71,13 @@ from phases.idle import phase_idle, phase_idle_cpu
 from phases.probe import phase_probe
 from phases.pubdeliver import phase_pubdeliver
 from phases.rounds import phase_rounds
+from phases.store import phase_store
 from phases.sweep import phase_sweep
 from phases.topics import phase_topics
 from procs import REPO
 from schema import FULL, GOALS, QUICK, FixedRates, Machine, Noise, Results, Sweep
 
-PHASES = ("sweep", "rounds", "pushpin", "idlecpu", "pubdeliver", "topics", "authlimits", "idle")
+PHASES = ("sweep", "rounds", "pushpin", "idlecpu", "pubdeliver", "topics", "store", "authlimits", "idle")
 
 
 def machine() -> Machine:
@@ -207,6 +211,14 @@ def main() -> int:
         if "topics" not in skip:
             log(f"topics: pre-populating {cfg.topics_large} topics, then {cfg.topics_small} vs {cfg.topics_large}")
             parts["topics"] = phase_topics(cfg, work)
+        if "store" not in skip:
+            log("store: the embedded store's publish transactions vs bare SQLite, alternating")
+            parts["store"] = st = phase_store(cfg, work)
+            log(
+                "  store: "
+                + ", ".join(f"{s / b:.2f}" for s, b in zip(st.store_per_s, st.baseline_per_s, strict=True))
+                + " x bare SQLite per round"
+            )
         if "authlimits" not in skip:
             log(
                 f"auth and limits on vs off: all-in-one, {cfg.al_pairs} pairs of {cfg.al_secs:g}s publish-only windows, "

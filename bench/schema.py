@@ -120,6 +120,8 @@ QUICK = msgspec.structs.replace(  # a smoke run: the same phases, shorter and co
 
 GOALS = {
     "writer_vs_bare": 0.5,
+    "store_vs_bare_sqlite": 0.5,
+    "pusher_1sub_vs_broadcast": 0.3,
     "pusher_vs_broadcast": 0.5,
     "p99_half_knee_ms": 50.0,
     "idle_kb": 16.0,
@@ -395,6 +397,19 @@ class Noise(Rec, kw_only=True):
     loadavg_end: str
 
 
+class StoreBench(Rec, kw_only=True):
+    """libs/upf-keyspace/bench/publish_bench.py: the embedded store's publish transactions against
+    bare SQLite writing the same rows 256 per durable commit, alternating, per round."""
+
+    publishes: int
+    concurrency: int
+    baseline_per_s: list[float]
+    store_per_s: list[float]
+    cpu_us_per_publish: list[float]
+    loop_us_per_publish: list[float]
+    committer_us_per_publish: list[float]
+
+
 class Results(Rec, kw_only=True):
     """results.json. ``config`` is kept as written (older runs lack newer knobs); ``summary`` is derived
     from the rest by report.summarize and rewritten on every render."""
@@ -412,6 +427,7 @@ class Results(Rec, kw_only=True):
     idle_cpu: IdleCpu | None = None
     pubdeliver: PubDeliver | None = None
     topics: Topics | None = None
+    store: StoreBench | None = None
     authlimits: AuthLimits | None = None
     idle: Idle | None = None
     interrupted: bool = False

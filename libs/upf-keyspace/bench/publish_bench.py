@@ -1,8 +1,11 @@
-"""Publish transactions per second on the embedded store (group commit, synchronous=FULL, many
+"""Publish transactions per second on the embedded store (LMDB, group commit, synced on commit, many
 concurrent publishers), beside a bare SQLite baseline measured in the same run: the same rows (a Q
-and an X entry plus one affinity read per publish) written 256 publishes per durable commit.
+and an X entry plus one affinity read per publish) written 256 publishes per durable commit
+(synchronous=FULL). The baseline is the one issue 9 set; it stays SQLite after the switch to LMDB.
 
-    uv run python libs/upf-keyspace/bench/publish_bench.py [--publishes N] [--concurrency C] [--rounds R]
+    uv run python libs/upf-keyspace/bench/publish_bench.py [--publishes N] [--concurrency C] [--rounds R] [--json F]
+
+bench/run.py runs it as its ``store`` phase (``--json``).
 
 Figures drift between runs on shared machines; the ratio is the number to compare.
 """
@@ -11,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import sqlite3
 import statistics
@@ -84,6 +88,7 @@ def main() -> None:
     ap.add_argument(
         "--rounds", type=int, default=3, help="alternate baseline and store this many times; medians are compared"
     )
+    ap.add_argument("--json", help="also write the per-round figures here (bench/run.py reads them)")
     args = ap.parse_args()
     bases, rates, cpus, loops, commits = [], [], [], [], []
     with tempfile.TemporaryDirectory() as d:
@@ -105,6 +110,20 @@ def main() -> None:
         f" committer {statistics.median(commits):.0f})"
     )
     print(f"ratio store / baseline                                 : {rate / base:10.2f}  (goal >= 0.50)")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(
+                {
+                    "publishes": args.publishes,
+                    "concurrency": args.concurrency,
+                    "baseline_per_s": bases,
+                    "store_per_s": rates,
+                    "cpu_us_per_publish": cpus,
+                    "loop_us_per_publish": loops,
+                    "committer_us_per_publish": commits,
+                },
+                f,
+            )
 
 
 if __name__ == "__main__":
