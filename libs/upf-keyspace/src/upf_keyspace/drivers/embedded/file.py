@@ -22,11 +22,10 @@ _MAP_BYTES = 1 << 40 if sys.maxsize > 1 << 32 else 1 << 30
 """The address space reserved for the file (not its size: the file grows as pages are written): 1 TiB,
 or 1 GiB in a 32-bit process (a small board's), whose whole address space is 4 GiB."""
 _QUOTA_ROOM = 4 << 20
-_PAGE_BYTES = 4096  # LMDB's page on Linux (the OS page size)
 _MAX_READERS = 1024
 _META_KEY = b"m"
 _META = struct.Struct(">QQ")  # the commit counter, the last stamp
-_T = struct.Struct(">d")
+_T = struct.Struct(">d")  # a write-log entry's wall-clock time, before its write set
 
 
 def _clock_stamp() -> int:
@@ -69,11 +68,11 @@ class _File:
 
     def live_bytes(self, txn: lmdb.Transaction) -> int:
         """The pages the databases hold as ``txn`` sees them (not the file's high-water mark)."""
-        pages = 0
+        total = 0
         for db in (None, self.kv, self.meta, self.wlog):
             st = txn.stat(db) if db is not None else txn.stat()
-            pages += st["branch_pages"] + st["leaf_pages"] + st["overflow_pages"]
-        return pages * _PAGE_BYTES
+            total += (st["branch_pages"] + st["leaf_pages"] + st["overflow_pages"]) * st["psize"]
+        return total
 
     def set_version(self, txn: lmdb.Transaction, version: int, stamp: int) -> None:
         txn.put(_META_KEY, _META.pack(version, stamp), db=self.meta)
