@@ -17,6 +17,7 @@ import os
 import pstats
 import tempfile
 import time
+from typing import Any
 
 HEADERS = [(b"content-type", b"text/plain"), (b"host", b"x")]
 TOPICS = 1000
@@ -24,19 +25,21 @@ TOPICS = 1000
 
 async def main(in_flight: int, publishes: int, profile: bool) -> None:
     os.environ["UPF_STORE_PATH"] = os.path.join(tempfile.mkdtemp(prefix="front-publish-"), "s.db")
-    from upf_edge.gate import AccessGate
-    from upf_edge.limiter import RequestLimiter
     from upf_keyspace.settings import load_settings
     from upf_keyspace.store import open_store
+    from upf_writer.app import _gate  # the gate and limiter exactly as the served app takes them
     from upf_writer.context import WriterContext
     from upf_writer.front import WriterFront
 
     settings = load_settings()
     store = await open_store(settings)
     ctx = WriterContext(settings, store)
-    ctx.gate = await AccessGate.acquire(store, settings.auth_default_access)
-    ctx.limiter = RequestLimiter.shared(store, settings)
-    front = WriterFront(ctx, frozenset())
+    async with _gate(ctx, store):
+        await _measure(WriterFront(ctx, frozenset()), in_flight, publishes, profile)
+    await store.close()
+
+
+async def _measure(front: Any, in_flight: int, publishes: int, profile: bool) -> None:
     body = b"x" * 100
 
     async def one(i: int) -> None:
@@ -58,8 +61,6 @@ async def main(in_flight: int, publishes: int, profile: bool) -> None:
         pstats.Stats(prof).sort_stats("tottime").print_stats(30)
     else:
         print(f"{(time.process_time() - c0) / publishes * 1e6:.1f} us CPU per publish ({in_flight} in flight)")
-    await ctx.gate.release()
-    await store.close()
 
 
 if __name__ == "__main__":
