@@ -1,5 +1,5 @@
 """A full store, black box: the all-in-one process on a store file with a size quota
-(UPF_EMBEDDED_MAX_BYTES; SQLite then fails writes with SQLITE_FULL, as on a full disk: a tmpfs needs
+(UPF_EMBEDDED_MAX_BYTES; the store then refuses writes with STORAGE_FULL, as on a full disk: a tmpfs needs
 privileges these machines do not give). Publishes fill it with short-lived messages until refused."""
 
 from __future__ import annotations

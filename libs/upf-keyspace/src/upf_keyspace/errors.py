@@ -47,8 +47,9 @@ KEY_TOO_LARGE = 2102
 VALUE_TOO_LARGE = 2103
 STORAGE_FULL = 9507
 """UPF's own code (FoundationDB has none: a cluster short of space throttles commits, which then end
-in ``transaction_timed_out`` 1031 at the 5 s timeout). The embedded driver raises it when SQLite
-says SQLITE_FULL or the OS says ENOSPC. Not retryable: retrying a full disk only delays the answer."""
+in ``transaction_timed_out`` 1031 at the 5 s timeout). The embedded driver raises it when a commit
+would pass UPF_EMBEDDED_MAX_BYTES, LMDB's map is full, or the OS says ENOSPC. Not retryable:
+retrying a full disk only delays the answer."""
 
 _RETRYABLE = frozenset({NOT_COMMITTED, COMMIT_UNKNOWN_RESULT, TRANSACTION_TOO_OLD, FUTURE_VERSION, DATABASE_LOCKED})
 

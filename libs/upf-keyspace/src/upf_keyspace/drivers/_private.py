@@ -28,7 +28,7 @@ def make_private_dirs(path: str) -> None:
 
 
 def create_private_file(path: str) -> None:
-    """Create an empty file ``path`` 0600 unless it exists (SQLite takes an empty file as a new database)."""
+    """Create an empty file ``path`` 0600 unless it exists (LMDB takes an empty file as a new store)."""
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
     except FileExistsError:

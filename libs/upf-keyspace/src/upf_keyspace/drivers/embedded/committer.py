@@ -1,5 +1,5 @@
 """The group commit: one thread per process takes every waiting transaction, resolves each against
-the write log and the batch, applies them in one SQLite write transaction, stamps them, and hands the
+the write log and the batch, applies them in one LMDB write transaction, stamps them, and hands the
 results back to the event loop."""
 
 from __future__ import annotations

@@ -34,9 +34,6 @@ class _Applier:
         self.txn = txn
         self.db = db
 
-    def flush(self) -> None:
-        pass
-
     def put(self, key: bytes, value: bytes) -> None:
         self.txn.put(key, value, db=self.db)
 

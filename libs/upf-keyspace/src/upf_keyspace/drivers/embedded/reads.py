@@ -12,8 +12,8 @@ from .writelog import _WriteLog
 _RANGE_CACHE_ENTRIES = 1024  # small range results kept (hot ones: reuse needs a recent entry), with their version
 _RANGE_CACHE_SCAN = 8
 """When the head tally (``writelog._HeadTally``) cannot rule a cached range's commits out, at most
-this many commits' write sets are checked to reuse it; further back, one SQLite read is cheaper than
-the scan (1,000 topics published round-robin made it ~30 us per read)."""
+this many commits' write sets are checked to reuse it; further back, one read of the file is cheaper
+than the scan (1,000 topics published round-robin made it ~30 us per read)."""
 _RANGE_CACHE_ROWS = 4  # only results this small are kept (affinity reads: 0 or 1 row) ...
 _RANGE_CACHE_BYTES = 1024  # ... and this many key and value bytes, so the cache stays under ~1 MB
 
@@ -78,7 +78,7 @@ class _Reads(_WriteLog):
         """A range read for a transaction whose snapshot is ``at`` (None: not chosen yet). A small
         result read before is reused when no commit between its version and the snapshot wrote into
         the range (the write sets are in memory for this process's commits), so a publish's affinity
-        read usually costs no SQLite statement on the loop thread. Otherwise it is read from the file."""
+        read usually costs no read of the file on the loop thread. Otherwise it is read from the file."""
         key = (begin, end, limit, reverse)
         hit = self._range_cache.get(key)
         if hit is not None:
