@@ -54,6 +54,7 @@ import functools
 import importlib.util
 import struct
 import sys
+import types
 from collections.abc import Callable
 from typing import Any, cast
 
@@ -213,6 +214,10 @@ class Prefix(str, enum.Enum):
     TOPIC_COUNT = "TN"
 
 
+_P: Any = types.SimpleNamespace(**{m.name: m.value for m in Prefix})
+"""``Prefix``'s values as plain attributes (``_P.QUEUE == "Q"``): ``Prefix.QUEUE.value`` is a
+Python-level descriptor call, and every key the hot path builds paid one."""
+
 # The bindings ship no type information: their two tuple-layer calls used here, typed once.
 _tuple_pack: Callable[[tuple[object, ...]], bytes] = fdbtuple.pack
 _tuple_unpack: Callable[..., tuple[Any, ...]] = fdbtuple.unpack
@@ -317,20 +322,20 @@ def shard_of(topic: str, shard_count: int) -> int:
 
 # --- META -------------------------------------------------------------------------------------------
 def format_key() -> bytes:
-    return _pack(Prefix.META.value, "format")
+    return _pack(_P.META, "format")
 
 
 # --- Q ----------------------------------------------------------------------------------------------
 def queue_key(topic: str, stamp: bytes) -> bytes:
-    return _pack_stamped(_prefix(Prefix.QUEUE.value, topic), stamp)
+    return _pack_stamped(_prefix(_P.QUEUE, topic), stamp)
 
 
 def queue_key_incomplete(topic: str, user_version: int) -> bytes:
-    return _pack_vs(_prefix(Prefix.QUEUE.value, topic), user_version)
+    return _pack_vs(_prefix(_P.QUEUE, topic), user_version)
 
 
 def queue_range(topic: str) -> tuple[bytes, bytes]:
-    return _range(Prefix.QUEUE.value, topic)
+    return _range(_P.QUEUE, topic)
 
 
 def queue_after(topic: str, stamp: bytes | None) -> tuple[bytes, bytes]:
@@ -348,7 +353,7 @@ def unpack_queue_key(key: bytes) -> tuple[str, bytes]:
 
 # --- QT ---------------------------------------------------------------------------------------------
 def time_index_key(topic: str, second: int) -> bytes:
-    return _prefix(Prefix.TIME_INDEX.value, topic) + _enc(second)
+    return _prefix(_P.TIME_INDEX, topic) + _enc(second)
 
 
 def time_index_value_incomplete(user_version: int) -> bytes:
@@ -357,7 +362,7 @@ def time_index_value_incomplete(user_version: int) -> bytes:
 
 
 def time_index_range(topic: str) -> tuple[bytes, bytes]:
-    return _range(Prefix.TIME_INDEX.value, topic)
+    return _range(_P.TIME_INDEX, topic)
 
 
 def time_index_before(topic: str, second: int) -> tuple[bytes, bytes]:
@@ -372,16 +377,16 @@ def unpack_time_index_key(key: bytes) -> tuple[str, int]:
 
 # --- X ----------------------------------------------------------------------------------------------
 def expiry_key(expiry: int, topic: str, stamp: bytes) -> bytes:
-    return _pack_stamped(_prefix(Prefix.EXPIRY.value) + _enc(expiry) + _enc(topic), stamp)
+    return _pack_stamped(_prefix(_P.EXPIRY) + _enc(expiry) + _enc(topic), stamp)
 
 
 def expiry_key_incomplete(expiry: int, topic: str, user_version: int) -> bytes:
-    return _pack_vs(_prefix(Prefix.EXPIRY.value) + _enc(expiry) + _enc(topic), user_version)
+    return _pack_vs(_prefix(_P.EXPIRY) + _enc(expiry) + _enc(topic), user_version)
 
 
 def expiry_range(until: int) -> tuple[bytes, bytes]:
     """Every X entry with expiry < until."""
-    return _prefix(Prefix.EXPIRY.value), _prefix(Prefix.EXPIRY.value) + _enc(until)
+    return _prefix(_P.EXPIRY), _prefix(_P.EXPIRY) + _enc(until)
 
 
 def unpack_expiry_key(key: bytes) -> tuple[int, str, bytes]:
@@ -391,11 +396,11 @@ def unpack_expiry_key(key: bytes) -> tuple[int, str, bytes]:
 
 # --- C / CN -----------------------------------------------------------------------------------------
 def affinity_key(topic: str, node: str) -> bytes:
-    return _pack(Prefix.AFFINITY.value, topic, node)
+    return _pack(_P.AFFINITY, topic, node)
 
 
 def affinity_range(topic: str) -> tuple[bytes, bytes]:
-    return _range(Prefix.AFFINITY.value, topic)
+    return _range(_P.AFFINITY, topic)
 
 
 @functools.lru_cache(maxsize=65536)
@@ -406,11 +411,11 @@ def unpack_affinity_key(key: bytes) -> tuple[str, str]:
 
 
 def reverse_affinity_key(node: str, topic: str) -> bytes:
-    return _pack(Prefix.AFFINITY_BY_NODE.value, node, topic)
+    return _pack(_P.AFFINITY_BY_NODE, node, topic)
 
 
 def reverse_affinity_range(node: str) -> tuple[bytes, bytes]:
-    return _range(Prefix.AFFINITY_BY_NODE.value, node)
+    return _range(_P.AFFINITY_BY_NODE, node)
 
 
 def unpack_reverse_affinity_key(key: bytes) -> tuple[str, str]:
@@ -420,32 +425,32 @@ def unpack_reverse_affinity_key(key: bytes) -> tuple[str, str]:
 
 # --- IN / SIG ---------------------------------------------------------------------------------------
 def inbox_key_incomplete(node: str, shard: int, user_version: int) -> bytes:
-    return _pack_vs(_prefix(Prefix.INBOX.value, node, shard), user_version)
+    return _pack_vs(_prefix(_P.INBOX, node, shard), user_version)
 
 
 def inbox_range(node: str, shard: int) -> tuple[bytes, bytes]:
-    return _range(Prefix.INBOX.value, node, shard)
+    return _range(_P.INBOX, node, shard)
 
 
 def node_inbox_range(node: str) -> tuple[bytes, bytes]:
-    return _range(Prefix.INBOX.value, node)
+    return _range(_P.INBOX, node)
 
 
 def bell_key(node: str, shard: int) -> bytes:
-    return _pack(Prefix.BELL.value, node, shard)
+    return _pack(_P.BELL, node, shard)
 
 
 def node_bell_range(node: str) -> tuple[bytes, bytes]:
-    return _range(Prefix.BELL.value, node)
+    return _range(_P.BELL, node)
 
 
 # --- L ----------------------------------------------------------------------------------------------
 def liveness_key(node: str) -> bytes:
-    return _pack(Prefix.LIVENESS.value, node)
+    return _pack(_P.LIVENESS, node)
 
 
 def liveness_range() -> tuple[bytes, bytes]:
-    return _range(Prefix.LIVENESS.value)
+    return _range(_P.LIVENESS)
 
 
 def unpack_liveness_key(key: bytes) -> str:
@@ -455,15 +460,15 @@ def unpack_liveness_key(key: bytes) -> str:
 
 # --- ID ---------------------------------------------------------------------------------------------
 def idem_key_incomplete(topic: str, idem: str, user_version: int) -> bytes:
-    return _pack_vs(_prefix(Prefix.IDEMPOTENCY.value, topic) + _enc(idem), user_version)
+    return _pack_vs(_prefix(_P.IDEMPOTENCY, topic) + _enc(idem), user_version)
 
 
 def idem_key(topic: str, idem: str, stamp: bytes) -> bytes:
-    return _pack_stamped(_prefix(Prefix.IDEMPOTENCY.value, topic) + _enc(idem), stamp)
+    return _pack_stamped(_prefix(_P.IDEMPOTENCY, topic) + _enc(idem), stamp)
 
 
 def idem_range(topic: str, idem: str) -> tuple[bytes, bytes]:
-    p = _prefix(Prefix.IDEMPOTENCY.value, topic) + _enc(idem)
+    p = _prefix(_P.IDEMPOTENCY, topic) + _enc(idem)
     return p + b"\x00", p + b"\xff"
 
 
@@ -474,11 +479,11 @@ def unpack_idem_key(key: bytes) -> tuple[str, str, bytes]:
 
 # --- AU / AT / AA / AV --------------------------------------------------------------------------------
 def user_key(user: str) -> bytes:
-    return _pack(Prefix.AUTH_USER.value, user)
+    return _pack(_P.AUTH_USER, user)
 
 
 def user_range() -> tuple[bytes, bytes]:
-    return _range(Prefix.AUTH_USER.value)
+    return _range(_P.AUTH_USER)
 
 
 def unpack_user_key(key: bytes) -> str:
@@ -487,12 +492,12 @@ def unpack_user_key(key: bytes) -> str:
 
 
 def token_key(user: str, digest: str) -> bytes:
-    return _pack(Prefix.AUTH_TOKEN.value, user, digest)
+    return _pack(_P.AUTH_TOKEN, user, digest)
 
 
 def token_range(user: str | None = None) -> tuple[bytes, bytes]:
     """Every token, or one user's."""
-    return _range(Prefix.AUTH_TOKEN.value) if user is None else _range(Prefix.AUTH_TOKEN.value, user)
+    return _range(_P.AUTH_TOKEN) if user is None else _range(_P.AUTH_TOKEN, user)
 
 
 def unpack_token_key(key: bytes) -> tuple[str, str]:
@@ -501,12 +506,12 @@ def unpack_token_key(key: bytes) -> tuple[str, str]:
 
 
 def access_key(user: str, pattern: str) -> bytes:
-    return _pack(Prefix.AUTH_ACCESS.value, user, pattern)
+    return _pack(_P.AUTH_ACCESS, user, pattern)
 
 
 def access_range(user: str | None = None) -> tuple[bytes, bytes]:
     """Every ACL entry, or one user's ("*" is everyone's)."""
-    return _range(Prefix.AUTH_ACCESS.value) if user is None else _range(Prefix.AUTH_ACCESS.value, user)
+    return _range(_P.AUTH_ACCESS) if user is None else _range(_P.AUTH_ACCESS, user)
 
 
 def unpack_access_key(key: bytes) -> tuple[str, str]:
@@ -515,15 +520,15 @@ def unpack_access_key(key: bytes) -> tuple[str, str]:
 
 
 def auth_version_key() -> bytes:
-    return _pack(Prefix.AUTH_VERSION.value)
+    return _pack(_P.AUTH_VERSION)
 
 
 def bucket_key(visitor: str) -> bytes:
-    return _pack(Prefix.RATE_BUCKET.value, visitor)
+    return _pack(_P.RATE_BUCKET, visitor)
 
 
 def bucket_range() -> tuple[bytes, bytes]:
-    return _range(Prefix.RATE_BUCKET.value)
+    return _range(_P.RATE_BUCKET)
 
 
 def unpack_bucket_key(key: bytes) -> str:
@@ -533,16 +538,16 @@ def unpack_bucket_key(key: bytes) -> str:
 
 # --- S / SR -----------------------------------------------------------------------------------------
 def scheduled_key(due: int, stamp: bytes, topic: str) -> bytes:
-    return _pack_stamped(_prefix(Prefix.SCHEDULED.value) + _enc(due), stamp, topic)
+    return _pack_stamped(_prefix(_P.SCHEDULED) + _enc(due), stamp, topic)
 
 
 def scheduled_key_incomplete(due: int, topic: str, user_version: int) -> bytes:
-    return _pack_vs(_prefix(Prefix.SCHEDULED.value) + _enc(due), user_version, topic)
+    return _pack_vs(_prefix(_P.SCHEDULED) + _enc(due), user_version, topic)
 
 
 def scheduled_due_range(until: int) -> tuple[bytes, bytes]:
     """Every scheduled message due at or before ``until``, earliest first."""
-    return _prefix(Prefix.SCHEDULED.value), _prefix(Prefix.SCHEDULED.value) + _enc(until + 1)
+    return _prefix(_P.SCHEDULED), _prefix(_P.SCHEDULED) + _enc(until + 1)
 
 
 def unpack_scheduled_key(key: bytes) -> tuple[int, bytes, str]:
@@ -551,15 +556,15 @@ def unpack_scheduled_key(key: bytes) -> tuple[int, bytes, str]:
 
 
 def released_key_incomplete(topic: str, origin: bytes, user_version: int) -> bytes:
-    return _pack_vs(_prefix(Prefix.RELEASED.value, topic) + _enc(origin), user_version)
+    return _pack_vs(_prefix(_P.RELEASED, topic) + _enc(origin), user_version)
 
 
 def released_key(topic: str, origin: bytes, stamp: bytes) -> bytes:
-    return _pack_stamped(_prefix(Prefix.RELEASED.value, topic) + _enc(origin), stamp)
+    return _pack_stamped(_prefix(_P.RELEASED, topic) + _enc(origin), stamp)
 
 
 def released_range(topic: str, origin: bytes) -> tuple[bytes, bytes]:
-    p = _prefix(Prefix.RELEASED.value, topic) + _enc(origin)
+    p = _prefix(_P.RELEASED, topic) + _enc(origin)
     return p + b"\x00", p + b"\xff"
 
 
@@ -570,19 +575,19 @@ def unpack_released_key(key: bytes) -> tuple[str, bytes, bytes]:
 
 # --- ST / SH ----------------------------------------------------------------------------------------
 def stat_key(name: str, slot: int) -> bytes:
-    return _pack(Prefix.STATS.value, name, slot)
+    return _pack(_P.STATS, name, slot)
 
 
 def stat_range(name: str) -> tuple[bytes, bytes]:
-    return _range(Prefix.STATS.value, name)
+    return _range(_P.STATS, name)
 
 
 def stat_sample_key(unix: int) -> bytes:
-    return _pack(Prefix.STATS_SAMPLE.value, unix)
+    return _pack(_P.STATS_SAMPLE, unix)
 
 
 def stat_sample_range() -> tuple[bytes, bytes]:
-    return _range(Prefix.STATS_SAMPLE.value)
+    return _range(_P.STATS_SAMPLE)
 
 
 def unpack_stat_sample_key(key: bytes) -> int:
@@ -592,16 +597,16 @@ def unpack_stat_sample_key(key: bytes) -> int:
 
 # --- WT / VK ----------------------------------------------------------------------------------------
 def push_topic_key_incomplete(topic: str, push_topic: str, user_version: int) -> bytes:
-    return _pack_vs(_prefix(Prefix.PUSH_TOPIC.value, topic) + _enc(push_topic), user_version)
+    return _pack_vs(_prefix(_P.PUSH_TOPIC, topic) + _enc(push_topic), user_version)
 
 
 def push_topic_key(topic: str, push_topic: str, stamp: bytes) -> bytes:
-    return _pack_stamped(_prefix(Prefix.PUSH_TOPIC.value, topic) + _enc(push_topic), stamp)
+    return _pack_stamped(_prefix(_P.PUSH_TOPIC, topic) + _enc(push_topic), stamp)
 
 
 def push_topic_range(topic: str, push_topic: str) -> tuple[bytes, bytes]:
     """The markers of one (topic, Web Push Topic): normally one, the stamp of its last message."""
-    p = _prefix(Prefix.PUSH_TOPIC.value, topic) + _enc(push_topic)
+    p = _prefix(_P.PUSH_TOPIC, topic) + _enc(push_topic)
     return p + b"\x00", p + b"\xff"
 
 
@@ -611,11 +616,11 @@ def unpack_push_topic_key(key: bytes) -> tuple[str, str, bytes]:
 
 
 def vapid_binding_key(topic: str) -> bytes:
-    return _pack(Prefix.VAPID_BINDING.value, topic)
+    return _pack(_P.VAPID_BINDING, topic)
 
 
 def vapid_binding_range() -> tuple[bytes, bytes]:
-    return _range(Prefix.VAPID_BINDING.value)
+    return _range(_P.VAPID_BINDING)
 
 
 def unpack_vapid_binding_key(key: bytes) -> str:
@@ -640,22 +645,22 @@ def prefix_of(key: bytes) -> Prefix:
 
 # --- RF / RM / RS / RSN -------------------------------------------------------------------------------
 def auth_bucket_key(visitor: str) -> bytes:
-    return _pack(Prefix.AUTH_FAILURES.value, visitor)
+    return _pack(_P.AUTH_FAILURES, visitor)
 
 
 def auth_bucket_range() -> tuple[bytes, bytes]:
-    return _range(Prefix.AUTH_FAILURES.value)
+    return _range(_P.AUTH_FAILURES)
 
 
 def daily_key(day: int, visitor: str) -> bytes:
-    return _pack(Prefix.DAILY_MESSAGES.value, day, visitor)
+    return _pack(_P.DAILY_MESSAGES, day, visitor)
 
 
 def daily_range(before: int | None = None) -> tuple[bytes, bytes]:
     """Every daily count, or those of days before ``before``."""
     if before is None:
-        return _range(Prefix.DAILY_MESSAGES.value)
-    return _prefix(Prefix.DAILY_MESSAGES.value) + b"\x00", _prefix(Prefix.DAILY_MESSAGES.value) + _enc(before)
+        return _range(_P.DAILY_MESSAGES)
+    return _prefix(_P.DAILY_MESSAGES) + b"\x00", _prefix(_P.DAILY_MESSAGES) + _enc(before)
 
 
 def unpack_daily_key(key: bytes) -> tuple[int, str]:
@@ -664,11 +669,11 @@ def unpack_daily_key(key: bytes) -> tuple[int, str]:
 
 
 def subscription_key(visitor: str, node: str) -> bytes:
-    return _pack(Prefix.SUBSCRIPTIONS.value, visitor, node)
+    return _pack(_P.SUBSCRIPTIONS, visitor, node)
 
 
 def subscription_range(visitor: str) -> tuple[bytes, bytes]:
-    return _range(Prefix.SUBSCRIPTIONS.value, visitor)
+    return _range(_P.SUBSCRIPTIONS, visitor)
 
 
 def unpack_subscription_key(key: bytes) -> tuple[str, str]:
@@ -677,14 +682,14 @@ def unpack_subscription_key(key: bytes) -> tuple[str, str]:
 
 
 def node_subscription_key(node: str, visitor: str) -> bytes:
-    return _pack(Prefix.SUBSCRIPTIONS_BY_NODE.value, node, visitor)
+    return _pack(_P.SUBSCRIPTIONS_BY_NODE, node, visitor)
 
 
 def node_subscription_range(node: str | None = None) -> tuple[bytes, bytes]:
     """Every node's reverse entries, or one node's."""
     if node is None:
-        return _range(Prefix.SUBSCRIPTIONS_BY_NODE.value)
-    return _range(Prefix.SUBSCRIPTIONS_BY_NODE.value, node)
+        return _range(_P.SUBSCRIPTIONS_BY_NODE)
+    return _range(_P.SUBSCRIPTIONS_BY_NODE, node)
 
 
 def unpack_node_subscription_key(key: bytes) -> tuple[str, str]:
@@ -693,11 +698,11 @@ def unpack_node_subscription_key(key: bytes) -> tuple[str, str]:
 
 
 def rate_visitor_key(topic: str) -> bytes:
-    return _pack(Prefix.RATE_VISITOR.value, topic)
+    return _pack(_P.RATE_VISITOR, topic)
 
 
 def rate_visitor_range() -> tuple[bytes, bytes]:
-    return _range(Prefix.RATE_VISITOR.value)
+    return _range(_P.RATE_VISITOR)
 
 
 def unpack_rate_visitor_key(key: bytes) -> str:
@@ -706,11 +711,11 @@ def unpack_rate_visitor_key(key: bytes) -> str:
 
 
 def active_topic_key(topic: str) -> bytes:
-    return _pack(Prefix.ACTIVE_TOPIC.value, topic)
+    return _pack(_P.ACTIVE_TOPIC, topic)
 
 
 def active_topic_range() -> tuple[bytes, bytes]:
-    return _range(Prefix.ACTIVE_TOPIC.value)
+    return _range(_P.ACTIVE_TOPIC)
 
 
 def unpack_active_topic_key(key: bytes) -> str:
@@ -719,4 +724,4 @@ def unpack_active_topic_key(key: bytes) -> str:
 
 
 def topic_count_key() -> bytes:
-    return _pack(Prefix.TOPIC_COUNT.value)
+    return _pack(_P.TOPIC_COUNT)
