@@ -251,19 +251,16 @@ def _pack(*items: object) -> bytes:
 
 
 def _pack_stamped(prefix: bytes, stamp: bytes, *tail: object) -> bytes:
-    return prefix + b"\x33" + stamp + b"".join(_enc(i) for i in tail)
+    key = prefix + b"\x33" + stamp
+    return key + b"".join(map(_enc, tail)) if tail else key
 
 
 def _pack_vs(prefix: bytes, user_version: int, *tail: object) -> bytes:
     """Key with an incomplete versionstamp after ``prefix``, then the 4-byte little-endian offset."""
-    return (
-        prefix
-        + b"\x33"
-        + _PLACEHOLDER
-        + user_version.to_bytes(2, "big")
-        + b"".join(_enc(i) for i in tail)
-        + (len(prefix) + 1).to_bytes(4, "little")
-    )
+    key = prefix + b"\x33" + _PLACEHOLDER + user_version.to_bytes(2, "big")
+    if tail:
+        key += b"".join(map(_enc, tail))
+    return key + (len(prefix) + 1).to_bytes(4, "little")
 
 
 def _unpack(key: bytes, prefix: Prefix, arity: int) -> tuple[Any, ...]:

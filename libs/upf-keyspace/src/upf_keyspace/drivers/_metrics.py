@@ -42,6 +42,10 @@ COMMIT_DURATION = REGISTRY.histogram(
 )
 
 
+_TRANSACTED = {d: TRANSACTIONS.cell(d) for d in ("embedded", "foundationdb")}
+"""The two drivers' transaction counters, looked up once (``run`` counts every transaction)."""
+
+
 def retried(driver: str, code: int) -> None:
     RETRIES.cell(driver, str(code)).add()
 
@@ -55,7 +59,7 @@ async def run(
 ) -> T:
     """The retry loop both drivers share: run ``fn(tr, ...)`` and commit; on a store error let the
     transaction decide (``on_error`` backs off and resets, or re-raises), counting what happened."""
-    TRANSACTIONS.cell(driver).add()
+    (_TRANSACTED.get(driver) or TRANSACTIONS.cell(driver)).add()
     while True:
         try:
             result = await fn(tr, *args, **kwargs)
