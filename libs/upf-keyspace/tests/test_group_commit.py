@@ -1,5 +1,6 @@
-"""The committer's short gather: it waits for more transactions only while some arrived during the
-last commit (concurrent publishers), never for a lone client that awaits each commit in turn."""
+"""The committer's gather: it sleeps for more transactions only while they stream in (some arrived
+during the last commit, or it carried several), never for a lone client that awaits each commit in
+turn."""
 
 from __future__ import annotations
 
@@ -32,8 +33,9 @@ async def test_a_lone_sequential_client_never_waits(tmp_path, monkeypatch):
 
 
 async def test_transactions_arriving_during_a_commit_make_the_next_batch_gather(tmp_path, monkeypatch):
-    """A commit is held open while two more transactions arrive: the batch after it gathers (for
-    _GROUP_WAIT_SECS), takes both, and every transaction commits once."""
+    """A commit is held open while two more transactions arrive: the batch after it gathers (sleeps
+    _GROUP_WAIT_SECS), takes both, and every transaction commits once. The batch after that one
+    gathers too; once a batch of one finds nothing queued, the next does not."""
     waits: list[float] = []
     sizes: list[int] = []
     real_gather = committer._Committer._gather
@@ -61,12 +63,14 @@ async def test_transactions_arriving_during_a_commit_make_the_next_batch_gather(
         await asyncio.sleep(0.05)  # both are queued behind the held commit
         release.set()
         await asyncio.gather(first, *later)
+        await _put(db, b"d")  # after a batch of two: still a stream, so it gathers
+        await _put(db, b"e")  # after a batch of one with nothing queued: a lone client again
 
         async def read(tr):
-            return await tr.get_range(b"a", b"d")
+            return await tr.get_range(b"a", b"f")
 
-        assert [k for k, _ in await db.transact(read)] == [b"a", b"b", b"c"]
+        assert [k for k, _ in await db.transact(read)] == [b"a", b"b", b"c", b"d", b"e"]
     finally:
         await db.close()
-    assert sizes[:2] == [1, 2]
-    assert waits[:2] == [0.0, committer._GROUP_WAIT_SECS]
+    assert sizes == [1, 2, 1, 1]
+    assert waits == [0.0, committer._GROUP_WAIT_SECS, committer._GROUP_WAIT_SECS, 0.0]
