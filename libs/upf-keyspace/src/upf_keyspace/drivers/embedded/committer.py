@@ -38,9 +38,9 @@ turn), the committer sleeps this long before it gathers and commits, as Foundati
 batch over an interval: a physical commit (two fdatasyncs, the write log, the wakes) costs ~350 us of
 CPU, most of it in the kernel, whether it carries one transaction or sixty. Measured at 2,000
 publishes/s (1,000 topics, all-in-one, 1 worker): 1 ms woken by each arrival gave batches of 2.5 and
-386 us of CPU per publish-and-delivery; sleeping 5 ms gives batches of ~11 and ~240 us, for ~4 ms
-more median latency. It sleeps rather than waiting on the queue, which woke it once per arrival. A
-lone sequential client never waits: nothing arrives while its commit runs."""
+386 us of CPU per publish-and-delivery; sleeping 5 ms gives batches of ~13 and ~230-260 us, for
+~5 ms more median latency. It sleeps rather than waiting on the queue, which woke it once per
+arrival. A lone sequential client never waits: nothing arrives while its commit runs."""
 _GROUP_TARGET = 32
 """A batch already this large commits without the sleep: the commit's cost is amortised already."""
 _BATCH_SIZE = _metrics.COMMIT_BATCH.cell("embedded")
