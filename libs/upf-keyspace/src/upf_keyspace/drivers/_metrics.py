@@ -42,8 +42,9 @@ COMMIT_DURATION = REGISTRY.histogram(
 )
 
 
-_TRANSACTED = {d: TRANSACTIONS.cell(d) for d in ("embedded", "foundationdb")}
-"""The two drivers' transaction counters, looked up once (``run`` counts every transaction)."""
+_TRANSACTED: dict[str, Any] = {}
+"""Each driver's transaction counter, looked up once (``run`` counts every transaction); made on a
+driver's first transaction, so /metrics lists only the driver in use."""
 
 
 def retried(driver: str, code: int) -> None:
@@ -59,7 +60,10 @@ async def run(
 ) -> T:
     """The retry loop both drivers share: run ``fn(tr, ...)`` and commit; on a store error let the
     transaction decide (``on_error`` backs off and resets, or re-raises), counting what happened."""
-    (_TRANSACTED.get(driver) or TRANSACTIONS.cell(driver)).add()
+    cell = _TRANSACTED.get(driver)
+    if cell is None:
+        cell = _TRANSACTED[driver] = TRANSACTIONS.cell(driver)
+    cell.add()
     while True:
         try:
             result = await fn(tr, *args, **kwargs)
