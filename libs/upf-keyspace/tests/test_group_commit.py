@@ -54,6 +54,7 @@ async def test_transactions_arriving_during_a_commit_make_the_next_batch_gather(
 
     monkeypatch.setattr(committer._Committer, "_gather", gather)
     monkeypatch.setattr(committer._Committer, "_commit_batch", commit)
+    monkeypatch.setattr(committer, "_GROUP_WAIT_SECS", 0.5)  # "d" surely arrives within it, even on a slow machine
     db = await open_embedded(str(tmp_path / "s.db"))
     try:
         first = asyncio.create_task(_put(db, b"a"))
@@ -73,4 +74,25 @@ async def test_transactions_arriving_during_a_commit_make_the_next_batch_gather(
     finally:
         await db.close()
     assert sizes == [1, 2, 1, 1]
-    assert waits == [0.0, committer._GROUP_WAIT_SECS, committer._GROUP_WAIT_SECS, 0.0]
+    assert waits == [0.0, 0.5, 0.5, 0.0]
+
+
+async def test_a_stream_that_pauses_longer_than_the_wait_ends(tmp_path, monkeypatch):
+    """Concurrent transactions make a stream; the first one arriving after a pause longer than
+    _GROUP_WAIT_SECS, commits at once: the first publish after a quiet spell does not sleep."""
+    waits: list[float] = []
+    real = committer._Committer._gather
+    monkeypatch.setattr(
+        committer._Committer, "_gather", lambda self, batch, wait: waits.append(wait) or real(self, batch, wait)
+    )
+    monkeypatch.setattr(committer, "_GROUP_WAIT_SECS", 0.5)
+    db = await open_embedded(str(tmp_path / "s.db"))
+    try:
+        await asyncio.gather(*(_put(db, b"k%d" % i) for i in range(8)))  # one batch of 8: a stream
+        await _put(db, b"next")  # within the window: it gathers
+        assert waits[-1] == 0.5
+        await asyncio.sleep(0.8)
+        await _put(db, b"late")  # after a pause longer than the window: at once
+    finally:
+        await db.close()
+    assert waits[-1] == 0.0

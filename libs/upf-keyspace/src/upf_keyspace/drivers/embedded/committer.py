@@ -40,7 +40,8 @@ CPU, most of it in the kernel, whether it carries one transaction or sixty. Meas
 publishes/s (1,000 topics, all-in-one, 1 worker): 1 ms woken by each arrival gave batches of 2.5 and
 386 us of CPU per publish-and-delivery; sleeping 5 ms gives batches of ~13 and ~230-260 us, for
 ~5 ms more median latency. It sleeps rather than waiting on the queue, which woke it once per
-arrival. A lone sequential client never waits: nothing arrives while its commit runs."""
+arrival. A lone sequential client never waits: nothing arrives while its commit runs. Nor does a
+transaction that arrives longer than this after the last commit: the stream has paused."""
 _GROUP_TARGET = 32
 """A batch already this large commits without the sleep: the commit's cost is amortised already."""
 _BATCH_SIZE = _metrics.COMMIT_BATCH.cell("embedded")
@@ -75,11 +76,14 @@ class _Committer(_Watches):
 
     def _commit_loop(self) -> None:
         f = self._reader
-        busy = False  # did transactions arrive while the last commit ran?
+        busy = False  # do transactions stream in (see _GROUP_WAIT_SECS)?
+        ended = 0.0
         while True:
             first = self._queue.get()
             if first is None:
                 return
+            if busy and time.monotonic() - ended > _GROUP_WAIT_SECS:
+                busy = False  # the stream paused: this one arrived alone, after a quiet spell
             batch = [first]
             self._gather(batch, _GROUP_WAIT_SECS if busy else 0.0)
             started = time.perf_counter()
@@ -100,6 +104,7 @@ class _Committer(_Watches):
                     if p.stamp is None or isinstance(p.stamp, bytes):
                         p.stamp = failure
             busy = len(batch) > 1 or not self._queue.empty()  # a stream of concurrent transactions
+            ended = time.monotonic()
             try:
                 self._loop.call_soon_threadsafe(self._resolve, batch)
             except RuntimeError:  # the loop is gone: nobody is waiting any more
