@@ -96,3 +96,27 @@ async def test_a_stream_that_pauses_longer_than_the_wait_ends(tmp_path, monkeypa
     finally:
         await db.close()
     assert waits[-1] == 0.0
+
+
+async def test_a_gather_ends_once_enough_transactions_wait(tmp_path, monkeypatch):
+    """The gather's sleep ends when _GROUP_TARGET transactions are queued, not at its end: clients
+    that each await their commit are not held for the whole window."""
+    monkeypatch.setattr(committer, "_GROUP_WAIT_SECS", 30.0)
+    sizes: list[int] = []
+    real_commit = committer._Committer._commit_batch
+
+    def commit(self, conn, batch):
+        sizes.append(len(batch))
+        return real_commit(self, conn, batch)
+
+    monkeypatch.setattr(committer._Committer, "_commit_batch", commit)
+    db = await open_embedded(str(tmp_path / "s.db"))
+    try:
+        await asyncio.gather(*(_put(db, b"s%d" % i) for i in range(4)))  # a stream: the next batch gathers
+        first = asyncio.create_task(_put(db, b"first"))  # the committer takes it and starts its sleep
+        await asyncio.sleep(0.2)
+        more = (_put(db, b"m%d" % i) for i in range(committer._GROUP_TARGET))
+        await asyncio.wait_for(asyncio.gather(first, *more), 15.0)  # well inside the 30 s window
+    finally:
+        await db.close()
+    assert sizes[-1] == committer._GROUP_TARGET + 1

@@ -9,6 +9,7 @@ import contextlib
 import logging
 import os
 import queue
+import threading
 import time
 from typing import TYPE_CHECKING, cast
 
@@ -43,7 +44,9 @@ publishes/s (1,000 topics, all-in-one, 1 worker): 1 ms woken by each arrival gav
 arrival. A lone sequential client never waits: nothing arrives while its commit runs. Nor does a
 transaction that arrives longer than this after the last commit: the stream has paused."""
 _GROUP_TARGET = 32
-"""A batch already this large commits without the sleep: the commit's cost is amortised already."""
+"""The sleep ends as soon as this many transactions wait: the commit's cost is amortised already,
+and clients that each await their commit (a closed loop of 64 connections) would otherwise stand
+idle through the rest of it."""
 _BATCH_SIZE = _metrics.COMMIT_BATCH.cell("embedded")
 _COMMIT_DURATION = _metrics.COMMIT_DURATION.cell("embedded")
 
@@ -66,6 +69,8 @@ class _Pending:
 class _Committer(_Watches):
     path: str
     _queue: queue.SimpleQueue[_Pending | None]
+    _enough: threading.Event  # set by a submit that brings the queue to _GROUP_TARGET while gathering
+    _gathering: bool
     _doorbell: Doorbell | None
     _last_prune: float
     _full_log: _FullLog
@@ -73,6 +78,8 @@ class _Committer(_Watches):
 
     def _submit(self, pending: _Pending) -> None:
         self._queue.put(pending)
+        if self._gathering and self._queue.qsize() >= _GROUP_TARGET:
+            self._enough.set()
 
     def _commit_loop(self) -> None:
         f = self._reader
@@ -111,12 +118,15 @@ class _Committer(_Watches):
                 return
 
     def _gather(self, batch: list[_Pending], wait: float) -> None:
-        """Add what waits in the queue to ``batch``; with a ``wait``, sleep that long first unless
-        the batch is large already, and add what arrived meanwhile."""
+        """Add what waits in the queue to ``batch``; with a ``wait``, first sleep that long or until
+        ``_GROUP_TARGET`` transactions wait, whichever comes first."""
+        if wait and self._queue.qsize() + len(batch) < _GROUP_TARGET:
+            self._enough.clear()
+            self._gathering = True
+            if self._queue.qsize() + len(batch) < _GROUP_TARGET:  # a submit may have come before the flag
+                self._enough.wait(wait)
+            self._gathering = False
         self._drain(batch)
-        if wait and len(batch) < _GROUP_TARGET:
-            time.sleep(wait)
-            self._drain(batch)
 
     def _drain(self, batch: list[_Pending]) -> None:
         while len(batch) < _MAX_BATCH:

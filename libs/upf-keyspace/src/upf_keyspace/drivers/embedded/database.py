@@ -40,6 +40,8 @@ class EmbeddedDatabase(_Committer):
         self._unchecked = False
         self._wlog_cache = writelog._WriteSetCache(writelog._WLOG_CACHE_BYTES, writelog._WLOG_CACHE_ENTRIES)
         self._queue: queue.SimpleQueue[_Pending | None] = queue.SimpleQueue()
+        self._enough = threading.Event()
+        self._gathering = False
         self._closed = False
         self._check_scheduled = False
         self._watch_version = self._committed_version()
