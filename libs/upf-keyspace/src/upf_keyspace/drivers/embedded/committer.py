@@ -40,9 +40,10 @@ batch over an interval: a physical commit (two fdatasyncs, the write log, the wa
 CPU, most of it in the kernel, whether it carries one transaction or sixty. Measured at 2,000
 publishes/s (1,000 topics, all-in-one, 1 worker): 1 ms woken by each arrival gave batches of 2.5 and
 386 us of CPU per publish-and-delivery; sleeping 5 ms gives batches of ~13 and ~230-260 us, for
-~5 ms more median latency. It sleeps rather than waiting on the queue, which woke it once per
-arrival. A lone sequential client never waits: nothing arrives while its commit runs. Nor does a
-transaction that arrives longer than this after the last commit: the stream has paused."""
+~5 ms more median latency. It waits on an event that only the ``_GROUP_TARGET``-th waiting
+transaction sets, not on the queue, which woke it once per arrival. A lone sequential client never
+waits: nothing arrives while its commit runs. Nor does a transaction that arrives longer than this
+after the last commit: the stream has paused."""
 _GROUP_TARGET = 32
 """The sleep ends as soon as this many transactions wait: the commit's cost is amortised already,
 and clients that each await their commit (a closed loop of 64 connections) would otherwise stand
