@@ -8,6 +8,7 @@ import logging
 import signal
 import sys
 
+from upf_edge.gcpolicy import settle_gc
 from upf_edge.lifecycle import arm_exit_watchdog
 from upf_edge.ops import OpsRoutes
 from upf_edge.serve import serve_handler
@@ -38,6 +39,7 @@ async def amain(service_name: str = "upf-janitor") -> None:
     server = await serve_handler(ops, settings.bind_host, settings.bind_port)
     log.info("janitor started", extra={"bind": f"{settings.bind_host}:{settings.bind_port}", "store": store.db.name})
     run = asyncio.create_task(janitor.run(stop))
+    settle_gc()
     stopped = asyncio.create_task(stop.wait())
     try:
         await asyncio.wait([run, stopped], return_when=asyncio.FIRST_COMPLETED)

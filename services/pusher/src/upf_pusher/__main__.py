@@ -9,6 +9,7 @@ import os
 import signal
 import sys
 
+from upf_edge.gcpolicy import settle_gc
 from upf_edge.lifecycle import arm_exit_watchdog
 from upf_edge.limits_os import raise_open_files_limit
 from upf_edge.loop import install_loop_policy
@@ -28,6 +29,7 @@ async def _run() -> None:
     store = await open_store(settings)
     try:
         pusher = await serve(settings, store, telemetry=telemetry)
+        settle_gc()
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):

@@ -19,6 +19,7 @@ import signal
 import socket
 import sys
 
+from upf_edge.gcpolicy import settle_gc
 from upf_edge.lifecycle import arm_exit_watchdog
 from upf_edge.limits_os import raise_open_files_limit
 from upf_edge.loop import install_loop_policy
@@ -59,6 +60,7 @@ async def run_with_pusher(settings: Settings, sock: socket.socket | None = None)
         janitor_task = None
         if "janitor" in settings.roles:
             janitor_task = asyncio.create_task(Janitor(store, settings, telemetry).run(stop))
+        settle_gc()
         log.info(
             "upf started",
             extra={

@@ -10,6 +10,7 @@ import contextlib
 from typing import Any
 
 from upf_edge.asgi import lazy_app
+from upf_edge.gcpolicy import settle_gc
 from upf_keyspace import load_settings, open_store
 from upf_keyspace.telemetry import setup_telemetry
 
@@ -47,6 +48,7 @@ def build_app() -> Any:
 
         app.on_startup.append(start_janitor)
         app.on_shutdown.append(stop_janitor)
+    app.on_startup.append(settle_gc)  # after the lifespan and the janitor's start: what startup left is frozen
     app.on_shutdown.append(telemetry.shutdown)
     return app
 

@@ -9,6 +9,7 @@ worker process.
 from __future__ import annotations
 
 from upf_edge.asgi import lazy_app
+from upf_edge.gcpolicy import settle_gc
 from upf_keyspace import load_settings
 from upf_keyspace.telemetry import setup_telemetry
 
@@ -24,6 +25,7 @@ def build_app() -> WriterApp:
 
     telemetry = setup_telemetry("upf-writer", __version__)
     app = create_app(load_settings(), telemetry=telemetry)
+    app.on_startup.append(settle_gc)  # after the lifespan opened the store: what startup left is frozen
     app.on_shutdown.append(telemetry.shutdown)
     return app
 
