@@ -1,6 +1,12 @@
 """The ceiling app: a bare ASGI callable answering ``POST /{topic}`` with a fixed JSON message of the
 same shape and size as UPF's publish reply. Served by granian exactly as the writer is (one worker,
-HTTP/1, no websockets): ``granian --interface asgi --working-dir bench bare_asgi:app``."""
+HTTP/1, no websockets): ``granian --interface asgi --working-dir bench bare_asgi:app``. It runs with the
+collector policy of UPF's roles (upf_edge.gcpolicy), set at import, so the ratio compares like with like."""
+
+import gc
+
+gc.freeze()
+gc.set_threshold(20_000, 10, 10)
 
 BODY = (
     b'{"id":"AAAAAAAAAAIAAAAAAAAA","time":1764450000,"expires":1766869200,"event":"message",'
