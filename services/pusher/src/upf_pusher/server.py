@@ -398,14 +398,14 @@ class HttpProtocol(asyncio.Protocol):
                 self._reply(head, error_response(_NOT_WEBSOCKET, keep_alive=keep), keep)
                 return False, False
             try:
-                ws, accept = ws_handshake(head)
+                accept = ws_handshake(head)
             except InvalidUpgrade:
                 self._refuse(NtfyError(_NOT_WEBSOCKET))
                 return True, False
             except InvalidHandshake:
                 self._refuse(NtfyError(_BAD_HANDSHAKE))
                 return True, False
-            sub = WsSubscriber(p.hub, session, self.transport, ws, accept)
+            sub = WsSubscriber(p.hub, session, self.transport, accept)
         else:
             sub = StreamSubscriber(p.hub, session, self.transport, transport_name, chunked=head.version == "1.1")
         rest, self.buf = self.buf, b""

@@ -1,10 +1,12 @@
 """Thin I/O adapters for subscriber connections: a WebSocket one and a chunked-HTTP stream one.
 
 Each adapter becomes the connection's asyncio Protocol once the request is routed
-(``transport.set_protocol``), so an idle subscriber is just: the transport, this object (slots), its
-Session and, for WebSocket, the ``websockets`` sans-I/O core (no extensions: permessage-deflate is
-declined, it costs ~33 KB per connection). No task and no timer per connection: the hub's sweep
-drives keepalives.
+(``transport.set_protocol``), so an idle subscriber is just: the transport, this object (slots) and
+its Session. A WebSocket's ``websockets`` sans-I/O core (its parser generators, reader and id, ~1.3 KB)
+exists only while the peer's bytes are mid-frame, mid-message or closing: between frames it is
+dropped and the next read starts a fresh one, which at a frame boundary is the same state. No
+extensions are negotiated (permessage-deflate is declined, it costs ~33 KB per connection). No task
+and no timer per connection: the hub's sweep drives keepalives.
 
 Overload contract: the transport's write buffer has high/low water marks (``WRITE_HIGH``,
 ``WRITE_LOW``). Crossing the high mark calls ``pause_writing``, which the hub turns into a
@@ -226,16 +228,29 @@ class StreamSubscriber(Subscriber):
 class WsSubscriber(Subscriber):
     """/ws: one text frame per event; pings are answered by the sans-I/O core, at most one pong pending."""
 
-    __slots__ = ("ws", "head", "transport_name", "text", "out", "pong_end", "owed", "held", "budget", "budget_at")
+    __slots__ = (
+        "ws",
+        "unparsed",
+        "head",
+        "transport_name",
+        "text",
+        "out",
+        "pong_end",
+        "owed",
+        "held",
+        "budget",
+        "budget_at",
+    )
 
     frame_kind = "ws"
 
-    def __init__(
-        self, hub: Hub, session: Session, transport: asyncio.Transport, ws: ServerProtocol, head: bytes
-    ) -> None:
+    def __init__(self, hub: Hub, session: Session, transport: asyncio.Transport, head: bytes) -> None:
         super().__init__(hub, session, transport)
         self.transport_name = "ws"
-        self.ws = ws
+        self.ws: ServerProtocol | None = None
+        """The sans-I/O core while the peer is mid-frame, mid-message or closing; None between frames."""
+        self.unparsed = 0
+        """Bytes fed to ``ws`` that no complete frame has accounted for yet: 0 means a frame boundary."""
         self.head: bytes | None = head
         self.text: codecs.IncrementalDecoder | None = None
         """The UTF-8 check of a text message fragmented over several frames (rare: None otherwise)."""
@@ -313,9 +328,16 @@ class WsSubscriber(Subscriber):
         self.pong_end = self.out
         self._release(_HELD_PONG)
 
-    def _flush(self) -> None:
+    def _core(self) -> ServerProtocol:
+        ws = self.ws
+        if ws is None:
+            ws = self.ws = _SPARE_CORES.pop() if _SPARE_CORES else _ws_core()
+            self.unparsed = 0
+        return ws
+
+    def _flush(self, ws: ServerProtocol) -> None:
         """Write what the core has to send; of the pongs, only the latest (RFC 6455 5.5.3)."""
-        out = self.ws.data_to_send()
+        out = ws.data_to_send()
         pong = -1
         for i, data in enumerate(out):
             if data and data[0] == _OP_PONG:
@@ -331,9 +353,13 @@ class WsSubscriber(Subscriber):
                 self._put(data)
 
     def data_received(self, data: bytes) -> None:
-        ws = self.ws
+        ws = self._core()
         ws.receive_data(data)
         frames: list[Frame] = ws.events_received()  # type: ignore[assignment]  # after the handshake, only frames
+        unparsed = self.unparsed + len(data)
+        for frame in frames:
+            unparsed -= _wire_size(frame)
+        self.unparsed = unparsed
         if frames and not self._spend(len(frames)):
             ws.fail(CloseCode.POLICY_VIOLATION, "too many frames")  # each costs parsing; ntfy clients send ~none
             frames = []
@@ -341,9 +367,15 @@ class WsSubscriber(Subscriber):
             if (frame.opcode is Opcode.TEXT or frame.opcode is Opcode.CONT) and not self._utf8(frame):
                 ws.fail(CloseCode.INVALID_DATA, "invalid UTF-8")  # RFC 6455 8.1: close with 1007
                 break
-        self._flush()
+        self._flush(ws)
         if ws.state is State.CLOSED or ws.close_expected():
             self.transport.close()
+        elif not unparsed and ws.state is State.OPEN and ws.current_size is None and not ws.reader.buffer:
+            # Every byte read is in a complete frame and no message is open: a fresh core is in this
+            # very state, so the idle connection need not hold this one, and the next read may take it.
+            self.ws = None
+            if len(_SPARE_CORES) < _SPARE_MAX:
+                _SPARE_CORES.append(ws)
 
     def _spend(self, n: int) -> bool:
         """Take ``n`` frames from the budget; False when the peer sends faster than the bucket allows."""
@@ -374,7 +406,8 @@ class WsSubscriber(Subscriber):
             return False
 
     def eof_received(self) -> bool:
-        self.ws.receive_eof()
+        if self.ws is not None:
+            self.ws.receive_eof()
         return False
 
     def frame(self, msg: Message) -> bytes:
@@ -383,7 +416,7 @@ class WsSubscriber(Subscriber):
         return framing.ws_frame(msg)  # a keepalive is a ping frame, as ntfy sends it
 
     def writable(self) -> bool:
-        return self.ws.state is State.OPEN and not self.transport.is_closing()
+        return (self.ws is None or self.ws.state is State.OPEN) and not self.transport.is_closing()
 
     def close(self, reason: str) -> None:
         if self.transport.is_closing():
@@ -391,15 +424,38 @@ class WsSubscriber(Subscriber):
         if reason == "slow":
             reset(self.transport)
             return
-        if self.head is None and self.ws.state is State.OPEN:
-            self.ws.send_close(1001 if reason == "shutdown" else 1000)
-            for data in self.ws.data_to_send():
-                if data != SEND_EOF:
-                    self._put(data)
+        if self.head is None:
+            ws = self._core()
+            if ws.state is State.OPEN:
+                ws.send_close(1001 if reason == "shutdown" else 1000)
+                for data in ws.data_to_send():
+                    if data != SEND_EOF:
+                        self._put(data)
         self.transport.close()
 
 
-def ws_handshake(head: RequestHead) -> tuple[ServerProtocol, bytes]:
+_SPARE_CORES: list[ServerProtocol] = []
+"""Cores dropped at a frame boundary, in a fresh core's state: a pong every keepalive per connection
+would otherwise build one each time (~6 us: its parser, reader and a random id)."""
+_SPARE_MAX = 64
+
+
+def _ws_core() -> ServerProtocol:
+    """A sans-I/O core for an open connection with no extension, waiting for a frame."""
+    ws = ServerProtocol(state=State.OPEN, max_size=WS_MAX_FRAME, logger=_ws_logger)
+    ws.debug = False  # its DEBUG lines print frames (topics, message bodies): never logged, at any level
+    ws.extensions = []
+    return ws
+
+
+def _wire_size(frame: Frame) -> int:
+    """The bytes a client frame took on the wire: the 2-byte head, the length's extension (RFC 6455
+    5.2: the minimal one; a longer one only keeps the core from being dropped), the mask, the payload."""
+    n = len(frame.data)
+    return 6 + n + (0 if n < 126 else 2 if n < 65536 else 8)
+
+
+def ws_handshake(head: RequestHead) -> bytes:
     """Validate a WebSocket upgrade and build the 101 head; no extensions are ever negotiated.
 
     Raises InvalidHandshake when the request is not a valid handshake.
@@ -407,8 +463,7 @@ def ws_handshake(head: RequestHead) -> tuple[ServerProtocol, bytes]:
     headers = Headers()
     for k, v in head.headers:
         headers[k.decode("latin-1")] = v.decode("latin-1")
-    ws = ServerProtocol(state=State.OPEN, max_size=WS_MAX_FRAME, logger=_ws_logger)
-    ws.debug = False  # its DEBUG lines print frames (topics, message bodies): never logged, at any level
+    ws = _ws_core()
     try:
         key = headers.get("Sec-WebSocket-Key", "")
         if len(base64.b64decode(key.encode(), validate=True)) != 16:
@@ -417,9 +472,7 @@ def ws_handshake(head: RequestHead) -> tuple[ServerProtocol, bytes]:
         raise InvalidHandshake("bad Sec-WebSocket-Key") from None
     request = Request(head.path, headers, method=head.method, protocol="HTTP/" + head.version)
     accept, _extensions, _protocol = ws.process_request(request)
-    ws.extensions = []
-    out = response_head(
+    return response_head(
         101,
         [(b"Upgrade", b"websocket"), (b"Connection", b"Upgrade"), (b"Sec-WebSocket-Accept", accept.encode("ascii"))],
     )
-    return ws, out

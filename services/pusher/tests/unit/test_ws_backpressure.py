@@ -9,8 +9,6 @@ from __future__ import annotations
 import asyncio
 
 from upf_pusher_fakes import FakeHub, FakeTransport
-from websockets.protocol import State
-from websockets.server import ServerProtocol
 
 from upf_pusher import transports
 from upf_pusher.session import Session, SessionConfig
@@ -23,7 +21,7 @@ PONG = bytes([0x8A, 0x04]) + b"ping"
 def make() -> tuple[WsSubscriber, FakeTransport, FakeHub]:
     t, hub = FakeTransport(drains=False), FakeHub()
     session = Session(("a",), "a", SessionConfig())
-    sub = WsSubscriber(hub, session, t, ServerProtocol(state=State.OPEN, max_size=transports.WS_MAX_FRAME), b"HEAD")  # type: ignore[arg-type]
+    sub = WsSubscriber(hub, session, t, b"HEAD")  # type: ignore[arg-type]
     sub.accept()
     t.unsent = 0  # the head left
     return sub, t, hub

@@ -14,62 +14,13 @@ import struct
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 from upf_pusher_fakes import FakeHub, FakeTransport
-from websockets.frames import Frame, Opcode
-from websockets.protocol import State
-from websockets.server import ServerProtocol
-from websockets.streams import StreamReader
+from upf_ws_frames import client_frame, server_frames, streams
+from websockets.frames import Opcode
 
-from upf_pusher import transports
 from upf_pusher.session import Session, SessionConfig
 from upf_pusher.transports import WsSubscriber
 
 LEGITIMATE_CLOSE = {1000, 1001, 1002, 1003, 1007, 1008, 1009, 1011}
-
-
-def client_frame(opcode: int, payload: bytes, fin: bool, mask: bytes, rsv: int = 0) -> bytes:
-    """A client frame as RFC 6455 5.2 lays it out (masked), built by hand so invalid ones are possible."""
-    n = len(payload)
-    head = bytes([(0x80 if fin else 0) | (rsv << 4) | opcode])
-    if n < 126:
-        head += bytes([0x80 | n])
-    elif n < 65536:
-        head += bytes([0x80 | 126]) + struct.pack("!H", n)
-    else:
-        head += bytes([0x80 | 127]) + struct.pack("!Q", n)
-    return head + mask + bytes(b ^ mask[i % 4] for i, b in enumerate(payload))
-
-
-payloads = st.one_of(
-    st.binary(max_size=40),
-    st.text(max_size=20).map(str.encode),
-    st.sampled_from(
-        [b"\xff\xfe", b"\xe2\x82", b"\xac", b"\xc3", b"\xa9", b"\x03\xe8", b"\x03\xe8ok", b"\x00\x01", b"\x0b\xb8"]
-    ),
-    st.integers(4090, 4200).map(lambda n: b"a" * n),  # around the frame limit
-)
-frames = st.builds(
-    client_frame,
-    opcode=st.sampled_from([0x0, 0x1, 0x2, 0x8, 0x9, 0xA, 0x3, 0xB]),
-    payload=payloads,
-    fin=st.booleans(),
-    mask=st.one_of(st.just(b"\0\0\0\0"), st.binary(min_size=4, max_size=4)),
-    rsv=st.sampled_from([0, 0, 0, 0, 1, 4]),
-)
-streams = st.lists(st.one_of(frames, frames, frames, st.binary(max_size=30)), max_size=12).map(b"".join)
-
-
-def server_frames(data: bytes) -> list[Frame]:
-    reader = StreamReader()
-    reader.feed_data(data)
-    reader.feed_eof()
-    out = []
-    while reader.buffer:
-        parser = Frame.parse(reader.read_exact, mask=False)
-        try:
-            next(parser)
-        except StopIteration as done:
-            out.append(done.value)
-    return out
 
 
 async def feed(stream: bytes, cuts: list[int], eof: bool) -> tuple[FakeTransport, FakeHub, WsSubscriber]:
@@ -78,7 +29,6 @@ async def feed(stream: bytes, cuts: list[int], eof: bool) -> tuple[FakeTransport
         hub,
         Session(("a",), "a", SessionConfig()),
         t,
-        ServerProtocol(state=State.OPEN, max_size=transports.WS_MAX_FRAME),
         b"",
     )  # type: ignore[arg-type]
     sub.accept()
@@ -137,7 +87,6 @@ def test_valid_fragmented_text_is_kept_open(text: str, split: int) -> None:
             FakeHub(),
             Session(("a",), "a", SessionConfig()),
             t,
-            ServerProtocol(state=State.OPEN, max_size=transports.WS_MAX_FRAME),
             b"",
         )  # type: ignore[arg-type]
         sub.accept()
