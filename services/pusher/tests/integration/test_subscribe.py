@@ -153,6 +153,31 @@ async def test_affinity_follows_local_subscribers(transport: str, pusher: Pusher
     assert (await publish(store, "aff", "y")).poked == 0
 
 
+async def test_a_topic_shared_then_left_keeps_serving_who_stays(
+    transport: str, pusher: Pusher, store: Store, clients
+) -> None:
+    """One subscriber, a second, the first leaves, a third comes: each publish reaches exactly who is
+    there, the topic stays held until the last one leaves (one subscriber is kept without a set)."""
+    a = await clients(pusher.port, transport, path("share", transport))
+    await a.next()
+    b = await clients(pusher.port, "ws", path("share", "ws"))
+    await b.next()
+    await publish(store, "share", "both")
+    assert (await a.next_message())["message"] == "both" and (await b.next_message())["message"] == "both"
+    await a.close()
+    await eventually(lambda: pusher.hub.by_topic.get("share") is not None and len(pusher.hub.subs) == 1)
+    assert (await publish(store, "share", "b-only")).poked == 1
+    assert (await b.next_message())["message"] == "b-only"
+    c = await clients(pusher.port, transport, path("share", transport))
+    await c.next()
+    await publish(store, "share", "b-and-c")
+    assert (await b.next_message())["message"] == "b-and-c" and (await c.next_message())["message"] == "b-and-c"
+    await b.close()
+    await c.close()
+    await eventually(lambda: not pusher.hub.by_topic and not pusher.hub._affinity)
+    assert (await publish(store, "share", "nobody")).poked == 0
+
+
 async def test_safety_poll_delivers_without_a_poke(transport: str, start_pusher, store: Store, clients) -> None:
     """A message whose poke was lost (affinity gone) still arrives through the safety poll."""
     p = await start_pusher(safety_poll_secs=0.2)
