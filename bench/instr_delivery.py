@@ -103,6 +103,8 @@ async def _measure(args: argparse.Namespace, work: Path) -> dict[str, float]:
     store_path = work / "store" / "upf.db"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("UPF_", "OTEL_"))}
     env.update(UPF_STORE_PATH=str(store_path), UPF_LOG_LEVEL="WARNING", PYTHONUNBUFFERED="1")
+    # A quota sizes LMDB's map (twice it): valgrind cannot map the 1 TiB reserved without one.
+    env.update(UPF_EMBEDDED_MAX_BYTES=str(256 << 20))
     settings = load_settings(env)
     store = await open_store(settings)  # creates the store; this process publishes into it
     port = _free_port()
