@@ -20,6 +20,7 @@ from .committer import _Committer, _Pending
 from .convert import convert_sqlite, is_sqlite
 from .file import _close_file, _File, _mark_path, _open_file, _read_mark
 from .health import _FullLog, _health_marker
+from .reads import _Snapshot
 from .transaction import EmbeddedTransaction
 from .watches import _FALLBACK_POLL_SECS, _NO_WAKE_POLL_SECS, _Watch
 
@@ -46,6 +47,8 @@ class EmbeddedDatabase(_Committer):
         self._check_scheduled = False
         self._watch_version = self._committed_version()
         self._range_cache: dict[tuple[bytes, bytes, int, bool], tuple[int, list[tuple[bytes, bytes]]]] = {}
+        self._snap_open: list[_Snapshot] = []
+        self._snap_gen = 0
         self._last_prune = 0.0
         self._full_log = _FullLog()
         create_private_file(_mark_path(path))

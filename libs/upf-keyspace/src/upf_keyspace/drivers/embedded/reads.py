@@ -1,13 +1,25 @@
 """Reads on the loop thread: point and range reads that each see one LMDB snapshot with its
-version, the read version shared by an event-loop iteration, and the small-range cache."""
+version, the read version shared by an event-loop iteration, and the small-range cache.
+
+A transaction's reads in one event-loop iteration share one LMDB read transaction (``_Snapshot``),
+opened at its first read of the file and ended when the iteration ends: a pusher's wake-up reads
+every rung shard's inbox, or every poked topic's queue, in one transaction without suspending, and
+each read would otherwise open its own and read the commit counter again. It is FoundationDB's own
+model (every read at the read version), and bounded: at most ``_SNAPSHOTS_MAX`` are open in a process
+at once (LMDB's reader table is shared by every process on the file); past that a read opens its own."""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, cast
 
 from ... import errors
 from .._ranges import head_of
 from .writelog import _WriteLog
+
+if TYPE_CHECKING:
+    import lmdb
 
 _RANGE_CACHE_ENTRIES = 1024  # small range results kept (hot ones: reuse needs a recent entry), with their version
 _RANGE_CACHE_SCAN = 8
@@ -16,46 +28,94 @@ this many commits' write sets are checked to reuse it; further back, one read of
 than the scan (1,000 topics published round-robin made it ~30 us per read)."""
 _RANGE_CACHE_ROWS = 4  # only results this small are kept (affinity reads: 0 or 1 row) ...
 _RANGE_CACHE_BYTES = 1024  # ... and this many key and value bytes, so the cache stays under ~1 MB
+_SNAPSHOTS_MAX = 8
+
+
+class _Snapshot:
+    """One LMDB read transaction and the commit counter it sees, until the iteration that opened it ends
+    (``gen``: the generation of snapshots it belongs to; all of one iteration's end together)."""
+
+    __slots__ = ("txn", "version", "gen")
+
+    def __init__(self, txn: lmdb.Transaction, version: int, gen: int) -> None:
+        self.txn = txn
+        self.version = version
+        self.gen = gen
 
 
 class _Reads(_WriteLog):
     _loop: asyncio.AbstractEventLoop
     _grv: int | None
     _range_cache: dict[tuple[bytes, bytes, int, bool], tuple[int, list[tuple[bytes, bytes]]]]
+    _snap_open: list[_Snapshot]
+    _snap_gen: int
 
-    # Each read is one LMDB read transaction: the commit counter and the rows come from one snapshot.
-    def _read_point(self, key: bytes) -> tuple[int, bytes | None]:
+    def _open_snapshot(self) -> _Snapshot | None:
+        """A snapshot for a transaction's reads in this iteration (None: too many are open)."""
+        if len(self._snap_open) >= _SNAPSHOTS_MAX:
+            return None
         f = self._reader
+        txn = f.env.begin()
+        snap = _Snapshot(txn, self._observed(f.version(txn)[0]), self._snap_gen)
+        if not self._snap_open:
+            self._loop.call_soon(self._end_snapshots)
+        self._snap_open.append(snap)
+        return snap
+
+    def _end_snapshots(self) -> None:
+        snaps, self._snap_open = self._snap_open, []
+        self._snap_gen += 1
+        for snap in snaps:
+            try:
+                snap.txn.abort()
+            except Exception:  # the file was closed meanwhile: its transactions went with it
+                pass
+
+    # Each read is one LMDB read transaction (a transaction's snapshot, or its own): the commit counter
+    # and the rows come from one snapshot.
+    def _read_point(self, key: bytes, snap: _Snapshot | None = None) -> tuple[int, bytes | None]:
+        f = self._reader
+        if snap is not None:
+            return snap.version, cast("bytes | None", snap.txn.get(key, db=f.kv))
         with f.env.begin() as txn:
             version = f.version(txn)[0]
             value = txn.get(key, db=f.kv)
         return self._observed(version), value
 
-    def _read_range(self, begin: bytes, end: bytes, limit: int, reverse: bool) -> tuple[int, list[tuple[bytes, bytes]]]:
-        f = self._reader
+    def _read_range(
+        self, begin: bytes, end: bytes, limit: int, reverse: bool, snap: _Snapshot | None = None
+    ) -> tuple[int, list[tuple[bytes, bytes]]]:
+        if snap is not None:
+            return snap.version, self._rows(snap.txn, begin, end, limit, reverse)
+        with self._reader.env.begin() as txn:
+            version = self._reader.version(txn)[0]
+            rows = self._rows(txn, begin, end, limit, reverse)
+        return self._observed(version), rows
+
+    def _rows(
+        self, txn: lmdb.Transaction, begin: bytes, end: bytes, limit: int, reverse: bool
+    ) -> list[tuple[bytes, bytes]]:
         rows: list[tuple[bytes, bytes]] = []
-        with f.env.begin() as txn:
-            version = f.version(txn)[0]
-            cur = txn.cursor(db=f.kv)
-            if not reverse:
-                if cur.set_range(begin):
-                    for k, v in cur.iternext():
-                        if k >= end:
-                            break
-                        rows.append((k, v))
-                        if len(rows) == limit:
-                            break
-            else:
-                ok = cur.prev() if cur.set_range(end) else cur.last()
-                while ok:
-                    k = cur.key()
-                    if k < begin:
+        cur = txn.cursor(db=self._reader.kv)
+        if not reverse:
+            if cur.set_range(begin):
+                for k, v in cast("Iterator[tuple[bytes, bytes]]", cur.iternext()):
+                    if k >= end:
                         break
-                    rows.append((k, cur.value()))
+                    rows.append((k, v))
                     if len(rows) == limit:
                         break
-                    ok = cur.prev()
-        return self._observed(version), rows
+        else:
+            ok = cur.prev() if cur.set_range(end) else cur.last()
+            while ok:
+                k = cast(bytes, cur.key())
+                if k < begin:
+                    break
+                rows.append((k, cast(bytes, cur.value())))
+                if len(rows) == limit:
+                    break
+                ok = cur.prev()
+        return rows
 
     def _read_version_now(self) -> int:
         """The commit counter for a transaction's first read, read once per event-loop iteration and
@@ -73,7 +133,13 @@ class _Reads(_WriteLog):
         self._grv = None
 
     def _read_range_at(
-        self, begin: bytes, end: bytes, limit: int, reverse: bool, at: int | None
+        self,
+        begin: bytes,
+        end: bytes,
+        limit: int,
+        reverse: bool,
+        at: int | None,
+        snapshot: Callable[[], _Snapshot | None] | None = None,
     ) -> tuple[int, list[tuple[bytes, bytes]]]:
         """A range read for a transaction whose snapshot is ``at`` (None: not chosen yet). A small
         result read before is reused when no commit between its version and the snapshot wrote into
@@ -92,7 +158,7 @@ class _Reads(_WriteLog):
                     return target, list(rows)
             except errors.StoreError:  # the write log no longer reaches back: read the file
                 pass
-        version, rows = self._read_range(begin, end, limit, reverse)
+        version, rows = self._read_range(begin, end, limit, reverse, None if snapshot is None else snapshot())
         # A read with a larger limit (a Q or inbox drain) moves on to a later start key, so its entry
         # would never be hit again and would only push the affinity entries out.
         if (

@@ -14,6 +14,7 @@ from ...contract import KEY_LIMIT, LIFETIME_SECS, TRANSACTION_LIMIT, VALUE_LIMIT
 from .._ranges import point
 from .committer import _Pending
 from .mutations import _ADD, _CLEAR, _CLEAR_RANGE, _SET, _VS_KEY, _VS_VALUE, _add_le
+from .reads import _Snapshot
 from .watches import _CHANGED, _Watch
 
 if TYPE_CHECKING:
@@ -42,14 +43,24 @@ class EmbeddedTransaction:
         "_started",
         "_attempts",
         "_committing",
+        "_snap",
     )
 
     def __init__(self, db: EmbeddedDatabase) -> None:
         self._db = db
         self._attempts = 0
+        self._snap: _Snapshot | None = None
         self._reset()
 
+    def _snapshot(self) -> _Snapshot | None:
+        """This iteration's snapshot for the transaction's reads of the file, opened at its first one."""
+        snap = self._snap
+        if snap is None or snap.gen != self._db._snap_gen:
+            snap = self._snap = self._db._open_snapshot()
+        return snap
+
     def _reset(self) -> None:
+        self._snap = None  # a retry reads afresh (the open one still ends with its iteration)
         self._read_version: int | None = None
         self._reads: list[tuple[bytes, bytes]] = []  # conflict ranges (non-snapshot reads)
         self._seen: list[tuple[bytes, bytes]] = []  # everything read, for snapshot consistency
@@ -112,7 +123,7 @@ class EmbeddedTransaction:
     def _get_sync(self, key: bytes, snapshot: bool) -> bytes | None:
         self._check_alive()
         self._check_readable(key, key + b"\x00")
-        version, base = self._db._read_point(key)
+        version, base = self._db._read_point(key, self._snapshot())
         self._note_read(*point(key), snapshot, version)
         return self._local_value(key, base)
 
@@ -133,7 +144,9 @@ class EmbeddedTransaction:
             return []
         self._check_readable(begin, end)
         local = self._touched(begin, end)
-        version, rows = self._db._read_range_at(begin, end, 0 if local else limit, reverse, self._read_version)
+        version, rows = self._db._read_range_at(
+            begin, end, 0 if local else limit, reverse, self._read_version, self._snapshot
+        )
         if local:
             merged = {k: v for k, v in rows}
             for k in (
@@ -247,7 +260,7 @@ class EmbeddedTransaction:
         if self._db._watch_count() + len(self._watches) >= _MAX_WATCHES:
             raise errors.StoreError(errors.TOO_MANY_WATCHES)
         self._check_alive()
-        version, base = self._db._read_point(key)
+        version, base = self._db._read_point(key, self._snapshot())
         value: Any = self._local_value(key, base)
         if self._read_version is None:
             self._read_version = version
