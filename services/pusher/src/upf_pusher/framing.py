@@ -93,6 +93,12 @@ def ws_frame(msg: Message) -> bytes:
     return ws_text_frame(encode_ws(msg))
 
 
+def ws_client_frame_size(payload: int) -> int:
+    """The bytes a client's frame with a ``payload``-byte payload takes (RFC 6455 5.2): the 2-byte head,
+    the minimal length extension, the 4-byte mask, the payload."""
+    return 6 + payload + (0 if payload < 126 else 2 if payload < 65536 else 8)
+
+
 def ws_text_frame(payload: bytes) -> bytes:
     """A whole unmasked, unfragmented WebSocket text frame (RFC 6455 5.2) carrying ``payload``: what
     a server sends is the same bytes for every connection, so one frame serves a whole fan-out."""

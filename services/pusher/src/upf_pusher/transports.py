@@ -357,8 +357,8 @@ class WsSubscriber(Subscriber):
         ws.receive_data(data)
         frames: list[Frame] = ws.events_received()  # type: ignore[assignment]  # after the handshake, only frames
         unparsed = self.unparsed + len(data)
-        for frame in frames:
-            unparsed -= _wire_size(frame)
+        for frame in frames:  # a frame sent with a longer length than needed only keeps the core held
+            unparsed -= framing.ws_client_frame_size(len(frame.data))
         self.unparsed = unparsed
         if frames and not self._spend(len(frames)):
             ws.fail(CloseCode.POLICY_VIOLATION, "too many frames")  # each costs parsing; ntfy clients send ~none
@@ -446,13 +446,6 @@ def _ws_core() -> ServerProtocol:
     ws.debug = False  # its DEBUG lines print frames (topics, message bodies): never logged, at any level
     ws.extensions = []
     return ws
-
-
-def _wire_size(frame: Frame) -> int:
-    """The bytes a client frame took on the wire: the 2-byte head, the length's extension (RFC 6455
-    5.2: the minimal one; a longer one only keeps the core from being dropped), the mask, the payload."""
-    n = len(frame.data)
-    return 6 + n + (0 if n < 126 else 2 if n < 65536 else 8)
 
 
 def ws_handshake(head: RequestHead) -> bytes:

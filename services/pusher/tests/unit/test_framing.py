@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+from upf_ws_frames import client_frame
+
 from upf_keyspace import Message
 from upf_pusher import framing
 
@@ -81,3 +83,8 @@ def test_ws_keepalive_is_an_empty_ping_and_other_events_are_text_frames() -> Non
     assert framing.ws_frame(keepalive) == b"\x89\x00"
     assert framing.ws_frame(OPEN) == framing.ws_text_frame(framing.encode_json(OPEN))
     assert framing.ws_frame(MSG)[:1] == b"\x81"
+
+
+def test_a_client_frame_size_is_what_the_frame_takes_on_the_wire() -> None:
+    for n in (0, 1, 125, 126, 127, 65535, 65536, 70000):
+        assert framing.ws_client_frame_size(n) == len(client_frame(0x2, b"x" * n, True, b"abcd")), n
