@@ -189,6 +189,7 @@ class _Committer(_Watches):
         if not order:
             txn.abort()
             return False
+        applier.flush()
         wall = time.time()
         written = in_batch.to_set()
         f.set_version(txn, new_version, new_stamp)
