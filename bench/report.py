@@ -426,6 +426,12 @@ def render(res: Results) -> str:
         L += [
             f"## The embedded store alone: {st.publishes:,} publishes per round, {st.concurrency:,} concurrent publishers",
             "",
+            (
+                f"The collector at UPF's serving policy (thresholds {tuple(st.gc_thresholds)}, frozen once the store opened)."
+                if st.gc_thresholds
+                else "The collector at CPython's defaults."
+            ),
+            "",
             "| round | bare SQLite publishes/s (256 per durable commit) | store publishes/s | ratio | store CPU us/publish (loop thread + committer) |",
             "|---|---|---|---|---|",
         ]

@@ -408,6 +408,8 @@ class StoreBench(Rec, kw_only=True):
     cpu_us_per_publish: list[float]
     loop_us_per_publish: list[float]
     committer_us_per_publish: list[float]
+    gc_thresholds: list[int] = []
+    """The collector's thresholds the store ran under; empty: CPython's defaults (every run before 2026-12-02)."""
 
 
 class Results(Rec, kw_only=True):

@@ -11,6 +11,8 @@ from harness import run_to_end
 from procs import PY, REPO
 from schema import Config, StoreBench
 
+from upf_edge.gcpolicy import GC_THRESHOLDS
+
 PUBLISHES = 20_000
 CONCURRENCY = 1024
 
@@ -26,6 +28,8 @@ def phase_store(cfg: Config, work: Path) -> StoreBench:
                 str(PUBLISHES),
                 "--concurrency",
                 str(CONCURRENCY),
+                "--gc-thresholds",  # as every UPF process runs once it serves
+                ",".join(map(str, GC_THRESHOLDS)),
                 "--rounds",
                 str(max(cfg.rounds, 2)),
                 "--json",

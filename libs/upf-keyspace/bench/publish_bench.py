@@ -3,9 +3,14 @@ concurrent publishers), beside a bare SQLite baseline measured in the same run: 
 and an X entry plus one affinity read per publish) written 256 publishes per durable commit
 (synchronous=FULL). The baseline is the one issue 9 set; it stays SQLite after the switch to LMDB.
 
-    uv run python libs/upf-keyspace/bench/publish_bench.py [--publishes N] [--concurrency C] [--rounds R] [--json F]
+    uv run python libs/upf-keyspace/bench/publish_bench.py [--publishes N] [--concurrency C] [--rounds R]
+        [--gc-thresholds G0,G1,G2] [--json F]
 
-bench/run.py runs it as its ``store`` phase (``--json``).
+bench/run.py runs it as its ``store`` phase (``--json``), with ``--gc-thresholds`` set to the collector
+policy every UPF process applies once it serves (``upf_edge.gcpolicy``): the store never runs under
+CPython's defaults in UPF, and at those a young collection every 700 allocations, with 1,024 publishers'
+transactions alive, cost the loop thread 10-30 us per publish and most of the run-to-run spread. Without
+the flag the collector keeps CPython's defaults (the figures before 2026-12-02).
 
 Figures drift between runs on shared machines; the ratio is the number to compare.
 """
@@ -14,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import os
 import sqlite3
@@ -57,10 +63,13 @@ def _thread_cpu(native_id: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-async def store_rate(path: str, n: int, concurrency: int) -> tuple[float, float, float, float]:
+async def store_rate(path: str, n: int, concurrency: int, freeze: bool) -> tuple[float, float, float, float]:
     """Publishes/s, and CPU us per publish: the whole process, the event loop thread, the committer.
     The split says which thread bounds the rate; it is steadier than the rate on a shared machine."""
     store = await open_store(Settings(store_path=path))
+    if freeze:  # as UPF's processes do once they serve: what opening left leaves every later collection
+        gc.collect()
+        gc.freeze()
     committer = next((t for t in threading.enumerate() if t.name == "upf-store-committer"), None)
     committer_id = committer.native_id if committer is not None and committer.native_id else 0
     now = int(time.time())
@@ -88,14 +97,21 @@ def main() -> None:
     ap.add_argument(
         "--rounds", type=int, default=3, help="alternate baseline and store this many times; medians are compared"
     )
+    ap.add_argument(
+        "--gc-thresholds",
+        help="G0,G1,G2: set the collector's thresholds (and freeze after each store opens) as UPF's processes do",
+    )
     ap.add_argument("--json", help="also write the per-round figures here (bench/run.py reads them)")
     args = ap.parse_args()
+    thresholds = [int(x) for x in args.gc_thresholds.split(",")] if args.gc_thresholds else []
+    if thresholds:
+        gc.set_threshold(*thresholds)
     bases, rates, cpus, loops, commits = [], [], [], [], []
     with tempfile.TemporaryDirectory() as d:
         for r in range(args.rounds):
             bases.append(baseline(os.path.join(d, f"baseline{r}.db"), args.publishes))
             rate, cpu_us, loop_us, commit_us = asyncio.run(
-                store_rate(os.path.join(d, f"store{r}.db"), args.publishes, args.concurrency)
+                store_rate(os.path.join(d, f"store{r}.db"), args.publishes, args.concurrency, bool(thresholds))
             )
             rates.append(rate)
             cpus.append(cpu_us)
@@ -116,6 +132,7 @@ def main() -> None:
                 {
                     "publishes": args.publishes,
                     "concurrency": args.concurrency,
+                    "gc_thresholds": thresholds,
                     "baseline_per_s": bases,
                     "store_per_s": rates,
                     "cpu_us_per_publish": cpus,
