@@ -8,8 +8,8 @@ and an X entry plus one affinity read per publish) written 256 publishes per dur
 
 bench/run.py runs it as its ``store`` phase (``--json``), with ``--gc-thresholds`` set to the collector
 policy every UPF process applies once it serves (``upf_edge.gcpolicy``): the store never runs under
-CPython's defaults in UPF, and at those a young collection every 700 allocations, with 1,024 publishers'
-transactions alive, cost the loop thread 10-30 us per publish and most of the run-to-run spread. Without
+CPython's defaults in UPF, and at those the collections (gen0 every 700 net allocations), with 1,024 publishers'
+transactions alive, cost the loop thread 15-25 us per publish and most of the run-to-run spread. Without
 the flag the collector keeps CPython's defaults (the figures before 2026-12-02).
 
 Figures drift between runs on shared machines; the ratio is the number to compare.
