@@ -99,6 +99,16 @@ def ws_client_frame_size(payload: int) -> int:
     return 6 + payload + (0 if payload < 126 else 2 if payload < 65536 else 8)
 
 
+def is_client_pong(data: bytes) -> bool:
+    """Whether ``data`` is exactly one whole client pong frame (RFC 6455 5.5.3: final, no reserved
+    bits, masked, a payload of at most 125 bytes in the 7-bit length): what every idle ws subscriber
+    sends back to each keepalive ping, and a frame that asks nothing of the server."""
+    if len(data) < 6 or data[0] != 0x8A or not data[1] & 0x80:
+        return False
+    n = data[1] & 0x7F
+    return n < 126 and len(data) == 6 + n
+
+
 def ws_text_frame(payload: bytes) -> bytes:
     """A whole unmasked, unfragmented WebSocket text frame (RFC 6455 5.2) carrying ``payload``: what
     a server sends is the same bytes for every connection, so one frame serves a whole fan-out."""

@@ -353,6 +353,11 @@ class WsSubscriber(Subscriber):
                 self._put(data)
 
     def data_received(self, data: bytes) -> None:
+        if self.ws is None and framing.is_client_pong(data) and self._spend(1):
+            # An idle connection's answer to our keepalive, read whole: a core would parse it, check it
+            # and do nothing (a pong asks nothing; we track no pings). Over the frame budget, the core
+            # below spends it again and fails the connection, as for any frame.
+            return
         ws = self._core()
         ws.receive_data(data)
         frames: list[Frame] = ws.events_received()  # type: ignore[assignment]  # after the handshake, only frames

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import json
 
-from upf_ws_frames import client_frame
+from hypothesis import given
+from upf_ws_frames import client_frame, streams
+from websockets.frames import Frame, Opcode
+from websockets.streams import StreamReader
 
 from upf_keyspace import Message
 from upf_pusher import framing
@@ -88,3 +91,48 @@ def test_ws_keepalive_is_an_empty_ping_and_other_events_are_text_frames() -> Non
 def test_a_client_frame_size_is_what_the_frame_takes_on_the_wire() -> None:
     for n in (0, 1, 125, 126, 127, 65535, 65536, 70000):
         assert framing.ws_client_frame_size(n) == len(client_frame(0x2, b"x" * n, True, b"abcd")), n
+
+
+def _one_pong(data: bytes) -> bool:
+    """The reference: websockets' own parser reads exactly one final pong frame from ``data``, with
+    nothing left over, and the frame passes its checks."""
+    reader = StreamReader()
+    reader.feed_data(data)
+    parser = Frame.parse(reader.read_exact, mask=True, max_size=125)
+    try:
+        next(parser)
+    except StopIteration as done:
+        frame = done.value
+    except Exception:  # a protocol error
+        return False
+    else:
+        return False  # incomplete
+    return (
+        frame.opcode is Opcode.PONG and frame.fin and not (frame.rsv1 or frame.rsv2 or frame.rsv3) and not reader.buffer
+    )
+
+
+def test_a_client_pong_is_told_apart_from_every_other_read() -> None:
+    pong = client_frame(0xA, b"", True, b"abcd")
+    for n in (0, 1, 125):
+        assert framing.is_client_pong(client_frame(0xA, b"p" * n, True, b"\x01\x02\x03\x04")), n
+    not_pongs = [
+        pong[:-1],  # cut short
+        pong + b"\x8a",  # with the start of the next frame
+        pong + pong,  # two: the reader must see both
+        b"\x8a\x00",  # unmasked: a protocol error for a client
+        client_frame(0xA, b"", False, b"abcd"),  # not final
+        client_frame(0xA, b"", True, b"abcd", rsv=4),  # a reserved bit
+        client_frame(0x9, b"", True, b"abcd"),  # a ping asks for a pong
+        client_frame(0x1, b"", True, b"abcd"),
+        b"\x8a\xfe\x00\x7c" + b"abcd" + b"p" * 124,  # a 16-bit length for a short payload
+        b"\x8a\xff" + (119).to_bytes(8, "big") + b"abcd" + b"p" * 119,  # a 64-bit one
+    ]
+    for data in not_pongs:
+        assert not framing.is_client_pong(data), data[:12]
+
+
+@given(streams)
+def test_is_client_pong_only_where_websockets_reads_one_whole_pong(data: bytes) -> None:
+    if framing.is_client_pong(data):
+        assert _one_pong(data)

@@ -52,6 +52,26 @@ async def test_an_idle_connection_holds_no_core() -> None:
     assert sub.ws is None and [f.opcode for f in server_frames(t.data)] == [Opcode.PONG]
 
 
+async def test_an_idle_connection_reads_a_pong_without_a_core() -> None:
+    """The answer to each keepalive ping: nothing to write, no core taken from the spare list."""
+    sub, t = make()
+    spares = list(transports._SPARE_CORES)
+    for mask in (b"abcd", b"\0\0\0\0"):
+        sub.data_received(client_frame(0xA, b"", True, mask))
+        sub.data_received(client_frame(0xA, b"keepalive", True, mask))
+    assert sub.ws is None and not t.data and not t.closed and spares == transports._SPARE_CORES
+
+
+async def test_pongs_past_the_frame_budget_close_the_connection_as_other_frames_do() -> None:
+    pong = client_frame(0xA, b"", True, b"abcd")
+    sub, t = make()
+    for _ in range(transports.FRAME_BURST):
+        sub.data_received(pong)
+    assert not t.closed
+    sub.data_received(pong)
+    assert t.closed and close_code(t) == 1008
+
+
 async def test_a_frame_cut_anywhere_keeps_its_core_until_its_last_byte() -> None:
     for cut in range(1, len(PING)):
         sub, t = make()
