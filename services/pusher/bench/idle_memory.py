@@ -8,7 +8,9 @@ the server's resident-memory delta (VmRSS from /proc/<pid>/status) divided by N.
 The pusher runs on a real embedded store in a temporary directory, one topic per connection (each
 connection holds its topic: one affinity write each), keepalives and the safety poll pushed out so the
 connections stay idle. WebSocket clients offer permessage-deflate, as OkHttp and browsers do; the
-server must decline it.
+server must decline it. Once open, a WebSocket client answers each ping with a masked pong, as every
+client must (RFC 6455 5.5.2): bench/run.py's idle-CPU phase holds its subscribers with these clients,
+so its keepalives include the pongs coming back.
 
     cd /work/main && python3 -m uv run python services/pusher/bench/idle_memory.py            # N=10000
     python3 -m uv run python services/pusher/bench/idle_memory.py --n 2000 --kinds ws,json
@@ -107,9 +109,29 @@ def request_bytes(kind: str, i: int) -> bytes:
     return b""
 
 
+_PONG = b"\x8a\x80" + os.urandom(4)  # a masked, empty pong: one for every connection will do
+
+
+def _pings(buf: bytes) -> tuple[int, bytes]:
+    """The whole server frames at the front of ``buf`` that are pings, and the bytes left after its last
+    whole frame (server frames are unmasked, RFC 6455 5.2)."""
+    pings = 0
+    while len(buf) >= 2:
+        n, at = buf[1] & 0x7F, 2
+        if n == 126:
+            n, at = int.from_bytes(buf[2:4], "big"), 4
+        elif n == 127:
+            n, at = int.from_bytes(buf[2:10], "big"), 10
+        if len(buf) < at + n:
+            break
+        pings += buf[0] & 0x0F == 0x9
+        buf = buf[at + n :]
+    return pings, buf
+
+
 class _Client(asyncio.Protocol):
     """Counts a connection as established once the server has sent its open event (or, for the
-    baseline, once connected)."""
+    baseline, once connected); a ws client then answers the server's pings."""
 
     def __init__(self, kind: str, i: int, done: asyncio.Future[None]) -> None:
         self.kind, self.i, self.done, self.buf = kind, i, done, b""
@@ -123,14 +145,19 @@ class _Client(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         if self.done.done():
+            if self.kind == "ws":
+                pings, self.buf = _pings(self.buf + data)
+                if pings:
+                    self.transport.write(_PONG * pings)  # type: ignore[attr-defined]
             return
         self.buf += data
         if b'"open"' in self.buf:
-            if self.kind == "ws" and b"permessage-deflate" in self.buf.split(b"\r\n\r\n", 1)[0].lower():
+            head, _, frames = self.buf.partition(b"\r\n\r\n")
+            if self.kind == "ws" and b"permessage-deflate" in head.lower():
                 self.done.set_exception(RuntimeError("server accepted permessage-deflate"))
             else:
                 self.done.set_result(None)
-            self.buf = b""
+            self.buf = _pings(frames)[1] if self.kind == "ws" else b""  # the open event's frame, read
 
     def connection_lost(self, exc: Exception | None) -> None:
         if not self.done.done():
