@@ -90,6 +90,16 @@ async def store_rate(path: str, n: int, concurrency: int, freeze: bool) -> tuple
     return n / elapsed, cpu / n * 1e6, loop_cpu / n * 1e6, commit_cpu / n * 1e6
 
 
+def _thresholds(raw: str) -> list[int]:
+    try:
+        out = [int(x) for x in raw.split(",")]
+    except ValueError:
+        out = []
+    if len(out) != 3 or min(out) < 0:
+        raise argparse.ArgumentTypeError(f"want three counts G0,G1,G2 (such as 20000,10,10), got {raw!r}")
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--publishes", type=int, default=20000)
@@ -99,11 +109,13 @@ def main() -> None:
     )
     ap.add_argument(
         "--gc-thresholds",
+        type=_thresholds,
+        default=[],
         help="G0,G1,G2: set the collector's thresholds (and freeze after each store opens) as UPF's processes do",
     )
     ap.add_argument("--json", help="also write the per-round figures here (bench/run.py reads them)")
     args = ap.parse_args()
-    thresholds = [int(x) for x in args.gc_thresholds.split(",")] if args.gc_thresholds else []
+    thresholds: list[int] = args.gc_thresholds
     if thresholds:
         gc.set_threshold(*thresholds)
     bases, rates, cpus, loops, commits = [], [], [], [], []
