@@ -113,6 +113,19 @@ async def test_bad_delays_are_ntfys_400s_and_store_nothing(split):
         await store.close()
 
 
+async def test_a_releaser_hears_a_scheduling_at_once_and_polls_for_nothing(fleet):
+    """The releaser sleeps on the schedule bell, not a timer: with its backstop poll at 10 minutes, a
+    message scheduled through another process still comes out when due."""
+    writer = fleet.start("upf_writer", node="w2", UPF_DELAY_MIN_SECS=MIN)
+    pusher = fleet.start("upf_pusher", node="pusherC", UPF_SAFETY_POLL_SECS="600", UPF_RELEASE_POLL_SECS="600")
+    async with subscribe(pusher.base, "sched5", "json") as s:
+        await asyncio.sleep(1.0)  # the releaser has looked (nothing scheduled) and sleeps
+        sent = (await publish(writer.base, "sched5", "bell", headers={"X-Delay": "2s"})).json()
+        got = await asyncio.wait_for(s.next_message(10), 10)  # keepalives must not stretch the wait
+        assert (got.id, got.message) == (sent["id"], "bell")
+        assert time.time() - sent["time"] < 2.0, "released long after it was due"
+
+
 async def test_all_in_one_with_two_workers_delivers_once(fleet):
     """The all-in-one program: each worker is a pusher node with its own releaser; they race for the
     due message and the subscriber still gets it once."""

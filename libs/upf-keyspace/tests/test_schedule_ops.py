@@ -41,6 +41,34 @@ async def test_scheduled_is_hidden_until_released_then_keeps_its_id(store):
     assert await store.next_due() is None and await store.release_due(now + 200) == 0
 
 
+async def test_a_scheduling_rings_the_releasers_watch_and_a_release_does_not(tmp_path):
+    """The watch from watch_due fires when another handle on the file (another process) schedules a
+    message; the release that follows rings nothing, so releasers do not wake one another in a loop."""
+    path = str(tmp_path / "upf.db")
+    releaser = Store(await open_embedded(path), shard_count=8)
+    writer = Store(await open_embedded(path), shard_count=8)
+    try:
+        now = int(time.time())
+        due, watch = await releaser.watch_due()
+        assert due is None and not watch.done()
+        await writer.schedule("t", env("x", t=now), now + 5)
+        await asyncio.wait_for(_awaited(watch), 5)
+        due, watch = await releaser.watch_due()
+        assert due == now + 5
+        assert await writer.release_due(now + 5) == 1
+        await asyncio.sleep(0.3)
+        assert not watch.done()
+        watch.cancel()
+        assert (await releaser.watch_due())[0] is None
+    finally:
+        await releaser.close()
+        await writer.close()
+
+
+async def _awaited(watch) -> None:
+    await watch
+
+
 async def test_release_pokes_the_holder(store):
     now = int(time.time())
     await store.subscribe(["t"], "n1", SINCE_NONE)
@@ -161,7 +189,7 @@ def test_scheduling_settings():
 
     s = load_settings({})
     assert (s.delay_min_secs, s.delay_max_secs, s.release_poll_secs, s.nocache_keep_secs, s.stats_sample_secs) == (
-        10, 259_200, 1.0, 120, 60)  # fmt: skip
+        10, 259_200, 10.0, 120, 60)  # fmt: skip
     s = load_settings({"UPF_DELAY_MIN_SECS": "2", "UPF_DELAY_MAX_SECS": "60", "UPF_NOCACHE_KEEP_SECS": "5"})
     assert (s.delay_min_secs, s.delay_max_secs, s.nocache_keep_secs) == (2, 60, 5)
     for bad in ({"UPF_DELAY_MIN_SECS": "x"}, {"UPF_DELAY_MAX_SECS": "0"}, {"UPF_RELEASE_POLL_SECS": "0"},

@@ -23,6 +23,7 @@ of key can never collide::
     ├── "S"   / due:int / stamp:Versionstamp / topic:str -> Envelope (msgpack)   scheduled (X-Delay), not yet in Q
     ├── "SR"  / topic:str / origin:bytes / stamp:Versionstamp -> ""             a released scheduled message: its
     │                                                                            publish id -> its Q stamp
+    ├── "SB"                                            -> counter (LE i64)       schedule bell, rung by every scheduling
     ├── "ST"  / name:str / slot:int                     -> counter (LE)           fleet-wide stats (atomic adds; "tally":
     │                                                                            16 bytes, messages | stored bytes)
     ├── "SH"  / unix:int                                -> counter (LE i64)       samples of the messages counter
@@ -107,6 +108,7 @@ __all__ = [
     "access_range",
     "unpack_access_key",
     "auth_version_key",
+    "schedule_bell_key",
     "bucket_key",
     "bucket_range",
     "unpack_bucket_key",
@@ -201,6 +203,7 @@ class Prefix(str, enum.Enum):
     RATE_BUCKET = "RL"
     SCHEDULED = "S"
     RELEASED = "SR"
+    SCHEDULE_BELL = "SB"
     STATS = "ST"
     STATS_SAMPLE = "SH"
     PUSH_TOPIC = "WT"
@@ -550,6 +553,11 @@ def scheduled_due_range(until: int) -> tuple[bytes, bytes]:
 def unpack_scheduled_key(key: bytes) -> tuple[int, bytes, str]:
     due, vs, topic = _unpack(key, Prefix.SCHEDULED, 3)
     return due, stamp_of(vs), topic
+
+
+def schedule_bell_key() -> bytes:
+    """Watched by every releaser, so a message scheduled sooner than the earliest it knew wakes it."""
+    return _pack(_P.SCHEDULE_BELL)
 
 
 def released_key_incomplete(topic: str, origin: bytes, user_version: int) -> bytes:

@@ -234,8 +234,11 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     """The earliest a scheduled message (X-Delay/X-At/X-In) may be due, in seconds from now (ntfy: 10 s)."""
     delay_max_secs: Annotated[int, var(_int, ge=1, le=10 * 365 * 86400)] = 259_200
     """The latest, in seconds from now (ntfy: 3 days)."""
-    release_poll_secs: Annotated[float, var(_secs, ge=0.05, le=3600)] = 1.0
-    """How often a pusher looks for scheduled messages that are due (it sleeps less when one is due sooner)."""
+    release_poll_secs: Annotated[float, var(_secs, ge=0.05, le=3600)] = 10.0
+    """The longest a pusher's releaser sleeps between looks for due scheduled messages. It wakes at the
+    earliest due time and whenever a message is scheduled (the schedule bell); this is the backstop for a
+    missed bell (a writer older than the bell rings none), and at the default minimum delay (10 s) it
+    still finds every message before it is due."""
     nocache_keep_secs: Annotated[int, var(_int, ge=1, le=86400)] = 120
     """How long an X-Cache: no message stays in the store for live delivery (never replayed) before the
     janitor may delete it; covers a live subscriber whose bell was lost until the safety poll."""

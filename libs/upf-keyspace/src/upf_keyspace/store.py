@@ -150,6 +150,11 @@ class Store:
     async def next_due(self) -> int | None:
         return await self.db.transact(ops.schedule.next_due)
 
+    async def watch_due(self) -> tuple[int | None, Watch]:
+        """The earliest due time and a watch that fires when a message is scheduled (await it with a
+        timeout, then cancel it)."""
+        return await self.db.transact(ops.schedule.watch_due)
+
     async def release_due(self, now: float, limit: int = 100) -> int:
         """Move scheduled messages due at ``now`` (unix secs) into Q (exactly once, whichever node runs it)."""
         return await self.db.transact(

@@ -3,16 +3,21 @@
 releaser killed mid-way changed nothing). The move pokes the topic's holders like a publish, so the
 delivering pusher hears of it through its bell, whichever node released it.
 
+Between looks a releaser sleeps until the earliest due time, or until a scheduling rings the schedule
+bell it watches (one might be due sooner), and at most ``poll_secs``: the backstop for a missed bell.
+So an idle node takes no wake-up for it.
+
 ``next_sleep`` is the pure part: how long to wait before looking again.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 
-from upf_keyspace import Store
+from upf_keyspace import Store, Watch
 
 __all__ = ["RELEASE_BATCH", "next_sleep", "release_loop", "release_once"]
 
@@ -43,17 +48,35 @@ async def release_once(store: Store, now: float) -> int:
 async def release_loop(store: Store, poll_secs: float, node: str) -> None:
     while True:
         sleep = poll_secs
+        watch: Watch | None = None
         try:
             now = time.time()
-            due = await store.next_due()
+            due, watch = await store.watch_due()
             if due is not None and due <= now:
+                watch.cancel()
+                watch = None
                 moved = await release_once(store, now)
                 if moved:
                     log.info("scheduled messages released", extra={"node": node, "released": moved})
-                due = await store.next_due()
+                due, watch = await store.watch_due()
             sleep = next_sleep(time.time(), due, poll_secs)
         except asyncio.CancelledError:
+            if watch is not None:
+                watch.cancel()
             raise
         except Exception:
             log.warning("scheduled release failed", extra={"node": node}, exc_info=True)
-        await asyncio.sleep(sleep)
+            sleep = min(sleep, 1.0)
+        try:
+            if watch is None:
+                await asyncio.sleep(sleep)
+            else:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(_awaitable(watch), sleep)
+        finally:
+            if watch is not None:
+                watch.cancel()
+
+
+async def _awaitable(watch: Watch) -> None:
+    await watch

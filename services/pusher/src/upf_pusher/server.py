@@ -177,6 +177,8 @@ class HttpProtocol(asyncio.Protocol):
         if isinstance(peer, tuple) and peer:
             self.client = str(peer[0])
         self.pusher._http.add(self)
+        if self.pusher._sweeper is None:
+            self.pusher._arm_sweeper()
         self.admitted = self.pusher.peers.acquire(self.client)
         self._arm(HEAD_TIMEOUT if self.admitted else REFUSED_HEAD_TIMEOUT)
 
@@ -500,12 +502,19 @@ class Pusher:
         task.add_done_callback(self._tasks.discard)
         return task
 
+    def _arm_sweeper(self) -> None:
+        """Sweep while an unrouted connection exists, not forever: an idle node takes no timer wake-ups."""
+        if not self.closing:
+            self._sweeper = asyncio.get_running_loop().call_later(SWEEP_SECS, self._sweep)
+
     def _sweep(self) -> None:
         """Run the timeout of every connection past its deadline (see HttpProtocol._arm)."""
+        self._sweeper = None
         now = _monotonic()
         for proto in [p for p in self._http if p.deadline and p.deadline <= now]:
             proto._timeout()
-        self._sweeper = asyncio.get_running_loop().call_later(SWEEP_SECS, self._sweep)
+        if self._http:
+            self._arm_sweeper()
 
     async def start(
         self, *, host: str | None = None, port: int | None = None, sock: socket.socket | None = None
@@ -519,8 +528,6 @@ class Pusher:
         except Exception:  # a store down at start must not keep the pusher down; the janitor sweeps later
             log.warning("subscription counts not cleared at start", exc_info=True)
         await self.hub.start()
-        loop = asyncio.get_running_loop()
-        self._sweeper = loop.call_later(SWEEP_SECS, self._sweep)
         if sock is None:
             bind_host = self.settings.bind_host if host is None else host
             sock = socket.create_server(
@@ -530,7 +537,7 @@ class Pusher:
             )
         else:
             sock.listen(4096)
-        self._acceptor = Acceptor(loop, sock, lambda: HttpProtocol(self))
+        self._acceptor = Acceptor(asyncio.get_running_loop(), sock, lambda: HttpProtocol(self))
         self._acceptor.start()
         log.info(
             "pusher listening",

@@ -310,6 +310,27 @@ async def test_request_body_that_never_arrives_is_cut_off(start_pusher: Any, mon
     assert out == b""
 
 
+async def test_deadline_sweep_runs_only_while_a_connection_is_unrouted(start_pusher: Any, monkeypatch: Any) -> None:
+    """No timer wakes an idle pusher; the first connection arms the sweep (its head timeout still
+    fires), and the sweep stops once no unrouted connection is left."""
+    from upf_pusher import server
+
+    monkeypatch.setattr(server, "HEAD_TIMEOUT", 0.2)
+    monkeypatch.setattr(server, "SWEEP_SECS", 0.05)
+    p = await start_pusher()
+    assert p._sweeper is None
+    reader, writer = await asyncio.open_connection("127.0.0.1", p.port)
+    try:
+        await eventually(lambda: p._sweeper is not None)
+        assert await asyncio.wait_for(reader.read(), 3) == b""  # no head: cut off by the sweep
+    finally:
+        writer.close()
+    await eventually(lambda: not p._http and p._sweeper is None)
+    out = await raw_request(p.port, b"GET /t/json?poll=1 HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    assert status_and_body(out)[0] == 200
+    await eventually(lambda: p._sweeper is None)
+
+
 async def test_paused_subscriber_resumes_from_its_cursor_without_gaps(pusher: Pusher, store: Store) -> None:
     """A client that stops reading is paused; once it reads again it gets every message once, in order."""
     loop = asyncio.get_running_loop()

@@ -16,18 +16,22 @@ from __future__ import annotations
 import msgspec
 
 from .. import keys
-from ..contract import Transaction
+from ..contract import Transaction, Watch
 from ..envelope import Envelope, decode_envelope, encode_envelope
 from ..msgid import encode_id
 from .publish import Pending, add_tally, publish
 
-__all__ = ["schedule", "next_due", "release_due"]
+__all__ = ["schedule", "next_due", "watch_due", "release_due"]
+
+_ONE = keys.pack_i64(1)
 
 
 async def schedule(tr: Transaction, topic: str, env: Envelope, due: int) -> Pending:
-    """Keep ``env`` in S until ``due`` (unix secs). Nothing is poked: no subscriber may see it yet."""
+    """Keep ``env`` in S until ``due`` (unix secs). No subscriber is poked (none may see it yet); the
+    releasers are, through the schedule bell (an atomic add: schedulings never conflict on it)."""
     uv = tr.next_user_version()
     tr.set_versionstamped_key(keys.scheduled_key_incomplete(due, topic, uv), encode_envelope(env))
+    tr.add(keys.schedule_bell_key(), _ONE)
     add_tally(tr, topic, 1, 0)
     return Pending(envelope=env, user_version=uv, commit_stamp=tr.get_versionstamp())
 
@@ -37,6 +41,12 @@ async def next_due(tr: Transaction) -> int | None:
     begin, end = keys.scheduled_due_range((1 << 63) - 2)
     rows = await tr.get_range(begin, end, limit=1, snapshot=True)
     return keys.unpack_scheduled_key(rows[0][0])[0] if rows else None
+
+
+async def watch_due(tr: Transaction) -> tuple[int | None, Watch]:
+    """The earliest due time and a watch on the schedule bell, from one read version: a scheduling
+    committed after the read fires the watch, so a releaser sleeping until ``due`` misses none."""
+    return await next_due(tr), tr.watch(keys.schedule_bell_key())
 
 
 async def release_due(tr: Transaction, now: int, limit: int, *, shard_count: int, now_ms: int = 0) -> int:
