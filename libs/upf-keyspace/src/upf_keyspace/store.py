@@ -174,6 +174,10 @@ class Store:
         """What ``UPF_MAX_STORE_BYTES`` bounds: the bytes of every stored message, fleet-wide."""
         return int(await self.db.transact(ops.stats.stored_bytes))
 
+    async def appends(self) -> int:
+        """How many messages ever entered Q, fleet-wide: only grows (a pusher's safety pass compares it)."""
+        return int(await self.db.transact(ops.stats.appends))
+
     async def sample_stats(self, now: int, every: int = 60, keep: int = 10) -> bool:
         return await self.db.transact(ops.stats.sample, now, every, keep)
 

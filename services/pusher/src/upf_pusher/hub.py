@@ -47,6 +47,8 @@ READ_BATCH = 32
 """Messages per store read: bounds what one connection may hold beyond its write buffer's high mark."""
 SAFETY_CHUNK = 256
 """Connections the safety poll pokes before it waits for their read round and yields."""
+SAFETY_FULL_EVERY = 10
+"""Every this many safety passes re-drain every connection even if the store's appends count stood still."""
 READ_GROUP = 8
 """(topic, cursor) reads per store transaction in a read round. Small on purpose: a transaction keeps
 one snapshot, and on the embedded store every read after a concurrent commit is checked against all
@@ -97,7 +99,16 @@ class _TransportCells:
 class HubMetrics:
     """The pusher's metric cells, made once per hub (the families are process-wide)."""
 
-    __slots__ = ("transports", "safety", "bells", "inbox_entries", "pauses", "slow_closes", "drain_errors")
+    __slots__ = (
+        "transports",
+        "safety",
+        "safety_skips",
+        "bells",
+        "inbox_entries",
+        "pauses",
+        "slow_closes",
+        "drain_errors",
+    )
 
     def __init__(self, registry: tm.Registry) -> None:
         deliveries = registry.counter(
@@ -123,6 +134,10 @@ class HubMetrics:
         self.safety = registry.counter(
             "upf.pusher.safety_poll.deliveries",
             "messages delivered by the safety poll's re-drain rather than a bell or a subscribe (lost pokes)",
+        ).cell()
+        self.safety_skips = registry.counter(
+            "upf.pusher.safety_poll.skips",
+            "safety passes skipped: no message entered the store's queues since the last full pass began",
         ).cell()
         self.bells = registry.counter("upf.pusher.bells", "bell watches that fired (a wake-up, not a timeout)").cell()
         self.inbox_entries = registry.counter("upf.pusher.inbox.entries", "inbox entries drained (one per poke)").cell()
@@ -154,6 +169,9 @@ class Hub:
         self._loops: list[asyncio.Task[None]] = []
         self._closing = False
         self.drain_errors = 0
+        self._safety_mark: tuple[int, int] | None = None
+        """(the store's appends count as the last complete safety pass began, drain errors as it ended)."""
+        self._safety_skips = 0
         self._wanted: _Wanted = {}
         """Reads for the next round, by (topic, cursor, limit): the connections waiting on each."""
         self._reader: asyncio.Task[Any] | None = None
@@ -627,8 +645,20 @@ class Hub:
         self._ring(shard)
 
     # --- periodic work ------------------------------------------------------------------------------
-    async def safety_pass(self) -> None:
-        """Re-drain every live connection, in chunks, yielding between them."""
+    async def safety_pass(self, *, force: bool = False) -> None:
+        """Re-drain every live connection, in chunks, yielding between them.
+
+        Skipped (up to ``SAFETY_FULL_EVERY - 1`` times in a row) when no message entered Q since the
+        last complete pass began and no drain failed since: that pass read every queue after its
+        start, so this one would find nothing. An idle node's pass is then one read, not one per
+        connection; the periodic full pass bounds what a wrong count (a writer of an older release
+        counts nothing) could delay."""
+        appends, errors = await self.store.appends(), self.drain_errors
+        if not force and self._safety_mark == (appends, errors) and self._safety_skips < SAFETY_FULL_EVERY - 1:
+            self._safety_skips += 1
+            self.metrics.safety_skips.add()
+            return
+        self._safety_mark = None  # a pass cut short vouches for nothing
         subs = [s for s in self.subs if not s.session.poll]
         for i in range(0, len(subs), SAFETY_CHUNK):
             for s in subs[i : i + SAFETY_CHUNK]:
@@ -636,6 +666,8 @@ class Hub:
                     self.run(s, s.session.poke_all(), SAFETY)
             await self._round_done()
             await asyncio.sleep(0)
+        if self.drain_errors == errors:
+            self._safety_mark, self._safety_skips = (appends, errors), 0
 
     async def _safety_loop(self) -> None:
         while True:
@@ -680,7 +712,7 @@ class Hub:
                 if not existed:
                     log.warning("node was swept as dead; holding topics again", extra={"node": self.node})
                     await self.rehold()
-                    await self.safety_pass()
+                    await self.safety_pass(force=True)
             except asyncio.CancelledError:
                 raise
             except StoreError as exc:  # its code says it all (a full store, a timeout): no traceback

@@ -261,6 +261,25 @@ async def test_subscribe_and_ops_routes_take_precedence_over_the_fallback(start_
     assert (await c.next())["event"] == "open"
 
 
+async def test_a_failed_drain_keeps_the_next_safety_pass_full(start_pusher: Any, store: Store) -> None:
+    """A drain error since the last full pass means that pass may have missed something: no skip."""
+    p = await start_pusher(safety_poll_secs=3600)
+    await p.hub.safety_pass()
+    skips = p.hub.metrics.safety_skips.value
+    await p.hub.safety_pass()
+    assert p.hub.metrics.safety_skips.value == skips + 1
+    p.hub.drain_errors += 1
+    await p.hub.safety_pass()
+    assert p.hub.metrics.safety_skips.value == skips + 1
+    await p.hub.safety_pass()
+    assert p.hub.metrics.safety_skips.value == skips + 2
+    await publish(store, "elsewhere", "x")  # any message into Q, on any topic, ends the skips
+    await p.hub.safety_pass()
+    assert p.hub.metrics.safety_skips.value == skips + 2
+    await p.hub.safety_pass(force=True)
+    assert p.hub.metrics.safety_skips.value == skips + 2
+
+
 async def test_store_errors_during_a_drain_are_survived(
     start_pusher: Any, store: Store, clients: Any, caplog: Any
 ) -> None:

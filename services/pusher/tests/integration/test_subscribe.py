@@ -188,6 +188,35 @@ async def test_safety_poll_delivers_without_a_poke(transport: str, start_pusher,
     assert (await c.next_message(3000))["message"] == "unpoked"
 
 
+async def test_safety_passes_with_nothing_new_are_skipped_and_a_lost_poke_still_arrives(
+    transport: str, start_pusher, store: Store, clients
+) -> None:
+    """An idle node's safety pass is one read: with no message into Q since the last full pass it is
+    skipped (all but every SAFETY_FULL_EVERY-th); the first message whose poke is lost ends the run of
+    skips and arrives through the next pass."""
+    from upf_pusher import hub
+
+    p = await start_pusher(safety_poll_secs=0.05)
+    c = await clients(p.port, transport, path("skip", transport))
+    await c.next()
+    reads = 0
+    real = p.store.read_many
+
+    async def counted(wants):  # type: ignore[no-untyped-def]
+        nonlocal reads
+        reads += len(wants)
+        return await real(wants)
+
+    p.store.read_many = counted  # type: ignore[method-assign]
+    skips = p.hub.metrics.safety_skips.value
+    await eventually(lambda: p.hub.metrics.safety_skips.value >= skips + hub.SAFETY_FULL_EVERY + 2, 5000)
+    passes = p.hub.metrics.safety_skips.value - skips
+    assert 1 <= reads <= passes // (hub.SAFETY_FULL_EVERY - 1) + 1  # only the periodic full passes read
+    await store.release(["skip"], p.settings.node_id)
+    assert (await publish(store, "skip", "unpoked")).poked == 0
+    assert (await c.next_message(3000))["message"] == "unpoked"
+
+
 async def test_node_swept_as_dead_holds_its_topics_again(transport: str, start_pusher, store: Store, clients) -> None:
     """When the janitor swept this node, the next heartbeat re-holds its topics and re-drains."""
     p = await start_pusher(heartbeat_secs=0.1)

@@ -32,6 +32,11 @@ message count in its low 8 bytes and the stored message bytes in its high 8, so 
 with one atomic add. The message count never goes below 0, so adding to the high half never borrows
 from the low one, and the high half read as a signed 64-bit integer is the byte count."""
 
+APPENDS = "appends"
+"""``ST / "appends" / slot``: 8-byte little-endian counts of the messages that entered Q (publishes and
+scheduled releases). It only grows, so a pusher whose last safety pass began at the same sum has
+nothing new to find (``Hub.safety_pass``); the tally cannot say so, as expiries take from it."""
+
 LEGACY_MESSAGES, LEGACY_BYTES = "messages", "bytes"
 """The two 8-byte counters ``TALLY`` replaced; stores written before it still hold them, and the
 readers add them in."""
@@ -43,13 +48,16 @@ message, not an idempotency key (those are printable ASCII): the janitor then cl
 _TALLY_BITS = 1 << 128
 
 
-def add_tally(tr: Transaction, topic: str, messages: int, stored_bytes: int) -> None:
+def add_tally(tr: Transaction, topic: str, messages: int, stored_bytes: int, *, appended: bool = False) -> None:
     """Add to ``/v1/stats``' message count and to the fleet's stored message bytes (for
     ``UPF_MAX_STORE_BYTES``): added by a publish, the bytes taken off by the janitor's expiry and by
-    a Web Push Topic replacement. An atomic add: never a conflict. Messages stored before the byte
-    count existed are not in it."""
+    a Web Push Topic replacement; ``appended``: and count one entry into Q (``APPENDS``). Atomic adds:
+    never a conflict. Messages stored before the byte count existed are not in it."""
+    slot = keys.shard_of(topic, STAT_SLOTS)
     param = ((stored_bytes << 64) + messages) % _TALLY_BITS
-    tr.add(keys.stat_key(TALLY, keys.shard_of(topic, STAT_SLOTS)), param.to_bytes(16, "little"))
+    tr.add(keys.stat_key(TALLY, slot), param.to_bytes(16, "little"))
+    if appended:
+        tr.add(keys.stat_key(APPENDS, slot), _ONE)
 
 
 async def publish(
@@ -80,7 +88,7 @@ async def publish(
     uv = tr.next_user_version()
     value = encode_envelope(env)
     tr.set_versionstamped_key(keys.queue_key_incomplete(topic, uv), value)
-    add_tally(tr, topic, 1 if count else 0, len(value))
+    add_tally(tr, topic, 1 if count else 0, len(value), appended=True)
     if env.push_topic:
         tr.set_versionstamped_key(keys.push_topic_key_incomplete(topic, env.push_topic, uv), b"")
     x_value = RELEASED_MARK + encode_id(origin).encode() if origin else idem.encode()

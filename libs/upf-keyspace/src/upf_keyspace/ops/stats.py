@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from .. import keys
 from ..contract import Transaction
-from .publish import LEGACY_BYTES, LEGACY_MESSAGES, TALLY
+from .publish import APPENDS, LEGACY_BYTES, LEGACY_MESSAGES, TALLY
 
-__all__ = ["total", "stored_bytes", "sample", "samples", "rate"]
+__all__ = ["total", "stored_bytes", "appends", "sample", "samples", "rate"]
 
 
 async def _tally(tr: Transaction) -> tuple[int, int]:
@@ -33,6 +33,11 @@ async def stored_bytes(tr: Transaction) -> int:
     """The fleet's stored message bytes; never below 0 (messages stored before the counter existed
     are taken off when they expire)."""
     return max(0, (await _tally(tr))[1])
+
+
+async def appends(tr: Transaction) -> int:
+    """How many messages ever entered Q (``publish.APPENDS``), fleet-wide."""
+    return sum(keys.unpack_i64(v) for _, v in await tr.get_range(*keys.stat_range(APPENDS), snapshot=True))
 
 
 async def samples(tr: Transaction) -> list[tuple[int, int]]:
