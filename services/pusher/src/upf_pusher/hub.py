@@ -196,6 +196,12 @@ class Hub:
             await self.store.heartbeat(self.node, int(time.time()))
         except Exception:
             log.warning("first heartbeat failed", extra={"node": self.node}, exc_info=True)
+        if not self.subs:
+            # A pass over no connection is complete: each one attached from now on drains at its attach.
+            try:
+                self._safety_mark = (await self.store.appends(), self.drain_errors)
+            except Exception:
+                log.warning("appends count not read at start", extra={"node": self.node}, exc_info=True)
         loops: list[Coroutine[Any, Any, None]] = [
             self._bell_loop(),
             self._safety_loop(),
