@@ -13,7 +13,6 @@ So an idle node takes no wake-up for it.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 
@@ -67,15 +66,24 @@ async def release_loop(store: Store, poll_secs: float, node: str) -> None:
         except Exception:
             log.warning("scheduled release failed", extra={"node": node}, exc_info=True)
             sleep = min(sleep, 1.0)
-        try:
-            if watch is None:
-                await asyncio.sleep(sleep)
-            else:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(_awaitable(watch), sleep)
-        finally:
-            if watch is not None:
-                watch.cancel()
+        if watch is None:
+            await asyncio.sleep(sleep)
+        else:
+            await _wait(watch, sleep, node)
+
+
+async def _wait(watch: Watch, secs: float, node: str) -> None:
+    """Until the schedule bell rings or ``secs`` pass. A watch that fails (a store error, a watch
+    limit) ends the wait without ending the loop, which then polls as it did before the bell."""
+    waiter = asyncio.ensure_future(_awaitable(watch))
+    try:
+        await asyncio.wait((waiter,), timeout=secs)
+    finally:
+        waiter.cancel()
+        watch.cancel()
+    if waiter.done() and not waiter.cancelled() and waiter.exception() is not None:
+        log.warning("schedule watch failed", extra={"node": node}, exc_info=waiter.exception())
+        await asyncio.sleep(min(secs, 1.0))
 
 
 async def _awaitable(watch: Watch) -> None:

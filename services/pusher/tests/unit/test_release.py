@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
+
 import pytest
 
-from upf_pusher.release import next_sleep
+from upf_pusher.release import next_sleep, release_loop
 
 
 def test_sleeps_until_the_earliest_due_time_but_polls_at_least_every_poll_secs():
@@ -12,3 +15,55 @@ def test_sleeps_until_the_earliest_due_time_but_polls_at_least_every_poll_secs()
     assert next_sleep(100.0, 100, 1.0) == 0.01  # due now: never a busy loop
     assert next_sleep(100.2, 101, 1.0) == pytest.approx(0.8)
     assert next_sleep(100.0, 500, 1.0) == 1.0  # far off: something sooner may be scheduled meanwhile
+
+
+class _FailingWatch:
+    """A watch the store cannot keep (FoundationDB's watch limit, a store error): it fails at once."""
+
+    def __await__(self):  # type: ignore[no-untyped-def]
+        async def fail() -> None:
+            raise RuntimeError("too many watches")
+
+        return fail().__await__()
+
+    def cancel(self) -> None:
+        pass
+
+    def done(self) -> bool:
+        return True
+
+
+class _Store:
+    def __init__(self) -> None:
+        self.looks = 0
+        self.due: int | None = None
+        self.released = 0
+
+    async def watch_due(self):  # type: ignore[no-untyped-def]
+        self.looks += 1
+        return self.due, _FailingWatch()
+
+    async def release_due(self, now: float, limit: int) -> int:
+        if self.due is not None and self.due <= now:
+            self.due = None
+            self.released += 1
+            return 1
+        return 0
+
+
+async def test_a_failing_watch_degrades_to_a_one_second_poll_and_never_ends_the_loop():
+    store = _Store()
+    task = asyncio.create_task(release_loop(store, 60.0, "n1"))  # type: ignore[arg-type]
+    try:
+        await asyncio.sleep(0.05)
+        store.due = int(time.time())
+        for _ in range(300):
+            if store.released:
+                break
+            await asyncio.sleep(0.01)
+        assert store.released == 1 and not task.done()
+        assert store.looks <= 4  # a failed watch costs a second of sleep, not a busy loop
+    finally:
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
