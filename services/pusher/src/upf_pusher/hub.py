@@ -659,8 +659,20 @@ class Hub:
         start, so this one would find nothing. An idle node's pass is then one read, not one per
         connection; the periodic full pass bounds what a wrong count (a writer of an older release
         counts nothing) could delay."""
-        appends, errors = await self.store.appends(), self.drain_errors
-        if not force and self._safety_mark == (appends, errors) and self._safety_skips < SAFETY_FULL_EVERY - 1:
+        errors = self.drain_errors
+        appends: int | None = None
+        try:
+            appends = await self.store.appends()
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # unread, it vouches for nothing: this pass is full
+            log.warning("appends count not read", extra={"node": self.node}, exc_info=True)
+        if (
+            not force
+            and appends is not None
+            and self._safety_mark == (appends, errors)
+            and self._safety_skips < SAFETY_FULL_EVERY - 1
+        ):
             self._safety_skips += 1
             self.metrics.safety_skips.add()
             return
@@ -672,7 +684,7 @@ class Hub:
                     self.run(s, s.session.poke_all(), SAFETY)
             await self._round_done()
             await asyncio.sleep(0)
-        if self.drain_errors == errors:
+        if appends is not None and self.drain_errors == errors:
             self._safety_mark, self._safety_skips = (appends, errors), 0
 
     async def _safety_loop(self) -> None:

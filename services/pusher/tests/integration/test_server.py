@@ -262,7 +262,8 @@ async def test_subscribe_and_ops_routes_take_precedence_over_the_fallback(start_
 
 
 async def test_a_failed_drain_keeps_the_next_safety_pass_full(start_pusher: Any, store: Store) -> None:
-    """A drain error since the last full pass means that pass may have missed something: no skip."""
+    """A drain error since the last full pass means that pass may have missed something: no skip; nor
+    when the appends count cannot be read."""
     p = await start_pusher(safety_poll_secs=3600)
     await p.hub.safety_pass()
     skips = p.hub.metrics.safety_skips.value
@@ -278,6 +279,22 @@ async def test_a_failed_drain_keeps_the_next_safety_pass_full(start_pusher: Any,
     assert p.hub.metrics.safety_skips.value == skips + 2
     await p.hub.safety_pass(force=True)
     assert p.hub.metrics.safety_skips.value == skips + 2
+    real = p.store.appends
+
+    async def unreadable() -> int:
+        raise RuntimeError("store hiccup")
+
+    p.store.appends = unreadable  # type: ignore[method-assign]
+    try:
+        await p.hub.safety_pass()  # the count unread: a full pass, which vouches for nothing after it
+        await p.hub.safety_pass()
+    finally:
+        p.store.appends = real  # type: ignore[method-assign]
+    assert p.hub.metrics.safety_skips.value == skips + 2
+    await p.hub.safety_pass()
+    assert p.hub.metrics.safety_skips.value == skips + 2
+    await p.hub.safety_pass()
+    assert p.hub.metrics.safety_skips.value == skips + 3
 
 
 async def test_store_errors_during_a_drain_are_survived(
