@@ -52,7 +52,7 @@ async def test_a_scheduling_rings_the_releasers_watch_and_a_release_does_not(tmp
         due, watch = await releaser.watch_due()
         assert due is None and not watch.done()
         await writer.schedule("t", env("x", t=now), now + 5)
-        await asyncio.wait_for(_awaited(watch), 5)
+        await asyncio.wait_for(watch, 5)
         due, watch = await releaser.watch_due()
         assert due == now + 5
         assert await writer.release_due(now + 5) == 1
@@ -63,10 +63,6 @@ async def test_a_scheduling_rings_the_releasers_watch_and_a_release_does_not(tmp
     finally:
         await releaser.close()
         await writer.close()
-
-
-async def _awaited(watch) -> None:
-    await watch
 
 
 async def test_release_pokes_the_holder(store):

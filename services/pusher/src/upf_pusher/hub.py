@@ -196,12 +196,10 @@ class Hub:
             await self.store.heartbeat(self.node, int(time.time()))
         except Exception:
             log.warning("first heartbeat failed", extra={"node": self.node}, exc_info=True)
-        if not self.subs:
+        appends = await self._appends()
+        if appends is not None and not self.subs:
             # A pass over no connection is complete: each one attached from now on drains at its attach.
-            try:
-                self._safety_mark = (await self.store.appends(), self.drain_errors)
-            except Exception:
-                log.warning("appends count not read at start", extra={"node": self.node}, exc_info=True)
+            self._safety_mark = (appends, self.drain_errors)
         loops: list[Coroutine[Any, Any, None]] = [
             self._bell_loop(),
             self._safety_loop(),
@@ -660,13 +658,7 @@ class Hub:
         connection; the periodic full pass bounds what a wrong count (a writer of an older release
         counts nothing) could delay."""
         errors = self.drain_errors
-        appends: int | None = None
-        try:
-            appends = await self.store.appends()
-        except asyncio.CancelledError:
-            raise
-        except Exception:  # unread, it vouches for nothing: this pass is full
-            log.warning("appends count not read", extra={"node": self.node}, exc_info=True)
+        appends = await self._appends()  # unread (None), it vouches for nothing: this pass is full
         if (
             not force
             and appends is not None
@@ -686,6 +678,16 @@ class Hub:
             await asyncio.sleep(0)
         if appends is not None and self.drain_errors == errors:
             self._safety_mark, self._safety_skips = (appends, errors), 0
+
+    async def _appends(self) -> int | None:
+        """The store's appends count, or None when it cannot be read (logged)."""
+        try:
+            return await self.store.appends()
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.warning("appends count not read", extra={"node": self.node}, exc_info=True)
+            return None
 
     async def _safety_loop(self) -> None:
         while True:

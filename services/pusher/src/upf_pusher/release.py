@@ -75,7 +75,7 @@ async def release_loop(store: Store, poll_secs: float, node: str) -> None:
 async def _wait(watch: Watch, secs: float, node: str) -> None:
     """Until the schedule bell rings or ``secs`` pass. A watch that fails (a store error, a watch
     limit) ends the wait without ending the loop, which then polls as it did before the bell."""
-    waiter = asyncio.ensure_future(_awaitable(watch))
+    waiter = asyncio.ensure_future(watch)
     try:
         await asyncio.wait((waiter,), timeout=secs)
     finally:
@@ -84,7 +84,3 @@ async def _wait(watch: Watch, secs: float, node: str) -> None:
     if waiter.done() and not waiter.cancelled() and waiter.exception() is not None:
         log.warning("schedule watch failed", extra={"node": node}, exc_info=waiter.exception())
         await asyncio.sleep(min(secs, 1.0))
-
-
-async def _awaitable(watch: Watch) -> None:
-    await watch
