@@ -192,3 +192,49 @@ async def test_a_range_clear_and_a_point_write_fire_exactly_the_watches_under_th
     assert [n for n in names if ws[n].done()] == [b"b", b"b\x00", b"e"]
     for w in ws.values():
         w.cancel()
+
+
+@pytest.mark.parametrize("writer", ["same handle", "other handle"])
+async def test_a_fire_callback_runs_once_from_the_firing_check_and_never_after_a_cancel(pair, writer):
+    """``when_fired``: the check that fires the watch calls it (the watch is unregistered by then);
+    a cancelled watch never calls it; one set on a watch that fired already runs soon, once."""
+    a, b = pair
+    a.fallback_poll_secs = 30.0
+    k1, k2 = PREFIX + b"cb1", PREFIX + b"cb2"
+    await _put(a, {k1: b"0", k2: b"0"})
+    fired: list[str] = []
+    w1, w2 = await _watch(a, k1), await _watch(a, k2)
+
+    def on_fire(name: str, w) -> None:
+        assert w.done() and a._watch_count() == _counted(a)  # already off the registry
+        fired.append(name)
+
+    w1.when_fired(lambda: on_fire("w1", w1))
+    w2.when_fired(lambda: on_fire("w2", w2))
+    w2.cancel()
+    assert a._watch_count() == _counted(a) == 1  # a cancel unregisters at once
+    await _put(a if writer == "same handle" else b, {k1: b"1", k2: b"1"})
+    await asyncio.wait_for(w1.future, 2.0)
+    assert fired == ["w1"]
+    assert a._watch_count() == _counted(a) == 0
+    late: list[str] = []
+    w1.when_fired(lambda: late.append("late"))
+    assert late == []  # not from inside when_fired
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)
+    assert late == ["late"] and fired == ["w1"]
+
+
+async def test_a_watch_whose_awaiter_gives_up_is_unregistered(pair):
+    """Cancelling the task that awaits a watch cancels its future behind the watch's back (a
+    ``wait_for`` timeout): the watch must still leave the registry, or abandoned ones pile up."""
+    a, _ = pair
+    key = PREFIX + b"abandoned"
+    await _put(a, {key: b"0"})
+    for _ in range(3):
+        w = await _watch(a, key)
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(w, 0.01)
+        await asyncio.sleep(0)  # the future's done-callbacks run
+        assert w.future.cancelled()
+    assert a._watch_count() == _counted(a) == 0

@@ -611,22 +611,15 @@ class Hub:
         cleared.update(due)
 
     def _watch_bell(self, shard: int, bell: Watch) -> None:
-        """Wait for ``bell``: a done-callback when the watch is backed by an asyncio future (the embedded
-        store's), which spares a task per rung shard per wake-up; else a waiter task."""
-        fut = getattr(bell, "future", None)
-        if isinstance(fut, asyncio.Future):
-            fut.add_done_callback(functools.partial(self._bell_done, shard))
+        """Wait for ``bell``: a fire callback when the watch takes one (the embedded store's), which
+        spares a task per rung shard per wake-up; else a waiter task."""
+        when_fired = getattr(bell, "when_fired", None)
+        if callable(when_fired):
+            when_fired(functools.partial(self._bell_fired, shard))
         else:
             self._spawn(self._bell_waiter(shard, bell))
 
-    def _bell_done(self, shard: int, fut: asyncio.Future[None]) -> None:
-        """``_bell_waiter``'s outcome for a future-backed watch."""
-        if fut.cancelled():
-            return  # the loop replaced this watch, or the hub is stopping
-        if fut.exception() is not None:
-            log.warning("bell watch failed", exc_info=fut.exception())
-            asyncio.get_running_loop().call_later(0.05, self._ring, shard)  # never spin on a failing watch
-            return
+    def _bell_fired(self, shard: int) -> None:
         self.metrics.bells.add()
         self._ring(shard)
 
@@ -644,9 +637,9 @@ class Hub:
         except Exception:
             log.warning("bell watch failed", exc_info=True)
             await asyncio.sleep(0.05)  # never spin on a failing watch
+            self._ring(shard)
         else:
-            self.metrics.bells.add()
-        self._ring(shard)
+            self._bell_fired(shard)
 
     # --- periodic work ------------------------------------------------------------------------------
     async def safety_pass(self, *, force: bool = False) -> None:

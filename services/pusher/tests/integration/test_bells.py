@@ -1,11 +1,12 @@
-"""How the hub waits on its bell watches: a done-callback on a future-backed watch (the embedded
-store's; no task per rung shard per wake-up), a waiter task on any other awaitable watch (FoundationDB's
-bridge), and the same outcome either way: a fired bell marks its shard rung and wakes the loop, a
-cancelled one does nothing, a failed one rings late (never a spin)."""
+"""How the hub waits on its bell watches: a fire callback on a watch that takes one (the embedded
+store's; no task and no loop handle per rung shard per wake-up), a waiter task on any other awaitable
+watch (FoundationDB's bridge), and the same outcome either way: a fired bell marks its shard rung and
+wakes the loop, a cancelled one does nothing, a failed one rings late (never a spin)."""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 from upf_pusher_testkit import MS, Client, publish, settings_for
@@ -15,7 +16,7 @@ from upf_pusher.hub import Hub
 
 
 class _FutureWatch:
-    """Shaped like the embedded store's watch: awaitable, with a public asyncio ``future``."""
+    """An awaitable watch over a public asyncio ``future``, without a fire callback."""
 
     def __init__(self) -> None:
         self.future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -28,6 +29,26 @@ class _FutureWatch:
 
     def done(self) -> bool:
         return self.future.done()
+
+
+class _CallbackWatch(_FutureWatch):
+    """Shaped like the embedded store's watch: ``when_fired`` takes what its firing calls."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.callback: Callable[[], None] | None = None
+
+    def when_fired(self, callback: Callable[[], None]) -> None:
+        self.callback = callback
+
+    def fire(self) -> None:
+        self.future.set_result(None)
+        if self.callback is not None:
+            self.callback()
+
+    def cancel(self) -> None:
+        self.callback = None
+        super().cancel()
 
 
 class _OpaqueWatch:
@@ -46,17 +67,16 @@ class _OpaqueWatch:
         return self._inner.done()
 
 
-async def test_future_backed_bell_rings_by_callback(tmp_path: Any, store: Store) -> None:
+async def test_a_bell_that_takes_a_callback_rings_through_it_at_once(tmp_path: Any, store: Store) -> None:
     hub = Hub(settings_for(tmp_path), store)
     rang = hub.metrics.bells.value  # the cells are process-wide
-    bell = _FutureWatch()
+    bell = _CallbackWatch()
     hub._wake = asyncio.get_running_loop().create_future()
     hub._watch_bell(2, bell)  # type: ignore[arg-type]
     assert not hub._tasks  # no waiter task
     assert hub._rung == set()
-    bell.future.set_result(None)
-    await asyncio.sleep(0)
-    assert hub._rung == {2}
+    bell.fire()
+    assert hub._rung == {2}  # rung by the firing call itself, in the same loop iteration
     assert hub._wake.done()
     assert hub.metrics.bells.value == rang + 1
 
@@ -64,9 +84,9 @@ async def test_future_backed_bell_rings_by_callback(tmp_path: Any, store: Store)
 async def test_cancelled_bell_does_not_ring(tmp_path: Any, store: Store) -> None:
     hub = Hub(settings_for(tmp_path), store)
     rang = hub.metrics.bells.value  # the cells are process-wide
-    bell = _FutureWatch()
-    hub._watch_bell(1, bell)  # type: ignore[arg-type]
-    bell.cancel()
+    for bell in (_CallbackWatch(), _OpaqueWatch(_FutureWatch())):
+        hub._watch_bell(1, bell)  # type: ignore[arg-type]
+        bell.cancel()
     await asyncio.sleep(20 * MS)
     assert hub._rung == set()
     assert hub.metrics.bells.value == rang
@@ -75,10 +95,11 @@ async def test_cancelled_bell_does_not_ring(tmp_path: Any, store: Store) -> None
 async def test_failed_bell_rings_late_and_is_not_counted(tmp_path: Any, store: Store) -> None:
     hub = Hub(settings_for(tmp_path), store)
     rang = hub.metrics.bells.value  # the cells are process-wide
-    bell = _FutureWatch()
-    hub._watch_bell(3, bell)  # type: ignore[arg-type]
-    bell.future.set_exception(RuntimeError("watch lost"))
-    await asyncio.sleep(0)
+    inner = _FutureWatch()
+    hub._watch_bell(3, _OpaqueWatch(inner))  # type: ignore[arg-type]
+    inner.future.set_exception(RuntimeError("watch lost"))
+    for _ in range(5):
+        await asyncio.sleep(0)
     assert hub._rung == set()  # not at once: a failing watch must not make the loop spin
     await asyncio.sleep(150 * MS)
     assert hub._rung == {3}

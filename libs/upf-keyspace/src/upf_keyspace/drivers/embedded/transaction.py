@@ -306,6 +306,6 @@ class EmbeddedTransaction:
 
     def cancel(self) -> None:
         for w in self._watches:
-            w.future.cancel()
+            w.cancel()
         if self._stamp_future is not None and not self._stamp_future.done():
             self._stamp_future.cancel()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ... import errors
@@ -35,9 +36,13 @@ def _written(watched: list[bytes], sets: list[IntervalSet]) -> list[bytes]:
 
 
 class _Watch:
-    """One registered watch; awaiting it waits for the change. ``cancel`` unregisters it."""
+    """One registered watch; awaiting it waits for the change. ``cancel`` unregisters it.
 
-    __slots__ = ("key", "value", "version", "future", "_db")
+    Firing and ``cancel`` unregister it at once; only an awaited watch also gets a done-callback,
+    since cancelling its awaiter cancels the future behind our back. A watch nobody awaits (the
+    pusher's bells, through ``when_fired``) so costs no loop handle when it fires."""
+
+    __slots__ = ("key", "value", "version", "future", "_db", "_awaited", "_on_fire")
 
     def __init__(self, db: EmbeddedDatabase, key: bytes, value: Any, version: int | None = None) -> None:
         self._db = db
@@ -45,19 +50,43 @@ class _Watch:
         self.value = value
         self.version = version  # the commit the value was read at (None: unknown, re-read when armed)
         self.future: asyncio.Future[None] = db._loop.create_future()
-        self.future.add_done_callback(lambda _f: db._unregister(self))
+        self._awaited = False
+        self._on_fire: Callable[[], None] | None = None
 
     def __await__(self) -> Any:
         # Not shielded: a waiter that gives up (a timeout) cancels the watch, as destroying an FDB
         # watch future does, so abandoned watches never pile up.
+        if not self._awaited:
+            self._awaited = True
+            self.future.add_done_callback(self._forget)
         return self.future.__await__()
+
+    def _forget(self, _f: asyncio.Future[None]) -> None:
+        self._db._unregister(self)
 
     def done(self) -> bool:
         return self.future.done()
 
     def cancel(self) -> None:
+        self._on_fire = None
         if not self.future.done():
             self.future.cancel()
+        self._db._unregister(self)
+
+    def when_fired(self, callback: Callable[[], None]) -> None:
+        """Call ``callback()`` from the code that fires the watch (never if it is cancelled): what a
+        done-callback does, without a loop handle per watch. A watch that fired already calls it soon."""
+        if not self.future.done():
+            self._on_fire = callback
+        elif not self.future.cancelled():
+            self._db._loop.call_soon(callback)
+
+    def _fire(self) -> None:
+        self.future.set_result(None)
+        self._db._unregister(self)
+        callback, self._on_fire = self._on_fire, None
+        if callback is not None:
+            callback()
 
 
 class _Watches(_Reads):
@@ -89,7 +118,7 @@ class _Watches(_Reads):
                 continue
             _, value = self._read_point(w.key)
             if value != w.value:
-                w.future.set_result(None)
+                w._fire()
             else:
                 self._register(w)
         if skipped and self._unchecked:
@@ -145,7 +174,7 @@ class _Watches(_Reads):
             value = current[key]
             for w in list(self._watches.get(key, ())):
                 if w.value != value and not w.future.done():
-                    w.future.set_result(None)
+                    w._fire()
 
     def _on_wake(self) -> None:
         """Another process committed (one or many datagrams): one check covers them all."""
