@@ -145,6 +145,8 @@ class _Reads(_WriteLog):
         result read before is reused when no commit between its version and the snapshot wrote into
         the range (the write sets are in memory for this process's commits), so a publish's affinity
         read usually costs no read of the file on the loop thread. Otherwise it is read from the file."""
+        if limit > _RANGE_CACHE_ROWS:  # never kept (below): a Q or inbox drain goes straight to the file
+            return self._read_range(begin, end, limit, reverse, None if snapshot is None else snapshot())
         key = (begin, end, limit, reverse)
         hit = self._range_cache.get(key)
         if hit is not None:

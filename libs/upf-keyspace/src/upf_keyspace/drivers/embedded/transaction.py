@@ -112,8 +112,6 @@ class EmbeddedTransaction:
         return value
 
     def _touched(self, begin: bytes, end: bytes) -> bool:
-        if not (self._overlay or self._cleared or self._adds):
-            return False  # a read-only transaction (the pusher's drains and reads): nothing to scan
         return (
             any(begin <= k < end for k in self._overlay)
             or any(b < end and begin < e for b, e in self._cleared)
@@ -142,8 +140,10 @@ class EmbeddedTransaction:
         self._check_alive()
         if begin >= end:
             return []
-        self._check_readable(begin, end)
-        local = self._touched(begin, end)
+        if self._unreadable:
+            self._check_readable(begin, end)
+        # A read-only transaction (the pusher's drains and reads) has nothing of its own to merge.
+        local = bool(self._overlay or self._cleared or self._adds) and self._touched(begin, end)
         version, rows = self._db._read_range_at(
             begin, end, 0 if local else limit, reverse, self._read_version, self._snapshot
         )

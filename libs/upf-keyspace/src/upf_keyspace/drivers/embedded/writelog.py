@@ -46,7 +46,7 @@ class _HeadTally:
     without it: a writer tallies heads before moving ``upto`` and sets ``start`` before ``upto``, and
     a reader reads ``upto`` before the rest, so a lock-free reader never trusts an untallied version."""
 
-    __slots__ = ("start", "upto", "last", "wide", "_early")
+    __slots__ = ("start", "upto", "last", "wide", "_early", "wanted")
 
     def __init__(self) -> None:
         self.start = -1  # nothing tallied yet
@@ -54,8 +54,14 @@ class _HeadTally:
         self.last: dict[bytes, int] = {}
         self.wide = -1  # last version with a write under no single head (or past _HEADS_KEPT)
         self._early: set[int] = set()  # tallied versions past a gap
+        self.wanted = False
+        """Set by the first ``quiet``: until a process asks, it tallies nothing. A pusher, whose reads
+        the range cache does not keep, then pays nothing per commit it reads back; a version skipped
+        while this turns on only leaves a gap, which makes ``quiet`` answer False (never wrongly True)."""
 
     def add(self, version: int, s: IntervalSet) -> None:
+        if not self.wanted:
+            return
         heads = s.heads()
         if heads is None:
             self.wide = max(self.wide, version)
@@ -87,6 +93,9 @@ class _HeadTally:
 
     def quiet(self, head: bytes, after: int, upto: int) -> bool:
         """True if it is known that no commit in (after, upto] wrote under ``head``."""
+        if not self.wanted:
+            self.wanted = True  # from now on: this first answer knows nothing yet
+            return False
         if upto > self.upto:  # read first: see the class docstring
             return False
         return self.start <= after and self.wide <= after and self.last.get(head, -1) <= after
