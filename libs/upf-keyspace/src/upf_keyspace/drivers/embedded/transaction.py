@@ -261,7 +261,7 @@ class EmbeddedTransaction:
             raise errors.StoreError(errors.TOO_MANY_WATCHES)
         self._check_alive()
         version, base = self._db._read_point(key, self._snapshot())
-        value: Any = self._local_value(key, base)
+        value: Any = self._local_value(key, base) if self._overlay or self._cleared or self._adds else base
         if self._read_version is None:
             self._read_version = version
         elif version != self._read_version and self._db._changed_since(self._read_version, version, [point(key)]):

@@ -69,9 +69,9 @@ class _Watch:
 
     def cancel(self) -> None:
         self._on_fire = None
-        if not self.future.done():
+        if not self.future.done():  # a done one left the registry when it fired, or is leaving it
             self.future.cancel()
-        self._db._unregister(self)
+            self._db._unregister(self)
 
     def when_fired(self, callback: Callable[[], None]) -> None:
         """Call ``callback()`` from the code that fires the watch (never if it is cancelled): what a
