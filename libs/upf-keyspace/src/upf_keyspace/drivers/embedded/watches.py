@@ -161,25 +161,26 @@ class _Watches(_Reads):
     def _check_watches(self) -> None:
         """Compare the watched keys that commits since the last check wrote: their write sets come
         from the write log (this process's from memory), so a commit that touched no watched key
-        costs one version read, not a read of every watched key."""
+        costs one version read, not a read of every watched key. The version, the write sets and
+        the values are read in one LMDB read transaction: one snapshot, one begin."""
         self._check_scheduled = False
         if not self._watches or self._closed:
             self._unchecked = True
             return
         self._unchecked = False
-        current_version = self._committed_version()
-        if current_version == self._watch_version:
-            return
-        try:
-            sets = self._write_sets(None, self._watch_version, current_version)
-        except errors.StoreError:  # the log no longer reaches back that far: compare them all
-            sets = None
-        self._watch_version = current_version
-        keys = list(self._watches) if sets is None else _written(self._watches, sets)
-        if not keys:
-            return
         f = self._reader
         with f.env.begin() as txn:
+            current_version = self._observed(f.version(txn)[0])
+            if current_version == self._watch_version:
+                return
+            try:
+                sets = self._write_sets(txn, self._watch_version, current_version)
+            except errors.StoreError:  # the log no longer reaches back that far: compare them all
+                sets = None
+            self._watch_version = current_version
+            keys = list(self._watches) if sets is None else _written(self._watches, sets)
+            if not keys:
+                return
             current = {key: txn.get(key, db=f.kv) for key in keys}
         for key in keys:
             value = current[key]
