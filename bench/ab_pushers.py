@@ -30,9 +30,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import procs
+from harness import LOADGEN
 from procs import PY, tree_cpu
-
-LOADGEN = str(Path(PY).parent / "upf-loadgen")
 
 
 def one_round(base_py: str, rate: float, topics: int, secs: float, warm: float) -> dict[str, float]:
@@ -45,11 +44,7 @@ def one_round(base_py: str, rate: float, topics: int, secs: float, warm: float) 
         started.append(w)
         pushers: dict[str, tuple[procs.Proc, int]] = {}
         for name, py in (("base", base_py), ("head", PY)):
-            procs.PY = py  # _start_role runs ``procs.PY -m upf_pusher``
-            try:
-                p, port = procs._start_role("upf_pusher", f"pusher-{name}", f"ab-{name}", work, store, None, {})
-            finally:
-                procs.PY = PY
+            p, port = procs.start_upf_pusher(work, store, python=py, node=f"ab-{name}")
             started.append(p)
             pushers[name] = (p, port)
         runs = {}

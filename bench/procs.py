@@ -229,11 +229,18 @@ def wait_http(proc: Proc, port: int, path: str = "/__lbheartbeat__", timeout: fl
 
 
 def _start_role(
-    module: str, label: str, node: str, workdir: Path, store: Path, cpus: set[int] | None, extra: dict[str, str]
+    module: str,
+    label: str,
+    node: str,
+    workdir: Path,
+    store: Path,
+    cpus: set[int] | None,
+    extra: dict[str, str],
+    python: str = PY,
 ) -> tuple[Proc, int]:
     port = free_port()
     env = _env(UPF_BIND=f"127.0.0.1:{port}", UPF_STORE_PATH=str(store), UPF_NODE_ID=node, **extra)
-    p = Proc(module, [PY, "-m", module], env, workdir / f"{label}-{port}.log", cpus)
+    p = Proc(module, [python, "-m", module], env, workdir / f"{label}-{port}.log", cpus)
     wait_http(p, port)
     return p, port
 
@@ -248,8 +255,17 @@ def start_upf_writer(workdir: Path, store: Path, cpus: set[int] | None = None, *
     return _start_role("upf_writer", "writer", "bench-writer", workdir, store, cpus, extra)
 
 
-def start_upf_pusher(workdir: Path, store: Path, cpus: set[int] | None = None, **extra: str) -> tuple[Proc, int]:
-    return _start_role("upf_pusher", "pusher", "bench-pusher", workdir, store, cpus, extra)
+def start_upf_pusher(
+    workdir: Path,
+    store: Path,
+    cpus: set[int] | None = None,
+    *,
+    python: str = PY,
+    node: str = "bench-pusher",
+    **extra: str,
+) -> tuple[Proc, int]:
+    """``python``: another checkout's interpreter runs that checkout's pusher (bench/ab_pushers.py)."""
+    return _start_role("upf_pusher", "pusher", node, workdir, store, cpus, extra, python)
 
 
 def start_bare_asgi(workdir: Path, cpus: set[int] | None = None) -> tuple[Proc, int]:

@@ -154,6 +154,7 @@ __all__ = [
     "topic_count_key",
     "shard_of",
     "pack_i64",
+    "ONE",
     "unpack_i64",
     "strinc",
     "stamp_of",
@@ -301,6 +302,10 @@ def _vs(stamp: bytes) -> Versionstamp:
 
 def pack_i64(n: int) -> bytes:
     return _I64.pack(n)
+
+
+ONE = pack_i64(1)
+"""The atomic add that counts one (a bell rung, a counter bumped)."""
 
 
 def unpack_i64(raw: bytes | None) -> int:

@@ -44,8 +44,6 @@ __all__ = [
     "version",
 ]
 
-_ONE = keys.pack_i64(1)
-
 
 class NoSuchUser(LookupError):
     """The named user does not exist."""
@@ -56,7 +54,7 @@ class UserExists(ValueError):
 
 
 def _bump(tr: Transaction) -> None:
-    tr.add(keys.auth_version_key(), _ONE)
+    tr.add(keys.auth_version_key(), keys.ONE)
 
 
 async def get_user(tr: Transaction, name: str) -> User | None:

@@ -9,8 +9,6 @@ from ..contract import Transaction
 from ..envelope import Envelope, decode_envelope, encode_envelope
 from ..msgid import encode_id
 
-_ONE = keys.pack_i64(1)
-
 
 class Pending(msgspec.Struct):
     """What a publish body returns; the stamp is known only once the transaction has committed."""
@@ -57,7 +55,7 @@ def add_tally(tr: Transaction, topic: str, messages: int, stored_bytes: int, *, 
     param = ((stored_bytes << 64) + messages) % _TALLY_BITS
     tr.add(keys.stat_key(TALLY, slot), param.to_bytes(16, "little"))
     if appended:
-        tr.add(keys.stat_key(APPENDS, slot), _ONE)
+        tr.add(keys.stat_key(APPENDS, slot), keys.ONE)
 
 
 async def publish(
@@ -103,7 +101,7 @@ async def publish(
         for key, _ in holders:
             _, node = keys.unpack_affinity_key(key)
             tr.set_versionstamped_key(keys.inbox_key_incomplete(node, shard, uv), payload)
-            tr.add(keys.bell_key(node, shard), _ONE)
+            tr.add(keys.bell_key(node, shard), keys.ONE)
     return Pending(envelope=env, user_version=uv, commit_stamp=tr.get_versionstamp(), poked=len(holders))
 
 

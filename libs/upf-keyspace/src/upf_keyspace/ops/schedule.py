@@ -23,15 +23,13 @@ from .publish import Pending, add_tally, publish
 
 __all__ = ["schedule", "next_due", "watch_due", "release_due"]
 
-_ONE = keys.pack_i64(1)
-
 
 async def schedule(tr: Transaction, topic: str, env: Envelope, due: int) -> Pending:
     """Keep ``env`` in S until ``due`` (unix secs). No subscriber is poked (none may see it yet); the
     releasers are, through the schedule bell (an atomic add: schedulings never conflict on it)."""
     uv = tr.next_user_version()
     tr.set_versionstamped_key(keys.scheduled_key_incomplete(due, topic, uv), encode_envelope(env))
-    tr.add(keys.schedule_bell_key(), _ONE)
+    tr.add(keys.schedule_bell_key(), keys.ONE)
     add_tally(tr, topic, 1, 0)
     return Pending(envelope=env, user_version=uv, commit_stamp=tr.get_versionstamp())
 
