@@ -37,3 +37,18 @@ def test_write_set_with_ranges_takes_the_general_path():
     batch.add(b"a", b"c")
     s = batch.to_set()
     assert (s.begins, s.ends) == ([b"a"], [b"c"])
+
+
+def test_add_all_is_add_for_each_write():
+    """The committer's one call per transaction keeps the same write set as a call per write: the
+    stamped keys as points, a point write as a point, a range as a range."""
+    stamped = [b"q2", b"q1"]
+    writes = [point(b"s"), (b"r", b"t"), point(b"a")]
+    one, each = BatchWrites(), BatchWrites()
+    one.add_all(stamped, writes)
+    for k in stamped:
+        each.add(*point(k))
+    for b, e in writes:
+        each.add(b, e)
+    assert (one.points, one.ranges) == (each.points, each.ranges) == ([b"a", b"q1", b"q2", b"s"], [(b"r", b"t")])
+    assert one.overlaps_any([(b"q1", b"q1\x00")]) and not one.overlaps_any([(b"b", b"c")])

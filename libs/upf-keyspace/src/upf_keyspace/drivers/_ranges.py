@@ -103,6 +103,17 @@ class BatchWrites:
         else:
             self.ranges.append((begin, end))
 
+    def add_all(self, keys: list[bytes], writes: list[tuple[bytes, bytes]]) -> None:
+        """One transaction's writes: the single ``keys`` it stamped and its other ``writes``."""
+        points = self.points
+        for k in keys:
+            bisect.insort(points, k)
+        for begin, end in writes:
+            if end == begin + b"\x00":
+                bisect.insort(points, begin)
+            else:
+                self.ranges.append((begin, end))
+
     def overlaps_any(self, reads: Iterable[tuple[bytes, bytes]]) -> bool:
         points, ranges = self.points, self.ranges
         for b, e in reads:

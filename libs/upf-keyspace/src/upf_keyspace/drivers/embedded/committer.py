@@ -173,21 +173,20 @@ class _Committer(_Watches):
             if now - p.started > LIFETIME_SECS:
                 p.stamp = errors.StoreError(errors.TRANSACTION_TOO_OLD)
                 continue
-            if p.reads:
-                try:
-                    sets = self._write_sets(txn, p.read_version or 0, version)
+            reads = p.reads
+            if reads:
+                after = p.read_version or 0
+                try:  # most read at the last version: no commit since to check
+                    sets = self._write_sets(txn, after, version) if after < version else ()
                 except errors.StoreError as exc:
                     p.stamp = exc
                     continue
-                if in_batch.overlaps_any(p.reads) or any(s.overlaps_any(p.reads) for s in sets):
+                if in_batch.overlaps_any(reads) or (sets and any(s.overlaps_any(reads) for s in sets)):
                     p.stamp = errors.StoreError(errors.NOT_COMMITTED)
                     continue
             stamp = prefix + order.to_bytes(2, "big")
             order += 1
-            for b, e in _apply(applier, p.mutations, stamp):
-                in_batch.add(b, e)
-            for b, e in p.writes:
-                in_batch.add(b, e)
+            in_batch.add_all(_apply(applier, p.mutations, stamp), p.writes)
             p.stamp = stamp
         if not order:
             txn.abort()

@@ -6,8 +6,6 @@ from typing import cast
 
 import lmdb
 
-from .._ranges import point
-
 # Mutation kinds, in a transaction's ordered mutation list.
 _SET, _CLEAR, _CLEAR_RANGE, _ADD, _VS_KEY, _VS_VALUE = range(6)
 
@@ -82,13 +80,23 @@ class _Applier:
         self.txn.put(key, _add_le(base, (total % (1 << (8 * n))).to_bytes(n, "little")), db=self.db)
 
 
-def _apply(applier: _Applier, mutations: list[tuple[int, bytes, bytes]], stamp: bytes) -> list[tuple[bytes, bytes]]:
-    stamped: list[tuple[bytes, bytes]] = []
+def _apply(applier: _Applier, mutations: list[tuple[int, bytes, bytes]], stamp: bytes) -> list[bytes]:
+    """Apply one transaction's mutations with its stamp; returns the keys it stamped (point writes).
+
+    The stamping and the put are inlined, not calls to ``_stamp_key`` and ``_Applier.put``: every
+    publish's mutations pass here, on the committer thread, holding the GIL the loop waits for."""
+    stamped: list[bytes] = []
+    pending = applier.pending
+    put = applier.txn.put
+    db = applier.db
     for kind, a, b in mutations:
         if kind == _VS_KEY:
-            key = _stamp_key(a, stamp)
-            applier.put(key, b)
-            stamped.append(point(key))
+            off = int.from_bytes(a[-4:], "little")
+            key = a[:off] + stamp + a[off + 10 : -4]
+            if pending:
+                pending.pop(key, None)
+            put(key, b, db=db)
+            stamped.append(key)
         elif kind == _SET:
             applier.put(a, b)
         elif kind == _VS_VALUE:
