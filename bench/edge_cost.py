@@ -145,23 +145,13 @@ def micro() -> None:
 
 FRONT = r"""
 import asyncio, base64, os, sys, time
-sys.path.insert(0, sys.argv[3])
+sys.path[:0] = [sys.argv[3], sys.argv[4]]
 mode, n = sys.argv[1], int(sys.argv[2])
-from upf_keyspace.settings import load_settings
-from upf_keyspace.store import open_store
-from upf_writer.context import WriterContext
-from upf_writer.front import WriterFront
-from upf_edge.gate import AccessGate
-from upf_edge.limiter import RequestLimiter
+from inproc import open_front
 auth = [(b"authorization", b"Basic " + base64.b64encode(b"benchpub:pw"))] if mode == "on" else []
 headers = [(b"content-type", b"text/plain"), (b"host", b"x"), *auth]
 async def main():
-    s = load_settings()
-    store = await open_store(s)
-    ctx = WriterContext(s, store)
-    ctx.gate = await AccessGate.acquire(store, s.auth_default_access)
-    ctx.limiter = RequestLimiter.shared(store, s)
-    front = WriterFront(ctx, frozenset())
+    front, close = await open_front()
     async def one(i):
         r = await front.publish(f"upAUTH{i % 1000}", headers, b"", b"x" * 100, "127.0.0.1")
         assert r.status == 200, r
@@ -172,8 +162,7 @@ async def main():
     c0 = time.process_time()
     await run(n)
     print((time.process_time() - c0) / n * 1e6)
-    await ctx.gate.release()
-    await store.close()
+    await close()
 asyncio.run(main())
 """
 
@@ -191,7 +180,7 @@ def front(publishes: int, rounds: int) -> None:
                 if mode == "on":
                     env.update(on_env(password_hash))
                 out = subprocess.run(
-                    [sys.executable, "-c", FRONT, mode, str(publishes), str(HERE / "phases")],
+                    [sys.executable, "-c", FRONT, mode, str(publishes), str(HERE / "phases"), str(HERE)],
                     env=env,
                     capture_output=True,
                     text=True,

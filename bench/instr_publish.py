@@ -30,28 +30,22 @@ from pathlib import Path
 
 from instr_delivery import _TOGGLE_C
 
+HERE = Path(__file__).resolve().parent
+
 _CHILD = r"""
 import asyncio, ctypes, sys
 import uvloop
-from upf_edge.gate import AccessGate
-from upf_edge.limiter import RequestLimiter
-from upf_keyspace.settings import load_settings
-from upf_keyspace.store import open_store
-from upf_writer.context import WriterContext
-from upf_writer.front import WriterFront
 
 lib, warm, n, concurrency = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+sys.path.insert(0, sys.argv[5])
+from inproc import open_front
+
 cg = ctypes.CDLL(lib)
 HEADERS = [(b"content-type", b"text/plain"), (b"host", b"x")]
 
 
 async def main() -> None:
-    s = load_settings()
-    store = await open_store(s)
-    ctx = WriterContext(s, store)
-    ctx.gate = await AccessGate.acquire(store, s.auth_default_access)
-    ctx.limiter = RequestLimiter.shared(store, s)
-    front = WriterFront(ctx, frozenset())
+    front, close = await open_front()
 
     async def one(i: int) -> None:
         r = await front.publish(f"upINSTR{i % 1000:04d}", HEADERS, b"", b"x" * 100, "127.0.0.1")
@@ -66,8 +60,7 @@ async def main() -> None:
     cg.cg_start()
     await run(n)
     cg.cg_stop()
-    await ctx.gate.release()
-    await store.close()
+    await close()
 
 
 uvloop.run(main())
@@ -107,6 +100,7 @@ def main() -> None:
             str(args.warm),
             str(args.publishes),
             str(args.concurrency),
+            str(HERE),
         ]
         done = subprocess.run(argv, env=env, capture_output=True, text=True)
         if done.returncode != 0:
