@@ -13,8 +13,7 @@ def test_points_only_write_set_agrees_with_the_general_set():
     keys = [bytes(rnd.randrange(4) for _ in range(rnd.randrange(1, 4))) for _ in range(200)]
     keys += [keys[0], keys[1] + b"\x00"]  # a duplicate and an adjacent point
     batch = BatchWrites()
-    for k in keys:
-        batch.add(*point(k))
+    batch.add_all([], [point(k) for k in keys])
     fast = batch.to_set()
     general = IntervalSet([point(k) for k in keys])
     probes = [
@@ -33,22 +32,18 @@ def test_points_only_write_set_agrees_with_the_general_set():
 
 def test_write_set_with_ranges_takes_the_general_path():
     batch = BatchWrites()
-    batch.add(*point(b"b"))
-    batch.add(b"a", b"c")
+    batch.add_all([], [point(b"b"), (b"a", b"c")])
     s = batch.to_set()
     assert (s.begins, s.ends) == ([b"a"], [b"c"])
 
 
-def test_add_all_is_add_for_each_write():
-    """The committer's one call per transaction keeps the same write set as a call per write: the
-    stamped keys as points, a point write as a point, a range as a range."""
+def test_stamped_keys_are_points_like_any_point_write():
+    """The committer hands a transaction's stamped keys apart from its other writes: they enter the
+    batch's write set exactly as the same keys written as points would, and a range stays a range."""
     stamped = [b"q2", b"q1"]
     writes = [point(b"s"), (b"r", b"t"), point(b"a")]
     one, each = BatchWrites(), BatchWrites()
     one.add_all(stamped, writes)
-    for k in stamped:
-        each.add(*point(k))
-    for b, e in writes:
-        each.add(b, e)
+    each.add_all([], [point(k) for k in stamped] + writes)
     assert (one.points, one.ranges) == (each.points, each.ranges) == ([b"a", b"q1", b"q2", b"s"], [(b"r", b"t")])
     assert one.overlaps_any([(b"q1", b"q1\x00")]) and not one.overlaps_any([(b"b", b"c")])

@@ -97,14 +97,9 @@ class BatchWrites:
         self.points: list[bytes] = []
         self.ranges: list[tuple[bytes, bytes]] = []
 
-    def add(self, begin: bytes, end: bytes) -> None:
-        if end == begin + b"\x00":
-            bisect.insort(self.points, begin)
-        else:
-            self.ranges.append((begin, end))
-
     def add_all(self, keys: list[bytes], writes: list[tuple[bytes, bytes]]) -> None:
-        """One transaction's writes: the single ``keys`` it stamped and its other ``writes``."""
+        """One transaction's writes, in one call: the single ``keys`` it stamped and its other
+        ``writes`` (a point as a point, a wider interval as a range)."""
         points = self.points
         for k in keys:
             bisect.insort(points, k)

@@ -40,13 +40,13 @@ proxies batch over an interval (theirs adapts between 1 and 20 ms): a physical c
 fdatasyncs, the write log, the wakes) costs ~350 us of CPU, most of it in the kernel, whether it
 carries one transaction or sixty. Measured at 2,000 publishes/s (1,000 topics, all-in-one): 1 ms
 woken by each arrival gave batches of 2.5 and 386 us of CPU per publish-and-delivery; sleeping 5 ms
-gave batches of ~13 and 299-364 us (433-496 us with 2 workers, whose batches are about half as big); 10 ms
-gives 280-338 us (382-459 us): 6-8% less with 1 worker and 2-12% with 2, in three alternating pairs,
-for ~5 ms more at the median (8 -> 13 ms send->receive; p99 14.6-42.8 ms before, 22.7-31.5 ms after;
-BENCHMARKS.md, eleventh pass). It waits on an event that only the ``_GROUP_TARGET``-th waiting
-transaction sets, not on the queue, which woke it once per arrival. A lone sequential client never
-waits: nothing arrives while its commit runs. Nor does a transaction that arrives longer than this
-after the last commit: the stream has paused."""
+gave batches of ~13 and 299-364 us (433-496 us with 2 workers, whose batches are about half as big);
+10 ms gives 280-338 us (382-459 us): 6-8% less with 1 worker and 2-12% with 2, in three alternating
+pairs, for ~5 ms more at the median (8 -> 13 ms send->receive; p99 14.6-42.8 ms before, 22.7-31.5 ms
+after; BENCHMARKS.md, eleventh pass). It waits on an event that only the ``_GROUP_TARGET``-th
+waiting transaction sets, not on the queue, which woke it once per arrival. A lone sequential client
+never waits: nothing arrives while its commit runs. Nor does a transaction that arrives longer than
+this after the last commit: the stream has paused."""
 _GROUP_TARGET = 32
 """The sleep ends as soon as this many transactions wait: the commit's cost is amortised already,
 and clients that each await their commit (a closed loop of 64 connections) would otherwise stand
@@ -175,9 +175,8 @@ class _Committer(_Watches):
                 continue
             reads = p.reads
             if reads:
-                after = p.read_version or 0
-                try:  # most read at the last version: no commit since to check
-                    sets = self._write_sets(txn, after, version) if after < version else ()
+                try:
+                    sets = self._write_sets(txn, p.read_version or 0, version)
                 except errors.StoreError as exc:
                     p.stamp = exc
                     continue

@@ -81,21 +81,12 @@ class _Applier:
 
 
 def _apply(applier: _Applier, mutations: list[tuple[int, bytes, bytes]], stamp: bytes) -> list[bytes]:
-    """Apply one transaction's mutations with its stamp; returns the keys it stamped (point writes).
-
-    The stamping and the put are inlined, not calls to ``_stamp_key`` and ``_Applier.put``: every
-    publish's mutations pass here, on the committer thread, holding the GIL the loop waits for."""
+    """Apply one transaction's mutations with its stamp; returns the keys it stamped (point writes)."""
     stamped: list[bytes] = []
-    pending = applier.pending
-    put = applier.txn.put
-    db = applier.db
     for kind, a, b in mutations:
         if kind == _VS_KEY:
-            off = int.from_bytes(a[-4:], "little")
-            key = a[:off] + stamp + a[off + 10 : -4]
-            if pending:
-                pending.pop(key, None)
-            put(key, b, db=db)
+            key = _stamp_key(a, stamp)
+            applier.put(key, b)
             stamped.append(key)
         elif kind == _SET:
             applier.put(a, b)

@@ -152,6 +152,8 @@ class _WriteLog:
     def _write_sets(self, txn: lmdb.Transaction | None, after: int, upto: int) -> list[IntervalSet]:
         """The write sets of commits after..upto: from this process's cache, else from the file
         (through ``txn``, the committer's, or a read transaction of its own)."""
+        if after >= upto:  # most transactions read at the last version: nothing committed since
+            return []
         cache = self._wlog_cache
         sets = [cache.get(v) for v in range(after + 1, upto + 1)]
         if all(s is not None for s in sets):
