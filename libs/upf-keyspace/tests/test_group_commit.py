@@ -61,7 +61,8 @@ async def test_transactions_arriving_during_a_commit_make_the_next_batch_gather(
         while not sizes:
             await asyncio.sleep(0.001)
         later = [asyncio.create_task(_put(db, b"b")), asyncio.create_task(_put(db, b"c"))]
-        await asyncio.sleep(0.05)  # both are queued behind the held commit
+        while db._queue.qsize() < 2:  # both are queued behind the held commit
+            await asyncio.sleep(0.001)
         release.set()
         await asyncio.gather(first, *later)
         await _put(db, b"d")  # after a batch of two: still a stream, so it gathers
@@ -79,44 +80,85 @@ async def test_transactions_arriving_during_a_commit_make_the_next_batch_gather(
 
 async def test_a_stream_that_pauses_longer_than_the_wait_ends(tmp_path, monkeypatch):
     """Concurrent transactions make a stream; the first one arriving after a pause longer than
-    _GROUP_WAIT_SECS, commits at once: the first publish after a quiet spell does not sleep."""
+    _GROUP_WAIT_SECS commits at once: the first publish after a quiet spell does not sleep. The
+    stream is two transactions queued behind a held commit (committed together, so the stream goes
+    on after them), not a gather of concurrent puts, which under load could commit one by one."""
     waits: list[float] = []
-    real = committer._Committer._gather
-    monkeypatch.setattr(
-        committer._Committer, "_gather", lambda self, batch, wait: waits.append(wait) or real(self, batch, wait)
-    )
+    sizes: list[int] = []
+    release = threading.Event()
+    real_gather = committer._Committer._gather
+    real_commit = committer._Committer._commit_batch
+
+    def gather(self, batch, wait):
+        waits.append(wait)
+        return real_gather(self, batch, wait)
+
+    def commit(self, conn, batch):
+        sizes.append(len(batch))
+        if len(sizes) == 1:
+            assert release.wait(10)
+        return real_commit(self, conn, batch)
+
+    monkeypatch.setattr(committer._Committer, "_gather", gather)
+    monkeypatch.setattr(committer._Committer, "_commit_batch", commit)
     monkeypatch.setattr(committer, "_GROUP_WAIT_SECS", 0.5)
     db = await open_embedded(str(tmp_path / "s.db"))
     try:
-        await asyncio.gather(*(_put(db, b"k%d" % i) for i in range(8)))  # one batch of 8: a stream
-        await _put(db, b"next")  # within the window: it gathers
-        assert waits[-1] == 0.5
+        held = asyncio.create_task(_put(db, b"held"))
+        while not sizes:
+            await asyncio.sleep(0.001)
+        later = [asyncio.create_task(_put(db, b"b")), asyncio.create_task(_put(db, b"c"))]
+        while db._queue.qsize() < 2:
+            await asyncio.sleep(0.001)
+        release.set()
+        await asyncio.gather(held, *later)
+        assert sizes[-1] == 2 and waits[-1] == 0.5  # gathered together: a batch of two, the stream goes on
         await asyncio.sleep(0.8)
         await _put(db, b"late")  # after a pause longer than the window: at once
     finally:
+        release.set()
         await db.close()
     assert waits[-1] == 0.0
 
 
 async def test_a_gather_ends_once_enough_transactions_wait(tmp_path, monkeypatch):
     """The gather's sleep ends when _GROUP_TARGET transactions are queued, not at its end: clients
-    that each await their commit are not held for the whole window."""
+    that each await their commit are not held for the whole window. The stream is made as the test
+    above makes it (a transaction queued behind a held commit), not by timing: under load, puts that
+    happened to commit one by one left no stream, and the window never opened."""
     monkeypatch.setattr(committer, "_GROUP_WAIT_SECS", 30.0)
     sizes: list[int] = []
+    release = threading.Event()
+    sleeping = threading.Event()
     real_commit = committer._Committer._commit_batch
+    real_gather = committer._Committer._gather
 
     def commit(self, conn, batch):
         sizes.append(len(batch))
+        if len(sizes) == 1:
+            assert release.wait(10)
         return real_commit(self, conn, batch)
 
+    def gather(self, batch, wait):
+        if wait:
+            sleeping.set()
+        return real_gather(self, batch, wait)
+
     monkeypatch.setattr(committer._Committer, "_commit_batch", commit)
+    monkeypatch.setattr(committer._Committer, "_gather", gather)
     db = await open_embedded(str(tmp_path / "s.db"))
     try:
-        await asyncio.gather(*(_put(db, b"s%d" % i) for i in range(4)))  # a stream: the next batch gathers
-        first = asyncio.create_task(_put(db, b"first"))  # the committer takes it and starts its sleep
-        await asyncio.sleep(0.2)
+        held = asyncio.create_task(_put(db, b"held"))
+        while not sizes:
+            await asyncio.sleep(0.001)
+        first = asyncio.create_task(_put(db, b"first"))
+        while db._queue.qsize() < 1:  # queued behind the held commit: the next batch is a stream's
+            await asyncio.sleep(0.001)
+        release.set()
+        assert await asyncio.to_thread(sleeping.wait, 10)  # the committer took "first" and sleeps
         more = (_put(db, b"m%d" % i) for i in range(committer._GROUP_TARGET))
-        await asyncio.wait_for(asyncio.gather(first, *more), 15.0)  # well inside the 30 s window
+        await asyncio.wait_for(asyncio.gather(held, first, *more), 15.0)  # well inside the 30 s window
     finally:
+        release.set()
         await db.close()
     assert sizes[-1] == committer._GROUP_TARGET + 1
