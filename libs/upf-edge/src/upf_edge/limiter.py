@@ -328,9 +328,7 @@ class RequestLimiter:
         while True:
             now = self.clock()
             day = day_of(now)
-            entry = self._messages.get(visitor)
-            if entry is not None and entry[1] == day and entry[0] > 0:
-                entry[0] -= 1
+            if self._spend_message(visitor, day):
                 return
             until = self._no_messages.get(visitor)
             if until is not None:
@@ -347,6 +345,14 @@ class RequestLimiter:
         finally:
             del self._message_pending[visitor]
             done.set_result(None)
+
+    def _spend_message(self, visitor: str, day: int) -> bool:
+        """Spend one message of ``visitor``'s lease for ``day`` (True), or say the store must be asked."""
+        entry = self._messages.get(visitor)
+        if entry is not None and entry[1] == day and entry[0] > 0:
+            entry[0] -= 1
+            return True
+        return False
 
     async def _lease_messages(self, visitor: str, now: float, day: int) -> None:
         config = self.config
@@ -463,6 +469,32 @@ class RequestLimiter:
             raise NtfyError(NO_SUBSCRIBER)
 
     # --- the storage bound (UPF_MAX_STORE_BYTES, 507) ---------------------------------------------------
+    # --- a publish's limits after the ACL, together -----------------------------------------------------
+    def publish_local(self, visitor: str | None, topic: str) -> bool:
+        """Settle a publish's limits after the ACL without the store, all or nothing: True (its message
+        is spent) when none of :meth:`admit_publish`'s checks could refuse it or would ask the store.
+        Why: nearly every publish of a steady publisher is settled here, and each check as a coroutine
+        cost more than what it checks. False: await ``admit_publish``, which runs them all."""
+        config = self.config
+        if config.subscriber_rate:
+            return False
+        now = self.clock()
+        bound = config.max_store_bytes
+        if bound and (now - self._stored[1] >= STORED_REFRESH_SECS or self._stored[0] >= bound):
+            return False
+        if visitor is None:
+            return True
+        return self._topic_fresh(topic, now) and self._spend_message(visitor, day_of(now))
+
+    async def admit_publish(self, visitor: str | None, topic: str, unifiedpush: bool) -> None:
+        """A publish's limits after the ACL, in ntfy's order: no subscriber (507 50701, in the
+        subscriber mode, for a UnifiedPush publish), the day's messages (42908), the active topics
+        (42904), then the storage bound (507 50702)."""
+        await self.require_subscriber(topic, unifiedpush)
+        await self.message(visitor)
+        await self.touch_topics((topic,), visitor)
+        await self.require_storage()
+
     async def require_storage(self) -> None:
         """507 50702 while the fleet's stored message bytes are at or past ``UPF_MAX_STORE_BYTES``. The
         total is read at most once per ``STORED_REFRESH_SECS`` (one snapshot read of a few keys), so a
@@ -486,7 +518,7 @@ class RequestLimiter:
         if visitor is None:
             return
         now = self.clock()
-        stale = [t for t in topics if now - self._topics.get(t, -TOPIC_REFRESH_SECS - 1) > TOPIC_REFRESH_SECS]
+        stale = [t for t in topics if not self._topic_fresh(t, now)]
         if not stale:
             return
         try:
@@ -500,6 +532,10 @@ class RequestLimiter:
             self._topics.clear()
         for t in stale:
             self._topics[t] = now
+
+    def _topic_fresh(self, topic: str, now: float) -> bool:
+        """This process marked ``topic`` active within ``TOPIC_REFRESH_SECS``."""
+        return now - self._topics.get(topic, -TOPIC_REFRESH_SECS - 1) <= TOPIC_REFRESH_SECS
 
     async def reset_node(self, node: str) -> None:
         """Clear ``node``'s subscription counts (a process starting holds none; a node id reused across

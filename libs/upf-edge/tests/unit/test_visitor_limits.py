@@ -288,6 +288,41 @@ async def test_new_topics_past_the_fleets_cap_get_42904_and_known_ones_cost_noth
     assert store.calls == calls + 1
 
 
+class BoundStore(TopicStore):
+    def __init__(self) -> None:
+        super().__init__()
+        self.stored = 0
+
+    async def stored_bytes(self) -> int:
+        self.calls += 1
+        return self.stored
+
+
+async def test_a_publish_settles_locally_only_when_no_check_could_refuse_or_ask_the_store():
+    store, clock = BoundStore(), Clock()
+    lim = RequestLimiter(store, LimitConfig(messages_daily=250, max_store_bytes=1000), clock)  # type: ignore[arg-type]
+    v = "ip:192.0.2.1"
+    assert not lim.publish_local(None, "a")  # the storage bound was never read
+    await lim.admit_publish(None, "a", True)
+    assert lim.publish_local(None, "a") and store.calls == 1  # exempt: only the bound is checked
+    assert not lim.publish_local(v, "a")  # no message leased yet
+    await lim.admit_publish(v, "a", True)  # leases 2 messages, spends 1, marks "a"
+    assert (store.calls, lim._messages[v][0]) == (3, 1)
+    assert not lim.publish_local(v, "b")  # a topic not marked active: nothing spent
+    assert lim._messages[v][0] == 1
+    assert lim.publish_local(v, "a") and lim._messages[v][0] == 0 and store.calls == 3
+    assert not lim.publish_local(v, "a")  # the lease is used up
+    clock.now += 2  # the bound's reading is stale: the store is asked again
+    assert not lim.publish_local(None, "a")
+    store.stored = 1000
+    with pytest.raises(NtfyError) as info:
+        await lim.admit_publish(None, "a", True)
+    assert info.value.http == 507
+    assert not lim.publish_local(None, "a")  # at the bound: refused by admit_publish, never here
+    on = RequestLimiter(store, LimitConfig(subscriber_rate=True), clock)  # type: ignore[arg-type]
+    assert not on.publish_local(None, "a")  # the subscriber mode may ask the store
+
+
 def test_a_known_peers_visitor_comes_from_the_cache_and_matches_a_fresh_one():
     cached, _, _ = limiter(prefix6=48)
     for peer in ("192.0.2.7", "2001:db8:1:2::5", "::ffff:198.51.100.1"):

@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable
 
 from upf_edge import NtfyError
-from upf_edge.access import Identity
+from upf_edge.access import ANONYMOUS, Identity
 from upf_edge.gate import AccessGate
 from upf_edge.limiter import RequestLimiter
 from upf_keyspace import Settings, Store
@@ -106,6 +106,24 @@ class WriterContext:
             visitor = await limiter.publisher(visitor, topic)
         await limiter.check(visitor)
         return visitor
+
+    async def enter(
+        self, authorization: str | None, auth_param: str | None, client: str, forwarded: str | None, topic: str
+    ) -> tuple[Identity, str | None]:
+        """``identify``, then ``admit`` to ``topic``, as one coroutine: the publish path's. Why: with the
+        gate open and the visitor's token leased (or the visitor exempt) nothing in it awaits, and the
+        four coroutines the two steps take cost more than what they check."""
+        limiter = self.limiter
+        if limiter is None:
+            raise NtfyError(STORE_UNAVAILABLE)
+        gate = self.require_gate()
+        who = ANONYMOUS if gate.open else await limiter.identify(gate, authorization, auth_param, client, forwarded)
+        visitor = limiter.visitor(who.user, client, forwarded)
+        if topic and visitor is not None and limiter.config.subscriber_rate:  # JSON publish: topic ""
+            visitor = await limiter.publisher(visitor, topic)
+        if not limiter.take_local(visitor):
+            await limiter.lease(visitor)  # type: ignore[arg-type]  # None is always taken locally
+        return who, visitor
 
     async def identify(
         self, authorization: str | None, auth_param: str | None, client: str, forwarded: str | None

@@ -200,10 +200,9 @@ class WriterFront:
             params = decode_query(query)
             gate = ctx.require_gate()
             forwarded = headers.get(self._forwarded)
-            who = await ctx.identify(
-                headers.get("authorization"), auth_param(params), client, forwarded
-            )  # 401/42909 first
-            visitor = await ctx.admit(who.user, client, forwarded, topic)
+            who, visitor = await ctx.enter(  # 401/42909 first, then the request limit's 429
+                headers.get("authorization"), auth_param(params), client, forwarded, topic
+            )
             if topic:
                 ingest.validate_topic(topic)
                 limit, too_large = self._max, ingest.MESSAGE_TOO_LARGE
@@ -222,11 +221,9 @@ class WriterFront:
             if ingested.webpush or self._webpush.restrict:  # VAPID: 401 after the ACL's 403
                 await self._webpush.admit(ctx.require_store(), ingested, headers, ctx.clock())
             limiter = ctx.limiter
-            assert limiter is not None  # admit() checked it
-            await limiter.require_subscriber(ingested.topic, ingest.unifiedpush_requested(headers, params))  # 507
-            await limiter.message(visitor)  # 42908, after the ACL as in ntfy
-            await limiter.touch_topics((ingested.topic,), visitor)  # 42904
-            await limiter.require_storage()  # 507 past UPF_MAX_STORE_BYTES
+            assert limiter is not None  # enter() checked it
+            if not limiter.publish_local(visitor, ingested.topic):  # 507, 42908, 42904, 507: after the ACL
+                await limiter.admit_publish(visitor, ingested.topic, ingest.unifiedpush_requested(headers, params))
             payload, replayed = await publish_one(ctx, ingested, headers, len(body), start_ns, route)
         except Exception as exc:
             return self._refused(exc, route)

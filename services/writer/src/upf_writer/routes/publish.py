@@ -165,9 +165,7 @@ def build(ctx: WriterContext) -> list[ControllerRouterHandler]:
                 raise NtfyError(ingest.VAPID_KEY_REFUSED)
             limiter = ctx.limiter
             assert limiter is not None  # admit() checked it
-            await limiter.message(visitor)
-            await limiter.touch_topics((outcome.ingested.topic,), visitor)
-            await limiter.require_storage()
+            await limiter.admit_publish(visitor, outcome.ingested.topic, False)  # 42908, 42904, 507 50702 (not 50701)
             await publish_one(ctx, outcome.ingested, headers, len(body), start_ns, "matrix")
         except ClientGone:
             raise
