@@ -432,6 +432,8 @@ def render(res: Results) -> str:
                 f"The collector at UPF's serving policy (thresholds {tuple(st.gc_thresholds)}, frozen once the store opened).",
                 "",
             ]
+        if st.loop:  # runs before it was recorded ran on asyncio's own loop, and say nothing
+            L += [f"The store's event loop: {st.loop}.", ""]
         L += [
             "| round | bare SQLite publishes/s (256 per durable commit) | store publishes/s | ratio | store CPU us/publish (loop thread + committer) |",
             "|---|---|---|---|---|",

@@ -410,6 +410,8 @@ class StoreBench(Rec, kw_only=True):
     committer_us_per_publish: list[float]
     gc_thresholds: list[int] = []
     """The collector's thresholds the store ran under; empty: CPython's defaults (every run before 2026-12-02)."""
+    loop: str = ""
+    """The store's event loop: uvloop (UPF's) or asyncio; empty: asyncio's own (every run before 2026-12-02)."""
 
 
 class Results(Rec, kw_only=True):

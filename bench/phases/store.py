@@ -30,6 +30,8 @@ def phase_store(cfg: Config, work: Path) -> StoreBench:
                 str(CONCURRENCY),
                 "--gc-thresholds",  # as every UPF process runs once it serves
                 ",".join(map(str, GC_THRESHOLDS)),
+                "--loop",  # the loop UPF's processes run (upf_edge.loop)
+                "uvloop",
                 "--rounds",
                 str(max(cfg.rounds, 2)),
                 "--json",

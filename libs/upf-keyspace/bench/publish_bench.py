@@ -4,13 +4,15 @@ and an X entry plus one affinity read per publish) written 256 publishes per dur
 (synchronous=FULL). The baseline is the one issue 9 set; it stays SQLite after the switch to LMDB.
 
     uv run python libs/upf-keyspace/bench/publish_bench.py [--publishes N] [--concurrency C] [--rounds R]
-        [--gc-thresholds G0,G1,G2] [--json F]
+        [--gc-thresholds G0,G1,G2] [--loop uvloop|asyncio] [--json F]
 
 bench/run.py runs it as its ``store`` phase (``--json``), with ``--gc-thresholds`` set to the collector
 policy every UPF process applies once it serves (``upf_edge.gcpolicy``): the store never runs under
 CPython's defaults in UPF, and at those the collections (gen0 every 700 net allocations), with 1,024 publishers'
 transactions alive, cost the loop thread 15-25 us per publish and most of the run-to-run spread. Without
-the flag the collector keeps CPython's defaults (the figures before 2026-12-02).
+the flag the collector keeps CPython's defaults (the figures before 2026-12-02). The store's event loop
+is uvloop, the loop every UPF process runs (``upf_edge.loop``), unless ``--loop asyncio`` (the figures
+before 2026-12-02; 1.5-5% fewer publishes/s in two alternating pairs of 3 rounds on 2026-12-02).
 
 Figures drift between runs on shared machines; the ratio is the number to compare.
 """
@@ -27,6 +29,7 @@ import statistics
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 
 from upf_keyspace import Envelope, Settings, encode_envelope, keys, open_store
 
@@ -90,6 +93,14 @@ async def store_rate(path: str, n: int, concurrency: int, freeze: bool) -> tuple
     return n / elapsed, cpu / n * 1e6, loop_cpu / n * 1e6, commit_cpu / n * 1e6
 
 
+def _loop_factory(name: str) -> Callable[[], asyncio.AbstractEventLoop]:
+    if name == "uvloop":
+        import uvloop
+
+        return uvloop.new_event_loop
+    return asyncio.new_event_loop
+
+
 def _thresholds(raw: str) -> list[int]:
     try:
         out = [int(x) for x in raw.split(",")]
@@ -113,6 +124,12 @@ def main() -> None:
         default=[],
         help="G0,G1,G2: set the collector's thresholds (and freeze after each store opens) as UPF's processes do",
     )
+    ap.add_argument(
+        "--loop",
+        choices=("uvloop", "asyncio"),
+        default="uvloop",
+        help="the store's event loop: uvloop, as UPF's processes run it (default), or asyncio's own",
+    )
     ap.add_argument("--json", help="also write the per-round figures here (bench/run.py reads them)")
     args = ap.parse_args()
     thresholds: list[int] = args.gc_thresholds
@@ -122,9 +139,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as d:
         for r in range(args.rounds):
             bases.append(baseline(os.path.join(d, f"baseline{r}.db"), args.publishes))
-            rate, cpu_us, loop_us, commit_us = asyncio.run(
-                store_rate(os.path.join(d, f"store{r}.db"), args.publishes, args.concurrency, bool(thresholds))
-            )
+            with asyncio.Runner(loop_factory=_loop_factory(args.loop)) as runner:
+                rate, cpu_us, loop_us, commit_us = runner.run(
+                    store_rate(os.path.join(d, f"store{r}.db"), args.publishes, args.concurrency, bool(thresholds))
+                )
             rates.append(rate)
             cpus.append(cpu_us)
             loops.append(loop_us)
@@ -133,7 +151,7 @@ def main() -> None:
     base, rate, cpu_us = statistics.median(bases), statistics.median(rates), statistics.median(cpus)
     print(f"bare SQLite, 256 publishes per durable commit (median) : {base:10.0f} publishes/s")
     print(
-        f"embedded store, {args.concurrency} concurrent publishers (median): {rate:10.0f} publishes/s"
+        f"embedded store, {args.concurrency} concurrent publishers, {args.loop} (median): {rate:10.0f} publishes/s"
         f"  ({cpu_us:.0f} us CPU per publish: loop thread {statistics.median(loops):.0f},"
         f" committer {statistics.median(commits):.0f})"
     )
@@ -145,6 +163,7 @@ def main() -> None:
                     "publishes": args.publishes,
                     "concurrency": args.concurrency,
                     "gc_thresholds": thresholds,
+                    "loop": args.loop,
                     "baseline_per_s": bases,
                     "store_per_s": rates,
                     "cpu_us_per_publish": cpus,
