@@ -245,10 +245,13 @@ def _start_role(
     return p, port
 
 
-def start_upf_allinone(workdir: Path, store: Path, cpus: set[int] | None = None, **extra: str) -> tuple[Proc, int]:
-    """One process unless ``UPF_WORKERS`` is passed: the figures measured before workers existed stay comparable."""
+def start_upf_allinone(
+    workdir: Path, store: Path, cpus: set[int] | None = None, *, python: str = PY, **extra: str
+) -> tuple[Proc, int]:
+    """One process unless ``UPF_WORKERS`` is passed: the figures measured before workers existed stay comparable.
+    ``python``: another checkout's interpreter runs that checkout's program (bench/ab_allinone.py)."""
     extra.setdefault("UPF_WORKERS", "1")
-    return _start_role("upf", "upf", "bench-allinone", workdir, store, cpus, extra)
+    return _start_role("upf", "upf", "bench-allinone", workdir, store, cpus, extra, python)
 
 
 def start_upf_writer(workdir: Path, store: Path, cpus: set[int] | None = None, **extra: str) -> tuple[Proc, int]:
