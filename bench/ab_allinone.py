@@ -33,8 +33,10 @@ from harness import LOADGEN
 from procs import PY, tree_cpu
 
 
-def one_run(python: str, workers: int, rate: float, topics: int, secs: float, warm: float) -> tuple[float, float]:
-    """CPU microseconds per publish-and-delivery over the window, and the run's p99 (ms)."""
+def one_run(
+    python: str, workers: int, rate: float, topics: int, secs: float, warm: float
+) -> tuple[float, float, float]:
+    """CPU microseconds per publish-and-delivery over the window, and the run's p50 and p99 (ms)."""
     work = Path(tempfile.mkdtemp(prefix="ab-allinone-"))
     p, port = procs.start_upf_allinone(work, work / "upf.db", python=python, UPF_WORKERS=str(workers))
     try:
@@ -71,7 +73,8 @@ def one_run(python: str, workers: int, rate: float, topics: int, secs: float, wa
             raise RuntimeError(f"the loadgen run was not clean: {bad or 'undelivered messages'}")
         if not p.alive():
             raise RuntimeError(f"{p.name} died: {p.log_tail()}")
-        return (c1 - c0) / dt / rate * 1e6, float(report["latency"]["p99_ms"])
+        latency = report["latency"]
+        return (c1 - c0) / dt / rate * 1e6, float(latency["p50_ms"]), float(latency["p99_ms"])
     finally:
         p.stop()
         shutil.rmtree(work, ignore_errors=True)
@@ -92,12 +95,13 @@ def main() -> None:
         ap.error(f"{base_py} not found: run `python3 -m uv sync --locked` in {a.base}")
     ratios = []
     for n in range(1, a.pairs + 1):
-        base, base_p99 = one_run(str(base_py), a.workers, a.rate, a.topics, a.secs, a.warm)
-        head, head_p99 = one_run(PY, a.workers, a.rate, a.topics, a.secs, a.warm)
+        base, base_p50, base_p99 = one_run(str(base_py), a.workers, a.rate, a.topics, a.secs, a.warm)
+        head, head_p50, head_p99 = one_run(PY, a.workers, a.rate, a.topics, a.secs, a.warm)
         ratios.append(head / base)
         print(
             f"pair {n}: UPF_WORKERS={a.workers} at {a.rate:.0f}/s, CPU us per publish-and-delivery: "
-            f"base {base:.1f} (p99 {base_p99:.1f} ms), head {head:.1f} (p99 {head_p99:.1f} ms), "
+            f"base {base:.1f} (p50/p99 {base_p50:.1f}/{base_p99:.1f} ms), "
+            f"head {head:.1f} (p50/p99 {head_p50:.1f}/{head_p99:.1f} ms), "
             f"head/base {ratios[-1]:.3f}",
             flush=True,
         )
