@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 import threading
 
+import pytest
+
 from upf_keyspace.drivers.embedded import committer, open_embedded
 
 
@@ -36,6 +38,41 @@ async def test_transactions_arriving_during_a_commit_make_the_next_batch_gather(
     """A commit is held open while two more transactions arrive: the batch after it gathers (sleeps
     _GROUP_WAIT_SECS), takes both, and every transaction commits once. The batch after that one
     gathers too; once a batch of one finds nothing queued, the next does not."""
+    monkeypatch.setattr(committer, "_GROUP_WAIT_SECS", 0.5)  # "d" surely arrives within it, even on a slow machine
+    sizes, waits = await _held_stream(tmp_path, monkeypatch)
+    assert sizes == [1, 2, 1, 1]
+    assert waits == [0.0, 0.5, 0.5, 0.0]
+
+
+async def test_a_setting_of_0_never_sleeps(tmp_path, monkeypatch):
+    """UPF_EMBEDDED_COMMIT_WAIT_MS=0: a stream's commit takes what waits when it starts."""
+    monkeypatch.setenv("UPF_EMBEDDED_COMMIT_WAIT_MS", "0")
+    sizes, waits = await _held_stream(tmp_path, monkeypatch)
+    assert sizes == [1, 2, 1, 1]
+    assert waits == [0.0, 0.0, 0.0, 0.0]
+
+
+@pytest.mark.parametrize(("ms", "secs"), [("", committer._GROUP_WAIT_SECS), (" 40 ", 0.04), ("100", 0.1)])
+async def test_the_setting_replaces_the_default_sleep(tmp_path, monkeypatch, ms, secs):
+    monkeypatch.setenv("UPF_EMBEDDED_COMMIT_WAIT_MS", ms)
+    db = await open_embedded(str(tmp_path / "s.db"))
+    try:
+        assert db._group_wait == secs  # what its commit loop sleeps: the stream test above shows it used
+        await _put(db, b"k")
+    finally:
+        await db.close()
+
+
+@pytest.mark.parametrize("bad", ["lots", "-5", "1.5", "101", "9" * 30])
+async def test_a_bad_setting_is_refused_at_open_with_its_name(tmp_path, monkeypatch, bad):
+    monkeypatch.setenv("UPF_EMBEDDED_COMMIT_WAIT_MS", bad)
+    with pytest.raises(RuntimeError, match="UPF_EMBEDDED_COMMIT_WAIT_MS"):
+        await open_embedded(str(tmp_path / "s.db"))
+    assert not (tmp_path / "s.db").exists()  # refused before anything was made
+
+
+async def _held_stream(tmp_path, monkeypatch) -> tuple[list[int], list[float]]:
+    """The batch sizes and gather sleeps of: a commit held while two more arrive, then two puts in turn."""
     waits: list[float] = []
     sizes: list[int] = []
     real_gather = committer._Committer._gather
@@ -54,7 +91,6 @@ async def test_transactions_arriving_during_a_commit_make_the_next_batch_gather(
 
     monkeypatch.setattr(committer._Committer, "_gather", gather)
     monkeypatch.setattr(committer._Committer, "_commit_batch", commit)
-    monkeypatch.setattr(committer, "_GROUP_WAIT_SECS", 0.5)  # "d" surely arrives within it, even on a slow machine
     db = await open_embedded(str(tmp_path / "s.db"))
     try:
         first = asyncio.create_task(_put(db, b"a"))
@@ -74,8 +110,7 @@ async def test_transactions_arriving_during_a_commit_make_the_next_batch_gather(
         assert [k for k, _ in await db.transact(read)] == [b"a", b"b", b"c", b"d", b"e"]
     finally:
         await db.close()
-    assert sizes == [1, 2, 1, 1]
-    assert waits == [0.0, 0.5, 0.5, 0.0]
+    return sizes, waits
 
 
 async def test_a_stream_that_pauses_longer_than_the_wait_ends(tmp_path, monkeypatch):

@@ -15,7 +15,8 @@ How it keeps FoundationDB's meaning:
   per event-loop iteration and shared (FoundationDB's proxies batch read versions the same way), and a
   small range result read before is reused while no commit between its version and the snapshot wrote
   into the range.
-- Group commit: one committer thread per process takes every waiting transaction, and applies them in
+- Group commit: one committer thread per process takes every waiting transaction (while they stream
+  in, after sleeping up to ``UPF_EMBEDDED_COMMIT_WAIT_MS``, default 20 ms, for more), and applies them in
   one LMDB write transaction (processes serialise on LMDB's writer mutex, which a killed holder
   releases), each with its own batch order, then commits: a commit returns only once LMDB has synced
   the data pages and then the meta page. The 10-byte stamp is 8 bytes big-endian, kept in the file so

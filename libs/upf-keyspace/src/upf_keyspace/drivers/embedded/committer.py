@@ -33,20 +33,38 @@ log = logging.getLogger("upf.store.embedded")
 
 _MAX_BATCH = 2048
 _CLOCK_STEP_SECS = 60.0  # a write-log entry stamped this far ahead of the clock is from before a step back
-_GROUP_WAIT_SECS = 0.010
-"""While transactions keep arriving (concurrent publishers, not one client awaiting each commit in
-turn), the committer sleeps this long before it gathers and commits, as FoundationDB's commit
-proxies batch over an interval (theirs adapts between 1 and 20 ms): a physical commit (two
-fdatasyncs, the write log, the wakes) costs ~350 us of CPU, most of it in the kernel, whether it
-carries one transaction or sixty. Measured at 2,000 publishes/s (1,000 topics, all-in-one): 1 ms
-woken by each arrival gave batches of 2.5 and 386 us of CPU per publish-and-delivery; sleeping 5 ms
-gave batches of ~13 and 299-364 us (433-496 us with 2 workers, whose batches are about half as big);
-10 ms gives 280-338 us (382-459 us): 6-8% less with 1 worker and 2-12% with 2, in three alternating
-pairs, for ~5 ms more at the median (8 -> 13 ms send->receive; p99 14.6-42.8 ms before, 22.7-31.5 ms
-after; BENCHMARKS.md, eleventh pass). It waits on an event that only the ``_GROUP_TARGET``-th
-waiting transaction sets, not on the queue, which woke it once per arrival. A lone sequential client
-never waits: nothing arrives while its commit runs. Nor does a transaction that arrives longer than
-this after the last commit: the stream has paused."""
+_GROUP_WAIT_SECS = 0.020
+"""The default of ``UPF_EMBEDDED_COMMIT_WAIT_MS``. While transactions keep arriving (concurrent
+publishers, not one client awaiting each commit in turn), the committer sleeps this long before it
+gathers and commits, as FoundationDB's commit proxies batch over an interval (theirs adapts between
+1 and 20 ms): a physical commit (two fdatasyncs, the write log, the wakes) costs ~350 us of CPU, most
+of it in the kernel, whether it carries one transaction or sixty. Measured at 2,000 publishes/s (1,000
+topics, all-in-one): 1 ms woken by each arrival gave batches of 2.5 and 386 us of CPU per
+publish-and-delivery; 5 ms gave batches of ~13 and 299-364 us (433-496 us with 2 workers, whose
+batches are about half as big); 10 ms 280-338 us (382-459 us), for ~5 ms more at the median
+(BENCHMARKS.md, eleventh pass); 20 ms 6% less again than 10 ms with 1 worker and 6-16% with 2 (three
+alternating pairs, `bench/ab_allinone.py`), for 5-12 ms more at the p99 (18 -> 23 ms with 1 worker,
+15 -> 27 ms with 2) and at 500/s p50 8 -> 14 ms (1 worker), 7 -> 18 ms (2), where it saved 12% and
+42% (BENCHMARKS.md, twelfth pass). It waits on an event that only the ``_GROUP_TARGET``-th waiting
+transaction sets, not on the queue, which woke it once per arrival. A lone sequential client never
+waits: nothing arrives while its commit runs. Nor does a transaction that arrives longer than this
+after the last commit: the stream has paused."""
+_MAX_WAIT_MS = 100
+
+
+def commit_wait_secs() -> float:
+    """``UPF_EMBEDDED_COMMIT_WAIT_MS`` (0-100 whole ms; blank: the default), in seconds. 0: no sleep,
+    a commit takes what waits when it starts (the lowest latency, a commit per few transactions)."""
+    raw = os.environ.get("UPF_EMBEDDED_COMMIT_WAIT_MS", "").strip()
+    if not raw:
+        return _GROUP_WAIT_SECS
+    if not raw.isdigit() or int(raw) > _MAX_WAIT_MS:
+        raise RuntimeError(
+            f"UPF_EMBEDDED_COMMIT_WAIT_MS must be a whole number of milliseconds from 0 to {_MAX_WAIT_MS}"
+        )
+    return int(raw) / 1000
+
+
 _GROUP_TARGET = 32
 """The sleep ends as soon as this many transactions wait: the commit's cost is amortised already,
 and clients that each await their commit (a closed loop of 64 connections) would otherwise stand
@@ -74,6 +92,7 @@ class _Committer(_Watches):
     path: str
     _queue: queue.SimpleQueue[_Pending | None]
     _enough: threading.Event  # set by a submit that brings the queue to _GROUP_TARGET while gathering
+    _group_wait: float  # commit_wait_secs(), read at open
     _gathering: bool
     _doorbell: Doorbell | None
     _last_prune: float
@@ -88,15 +107,16 @@ class _Committer(_Watches):
     def _commit_loop(self) -> None:
         f = self._reader
         busy = False  # do transactions stream in (see _GROUP_WAIT_SECS)?
+        wait = self._group_wait
         ended = 0.0
         while True:
             first = self._queue.get()
             if first is None:
                 return
-            if busy and time.monotonic() - ended > _GROUP_WAIT_SECS:
+            if busy and time.monotonic() - ended > wait:
                 busy = False  # the stream paused: this one arrived alone, after a quiet spell
             batch = [first]
-            self._gather(batch, _GROUP_WAIT_SECS if busy else 0.0)
+            self._gather(batch, wait if busy else 0.0)
             started = time.perf_counter()
             try:
                 if self._commit_batch(f, batch):

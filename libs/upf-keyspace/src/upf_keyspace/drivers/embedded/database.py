@@ -16,7 +16,7 @@ from .. import _metrics
 from .._private import create_private_file, make_private_dirs
 from .._wake import Doorbell, Inbox
 from . import writelog
-from .committer import _Committer, _Pending
+from .committer import _Committer, _Pending, commit_wait_secs
 from .convert import convert_sqlite, is_sqlite
 from .file import _close_file, _File, _mark_path, _open_file, _read_mark
 from .health import _FullLog, _health_marker
@@ -31,7 +31,8 @@ T = TypeVar("T")
 class EmbeddedDatabase(_Committer):
     name = "embedded"
 
-    def __init__(self, path: str, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, path: str, loop: asyncio.AbstractEventLoop, group_wait: float) -> None:
+        self._group_wait = group_wait
         self.path = path
         self._loop = loop
         self._reader: _File = _open_file(path)
@@ -107,6 +108,7 @@ async def open_embedded(path: str) -> EmbeddedDatabase:
 
     A file whose last stamp is below the stamp mark lost commits (a restored copy): that is logged as
     an error, and stamps resume above the mark."""
+    group_wait = commit_wait_secs()  # a bad UPF_EMBEDDED_COMMIT_WAIT_MS is refused before anything is made
     make_private_dirs(os.path.dirname(os.path.abspath(path)))
     if is_sqlite(path):
         await asyncio.to_thread(convert_sqlite, path)
@@ -125,7 +127,7 @@ async def open_embedded(path: str) -> EmbeddedDatabase:
     finally:
         _close_file(f)
     errors.STORAGE.share(_health_marker(path))
-    return EmbeddedDatabase(path, asyncio.get_running_loop())
+    return EmbeddedDatabase(path, asyncio.get_running_loop(), group_wait)
 
 
 def raise_stamp_floor(path: str, floor: int) -> int:
