@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -30,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import procs
 from harness import LOADGEN
-from procs import PY, tree_cpu
+from procs import PY, checkout_python, print_ratios, tree_cpu
 
 
 def one_run(
@@ -90,12 +89,10 @@ def main() -> None:
     ap.add_argument("--secs", type=float, default=15.0, help="seconds measured per run")
     ap.add_argument("--warm", type=float, default=4.0, help="seconds before the window (connects, warm-up)")
     a = ap.parse_args()
-    base_py = a.base.resolve() / ".venv" / "bin" / "python"
-    if not base_py.exists():
-        ap.error(f"{base_py} not found: run `python3 -m uv sync --locked` in {a.base}")
+    base_py = checkout_python(ap, a.base)
     ratios = []
     for n in range(1, a.pairs + 1):
-        base, base_p50, base_p99 = one_run(str(base_py), a.workers, a.rate, a.topics, a.secs, a.warm)
+        base, base_p50, base_p99 = one_run(base_py, a.workers, a.rate, a.topics, a.secs, a.warm)
         head, head_p50, head_p99 = one_run(PY, a.workers, a.rate, a.topics, a.secs, a.warm)
         ratios.append(head / base)
         print(
@@ -105,7 +102,7 @@ def main() -> None:
             f"head/base {ratios[-1]:.3f}",
             flush=True,
         )
-    print(f"head/base: median {statistics.median(ratios):.3f}, range {min(ratios):.3f}-{max(ratios):.3f}")
+    print_ratios(ratios)
 
 
 if __name__ == "__main__":

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -31,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import procs
 from harness import LOADGEN
-from procs import PY, tree_cpu
+from procs import PY, checkout_python, print_ratios, tree_cpu
 
 
 def one_round(base_py: str, rate: float, topics: int, secs: float, warm: float) -> dict[str, float]:
@@ -103,19 +102,17 @@ def main() -> None:
     ap.add_argument("--secs", type=float, default=15.0, help="seconds measured per round")
     ap.add_argument("--warm", type=float, default=12.0, help="seconds before the window (connects, warm-up)")
     a = ap.parse_args()
-    base_py = a.base.resolve() / ".venv" / "bin" / "python"
-    if not base_py.exists():
-        ap.error(f"{base_py} not found: run `python3 -m uv sync --locked` in {a.base}")
+    base_py = checkout_python(ap, a.base)
     ratios = []
     for n in range(1, a.rounds + 1):
-        us = one_round(str(base_py), a.rate, a.topics, a.secs, a.warm)
+        us = one_round(base_py, a.rate, a.topics, a.secs, a.warm)
         ratios.append(us["head"] / us["base"])
         print(
             f"round {n}: pusher CPU us per delivery at {a.rate / 2:.0f}/s each: "
             f"base {us['base']:.1f}, head {us['head']:.1f}, head/base {ratios[-1]:.3f}",
             flush=True,
         )
-    print(f"head/base: median {statistics.median(ratios):.3f}, range {min(ratios):.3f}-{max(ratios):.3f}")
+    print_ratios(ratios)
 
 
 if __name__ == "__main__":

@@ -8,10 +8,12 @@ serves from a worker process it spawns); memory is VmRSS from /proc/<pid>/status
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import os
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import time
@@ -297,3 +299,16 @@ def start_bare_asgi(workdir: Path, cpus: set[int] | None = None) -> tuple[Proc, 
     p = Proc("bare-asgi", argv, _env(), workdir / f"bare-{port}.log", cpus)
     wait_http(p, port, path="/probe")
     return p, port
+
+
+def checkout_python(ap: argparse.ArgumentParser, base: Path) -> str:
+    """The interpreter of another checkout (``--base`` of the A/B tools), or the parser's error."""
+    python = base.resolve() / ".venv" / "bin" / "python"
+    if not python.exists():
+        ap.error(f"{python} not found: run `python3 -m uv sync --locked` in {base}")
+    return str(python)
+
+
+def print_ratios(ratios: list[float]) -> None:
+    """The A/B tools' last line: head/base over the rounds or pairs."""
+    print(f"head/base: median {statistics.median(ratios):.3f}, range {min(ratios):.3f}-{max(ratios):.3f}")

@@ -42,13 +42,13 @@ of it in the kernel, whether it carries one transaction or sixty. Measured at 2,
 topics, all-in-one): 1 ms woken by each arrival gave batches of 2.5 and 386 us of CPU per
 publish-and-delivery; 5 ms gave batches of ~13 and 299-364 us (433-496 us with 2 workers, whose
 batches are about half as big); 10 ms 280-338 us (382-459 us), for ~5 ms more at the median
-(BENCHMARKS.md, eleventh pass); 20 ms 6% less again than 10 ms with 1 worker and 6-16% with 2 (three
-alternating pairs, `bench/ab_allinone.py`), for 5-12 ms more at the p99 (18 -> 23 ms with 1 worker,
-15 -> 27 ms with 2) and at 500/s p50 8 -> 14 ms (1 worker), 7 -> 18 ms (2), where it saved 12% and
-42% (BENCHMARKS.md, twelfth pass). It waits on an event that only the ``_GROUP_TARGET``-th waiting
-transaction sets, not on the queue, which woke it once per arrival. A lone sequential client never
-waits: nothing arrives while its commit runs. Nor does a transaction that arrives longer than this
-after the last commit: the stream has paused."""
+(BENCHMARKS.md, eleventh pass). On another host, 20 ms spent 6-8% less than 10 ms with 1 worker and
+6-16% with 2 (three alternating pairs, `bench/ab_allinone.py`), for 4-12 ms more at the p99 (18 -> 23
+ms with 1 worker, 15 -> 27 ms with 2); at 500/s it saved 12% and 42% for a p50 of 8 -> 14 ms (1
+worker) and 7 -> 18 ms (2) (BENCHMARKS.md, twelfth pass). It waits on an event that only the
+``_GROUP_TARGET``-th waiting transaction sets, not on the queue, which woke it once per arrival. A
+lone sequential client never waits: nothing arrives while its commit runs. Nor does a transaction
+that arrives longer than this after the last commit: the stream has paused."""
 _MAX_WAIT_MS = 100
 
 
