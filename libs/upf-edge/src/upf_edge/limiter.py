@@ -468,7 +468,6 @@ class RequestLimiter:
         if unifiedpush and self.config.subscriber_rate and rate_topic(topic) and await self.rate_visitor(topic) is None:
             raise NtfyError(NO_SUBSCRIBER)
 
-    # --- the storage bound (UPF_MAX_STORE_BYTES, 507) ---------------------------------------------------
     # --- a publish's limits after the ACL, together -----------------------------------------------------
     def publish_local(self, visitor: str | None, topic: str) -> bool:
         """Settle a publish's limits after the ACL without the store, all or nothing: True (its message
@@ -495,6 +494,7 @@ class RequestLimiter:
         await self.touch_topics((topic,), visitor)
         await self.require_storage()
 
+    # --- the storage bound (UPF_MAX_STORE_BYTES, 507) ---------------------------------------------------
     async def require_storage(self) -> None:
         """507 50702 while the fleet's stored message bytes are at or past ``UPF_MAX_STORE_BYTES``. The
         total is read at most once per ``STORED_REFRESH_SECS`` (one snapshot read of a few keys), so a

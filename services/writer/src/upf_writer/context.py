@@ -97,33 +97,26 @@ class WriterContext:
         trusted proxy forwarded) or raise the 429; called after authentication, before the ACL.
         A publish to ``topic`` is charged to the topic's subscriber instead when subscriber-based
         limiting applies to it. Returns the visitor charged (None: exempt), for the daily quota and
-        the RateLimit headers."""
+        the RateLimit headers. Awaits nothing when the visitor is exempt or holds a leased token."""
         limiter = self.limiter
         if limiter is None:
             raise NtfyError(STORE_UNAVAILABLE)
         visitor = limiter.visitor(user, client, forwarded)
-        if topic:
+        if topic and visitor is not None and limiter.config.subscriber_rate:
             visitor = await limiter.publisher(visitor, topic)
-        await limiter.check(visitor)
+        if not limiter.take_local(visitor):
+            await limiter.lease(visitor)  # type: ignore[arg-type]  # None is always taken locally
         return visitor
 
     async def enter(
         self, authorization: str | None, auth_param: str | None, client: str, forwarded: str | None, topic: str
     ) -> tuple[Identity, str | None]:
-        """``identify``, then ``admit`` to ``topic``, as one coroutine: the publish path's. Why: with the
-        gate open and the visitor's token leased (or the visitor exempt) nothing in it awaits, and the
-        four coroutines the two steps take cost more than what they check."""
-        limiter = self.limiter
-        if limiter is None:
-            raise NtfyError(STORE_UNAVAILABLE)
+        """``identify``, then ``admit`` to ``topic``: the publish path's. Why: with the gate open nothing
+        is asked of the limiter's failed-login count, and the coroutines the two steps took cost more
+        than what they check."""
         gate = self.require_gate()
-        who = ANONYMOUS if gate.open else await limiter.identify(gate, authorization, auth_param, client, forwarded)
-        visitor = limiter.visitor(who.user, client, forwarded)
-        if topic and visitor is not None and limiter.config.subscriber_rate:  # JSON publish: topic ""
-            visitor = await limiter.publisher(visitor, topic)
-        if not limiter.take_local(visitor):
-            await limiter.lease(visitor)  # type: ignore[arg-type]  # None is always taken locally
-        return who, visitor
+        who = ANONYMOUS if gate.open else await self.identify(authorization, auth_param, client, forwarded)
+        return who, await self.admit(who.user, client, forwarded, topic)
 
     async def identify(
         self, authorization: str | None, auth_param: str | None, client: str, forwarded: str | None
