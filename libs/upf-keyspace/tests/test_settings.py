@@ -157,3 +157,29 @@ def test_bounds_and_blank_values_keep_their_messages(name, value):
     with pytest.raises(SettingsError) as info:
         load_settings({name: value})
     assert str(info.value) == expected
+
+
+@pytest.mark.parametrize(
+    "name, value",
+    [
+        ("UPF_EMBEDDED_MAX_BYTES", "lots"),
+        ("UPF_EMBEDDED_MAX_BYTES", "-5"),
+        ("UPF_EMBEDDED_COMMIT_WAIT_MS", "1.5"),
+        ("UPF_EMBEDDED_COMMIT_WAIT_MS", "101"),
+        ("UPF_EMBEDDED_COMMIT_WAIT_MS", "soon"),
+    ],
+)
+def test_the_embedded_drivers_own_variables_stop_a_start_with_their_names(name, value):
+    """Read where the store opens, but checked with the settings: a bad one stops the start (upf exits
+    2 naming it) instead of failing every process that opens the store."""
+    with pytest.raises(SettingsError, match=name):
+        load_settings({name: value})
+
+
+def test_the_embedded_drivers_own_variables_read_as_documented():
+    from upf_keyspace.settings import embedded_commit_wait_ms, embedded_max_bytes
+
+    assert embedded_max_bytes({}) == 0 and embedded_max_bytes({"UPF_EMBEDDED_MAX_BYTES": " 4096 "}) == 4096
+    assert embedded_commit_wait_ms({}) is None and embedded_commit_wait_ms({"UPF_EMBEDDED_COMMIT_WAIT_MS": ""}) is None
+    assert embedded_commit_wait_ms({"UPF_EMBEDDED_COMMIT_WAIT_MS": "0"}) == 0
+    assert embedded_commit_wait_ms({"UPF_EMBEDDED_COMMIT_WAIT_MS": "100"}) == 100

@@ -10,7 +10,7 @@ import time
 import lmdb
 import pytest
 
-from upf_keyspace import errors, keys
+from upf_keyspace import SettingsError, errors, keys
 from upf_keyspace.drivers.embedded import open_embedded
 from upf_keyspace.drivers.embedded.health import _is_full, _OverQuota
 
@@ -75,7 +75,7 @@ def test_full_is_recognised_however_it_surfaces():
 @pytest.mark.parametrize("bad", ["lots", "-5", "1e6", "9" * 30])
 async def test_bad_quota_is_refused_at_open_with_its_name(tmp_path, monkeypatch, bad):
     monkeypatch.setenv("UPF_EMBEDDED_MAX_BYTES", bad)
-    with pytest.raises(RuntimeError, match="UPF_EMBEDDED_MAX_BYTES"):
+    with pytest.raises(SettingsError, match="UPF_EMBEDDED_MAX_BYTES"):
         await open_embedded(str(tmp_path / "store.db"))
 
 

@@ -313,6 +313,33 @@ def variables() -> tuple[str, ...]:
     return tuple(dict.fromkeys(f.name for f in _declared()))
 
 
+_MAX_COMMIT_WAIT_MS = 100
+
+
+def embedded_max_bytes(env: Mapping[str, str] | None = None) -> int:
+    """``UPF_EMBEDDED_MAX_BYTES``: the embedded store's size quota in bytes, 0 (or blank) for none.
+    The embedded driver reads it where it opens the store, and ``load_settings`` checks it, so a bad
+    value stops a start with its name instead of failing every process that opens the store."""
+    raw = (os.environ if env is None else env).get("UPF_EMBEDDED_MAX_BYTES", "").strip() or "0"
+    if not raw.isdigit() or len(raw) > 20:
+        raise SettingsError("UPF_EMBEDDED_MAX_BYTES must be a whole number of bytes (0: no quota)")
+    return int(raw)
+
+
+def embedded_commit_wait_ms(env: Mapping[str, str] | None = None) -> int | None:
+    """``UPF_EMBEDDED_COMMIT_WAIT_MS``: how long the embedded store's group commit waits for more
+    transactions while they stream in (0-100 whole ms); None when unset or blank (the driver's
+    default). Read and checked as ``embedded_max_bytes`` is."""
+    raw = (os.environ if env is None else env).get("UPF_EMBEDDED_COMMIT_WAIT_MS", "").strip()
+    if not raw:
+        return None
+    if not raw.isdigit() or int(raw) > _MAX_COMMIT_WAIT_MS:
+        raise SettingsError(
+            f"UPF_EMBEDDED_COMMIT_WAIT_MS must be a whole number of milliseconds from 0 to {_MAX_COMMIT_WAIT_MS}"
+        )
+    return int(raw)
+
+
 def load_settings(env: Mapping[str, str] | None = None) -> Settings:
     global _FIELDS
     env = os.environ if env is None else env
@@ -329,6 +356,8 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
             raise SettingsError(f"{f.name} must be between {f.ge} and {f.le}, got {value}")
         values[f.attr] = value
     settings = Settings(**values)
+    embedded_max_bytes(env)  # the embedded driver's own variables: checked here, read where the store opens
+    embedded_commit_wait_ms(env)
     if settings.delay_min_secs > settings.delay_max_secs:
         raise SettingsError(
             f"UPF_DELAY_MIN_SECS ({settings.delay_min_secs}) must not exceed UPF_DELAY_MAX_SECS ({settings.delay_max_secs})"

@@ -17,6 +17,7 @@ import lmdb
 
 from ... import errors
 from ...contract import LIFETIME_SECS
+from ...settings import embedded_commit_wait_ms
 from .. import _metrics
 from .._ranges import BatchWrites
 from .._wake import Doorbell
@@ -49,20 +50,13 @@ worker) and 7 -> 18 ms (2) (BENCHMARKS.md, twelfth pass). It waits on an event t
 ``_GROUP_TARGET``-th waiting transaction sets, not on the queue, which woke it once per arrival. A
 lone sequential client never waits: nothing arrives while its commit runs. Nor does a transaction
 that arrives longer than this after the last commit: the stream has paused."""
-_MAX_WAIT_MS = 100
 
 
 def commit_wait_secs() -> float:
-    """``UPF_EMBEDDED_COMMIT_WAIT_MS`` (0-100 whole ms; blank: the default), in seconds. 0: no sleep,
-    a commit takes what waits when it starts (the lowest latency, a commit per few transactions)."""
-    raw = os.environ.get("UPF_EMBEDDED_COMMIT_WAIT_MS", "").strip()
-    if not raw:
-        return _GROUP_WAIT_SECS
-    if not raw.isdigit() or int(raw) > _MAX_WAIT_MS:
-        raise RuntimeError(
-            f"UPF_EMBEDDED_COMMIT_WAIT_MS must be a whole number of milliseconds from 0 to {_MAX_WAIT_MS}"
-        )
-    return int(raw) / 1000
+    """``UPF_EMBEDDED_COMMIT_WAIT_MS`` in seconds, ``_GROUP_WAIT_SECS`` when unset. 0: no sleep, a
+    commit takes what waits when it starts (the lowest latency, a commit per few transactions)."""
+    ms = embedded_commit_wait_ms()
+    return _GROUP_WAIT_SECS if ms is None else ms / 1000
 
 
 _GROUP_TARGET = 32

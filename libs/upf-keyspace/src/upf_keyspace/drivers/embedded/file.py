@@ -11,7 +11,7 @@ import time
 
 import lmdb
 
-from .health import _quota_bytes
+from ...settings import embedded_max_bytes
 
 _STAMPS_PER_SEC = 1_000_000
 """A commit's stamp is at least the wall clock in microseconds (and above the last one), as
@@ -39,7 +39,7 @@ class _File:
     __slots__ = ("env", "kv", "meta", "wlog", "users", "path", "quota")
 
     def __init__(self, path: str) -> None:
-        self.quota = _quota_bytes()
+        self.quota = embedded_max_bytes()
         self.path = path
         self.env = lmdb.open(
             path,

@@ -19,13 +19,6 @@ log = logging.getLogger("upf.store.embedded")
 _FULL_LOG_SECS = 60.0  # a full disk is logged once a minute (with the count refused since), not per commit
 
 
-def _quota_bytes() -> int:
-    raw = os.environ.get("UPF_EMBEDDED_MAX_BYTES", "").strip() or "0"
-    if not raw.isdigit() or len(raw) > 20:
-        raise RuntimeError("UPF_EMBEDDED_MAX_BYTES must be a whole number of bytes (0: no quota)")
-    return int(raw)
-
-
 class _OverQuota(Exception):
     """A commit that would grow the store's data past ``UPF_EMBEDDED_MAX_BYTES``."""
 
