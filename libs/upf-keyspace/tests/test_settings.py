@@ -167,6 +167,8 @@ def test_bounds_and_blank_values_keep_their_messages(name, value):
         ("UPF_EMBEDDED_COMMIT_WAIT_MS", "1.5"),
         ("UPF_EMBEDDED_COMMIT_WAIT_MS", "101"),
         ("UPF_EMBEDDED_COMMIT_WAIT_MS", "soon"),
+        ("UPF_EMBEDDED_COMMIT_WAIT_MS", "\u00b2"),  # a digit to str.isdigit, not to int
+        ("UPF_EMBEDDED_MAX_BYTES", "\u00b2"),
     ],
 )
 def test_the_embedded_drivers_own_variables_stop_a_start_with_their_names(name, value):

@@ -321,7 +321,7 @@ def embedded_max_bytes(env: Mapping[str, str] | None = None) -> int:
     The embedded driver reads it where it opens the store, and ``load_settings`` checks it, so a bad
     value stops a start with its name instead of failing every process that opens the store."""
     raw = (os.environ if env is None else env).get("UPF_EMBEDDED_MAX_BYTES", "").strip() or "0"
-    if not raw.isdigit() or len(raw) > 20:
+    if not (raw.isascii() and raw.isdigit()) or len(raw) > 20:  # "²" is a digit to isdigit, not to int
         raise SettingsError("UPF_EMBEDDED_MAX_BYTES must be a whole number of bytes (0: no quota)")
     return int(raw)
 
@@ -333,7 +333,7 @@ def embedded_commit_wait_ms(env: Mapping[str, str] | None = None) -> int | None:
     raw = (os.environ if env is None else env).get("UPF_EMBEDDED_COMMIT_WAIT_MS", "").strip()
     if not raw:
         return None
-    if not raw.isdigit() or int(raw) > _MAX_COMMIT_WAIT_MS:
+    if not (raw.isascii() and raw.isdigit()) or int(raw) > _MAX_COMMIT_WAIT_MS:
         raise SettingsError(
             f"UPF_EMBEDDED_COMMIT_WAIT_MS must be a whole number of milliseconds from 0 to {_MAX_COMMIT_WAIT_MS}"
         )
