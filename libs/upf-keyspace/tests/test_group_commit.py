@@ -20,6 +20,47 @@ async def _put(db, key: bytes) -> None:
     await db.transact(body)
 
 
+class _Recorder:
+    """The committer's gather and commit, wrapped: each batch's size and each gather's sleep are
+    recorded, the first commit is held until ``release`` is set, and ``sleeping`` is set once a gather
+    sleeps. The tests make their stream with it (transactions queued behind the held commit), not by
+    timing: under load, concurrent puts could commit one by one, and the window never opened."""
+
+    def __init__(self, monkeypatch) -> None:
+        self.sizes: list[int] = []
+        self.waits: list[float] = []
+        self.release = threading.Event()
+        self.sleeping = threading.Event()
+        real_gather = committer._Committer._gather
+        real_commit = committer._Committer._commit_batch
+
+        def gather(c, batch, wait):
+            self.waits.append(wait)
+            if wait:
+                self.sleeping.set()
+            return real_gather(c, batch, wait)
+
+        def commit(c, conn, batch):
+            self.sizes.append(len(batch))
+            if len(self.sizes) == 1:
+                assert self.release.wait(10)
+            return real_commit(c, conn, batch)
+
+        monkeypatch.setattr(committer._Committer, "_gather", gather)
+        monkeypatch.setattr(committer._Committer, "_commit_batch", commit)
+
+    async def queue_behind_held(self, db, held: bytes, *queued: bytes) -> list[asyncio.Task[None]]:
+        """Put ``held`` (its commit is held), then ``queued`` once it is, and wait until they are
+        queued behind it; returns the puts' tasks (nothing commits before ``release``)."""
+        tasks = [asyncio.create_task(_put(db, held))]
+        while not self.sizes:
+            await asyncio.sleep(0.001)
+        tasks += [asyncio.create_task(_put(db, k)) for k in queued]
+        while db._queue.qsize() < len(queued):
+            await asyncio.sleep(0.001)
+        return tasks
+
+
 async def test_a_lone_sequential_client_never_waits(tmp_path, monkeypatch):
     waits: list[float] = []
     real = committer._Committer._gather
@@ -74,34 +115,12 @@ async def test_a_bad_setting_is_refused_at_open_with_its_name(tmp_path, monkeypa
 
 async def _held_stream(tmp_path, monkeypatch) -> tuple[list[int], list[float]]:
     """The batch sizes and gather sleeps of: a commit held while two more arrive, then two puts in turn."""
-    waits: list[float] = []
-    sizes: list[int] = []
-    real_gather = committer._Committer._gather
-    real_commit = committer._Committer._commit_batch
-    release = threading.Event()
-
-    def gather(self, batch, wait):
-        waits.append(wait)
-        return real_gather(self, batch, wait)
-
-    def commit(self, conn, batch):
-        sizes.append(len(batch))
-        if len(sizes) == 1:
-            assert release.wait(10)
-        return real_commit(self, conn, batch)
-
-    monkeypatch.setattr(committer._Committer, "_gather", gather)
-    monkeypatch.setattr(committer._Committer, "_commit_batch", commit)
+    rec = _Recorder(monkeypatch)
     db = await open_embedded(str(tmp_path / "s.db"))
     try:
-        first = asyncio.create_task(_put(db, b"a"))
-        while not sizes:
-            await asyncio.sleep(0.001)
-        later = [asyncio.create_task(_put(db, b"b")), asyncio.create_task(_put(db, b"c"))]
-        while db._queue.qsize() < 2:  # both are queued behind the held commit
-            await asyncio.sleep(0.001)
-        release.set()
-        await asyncio.gather(first, *later)
+        puts = await rec.queue_behind_held(db, b"a", b"b", b"c")
+        rec.release.set()
+        await asyncio.gather(*puts)
         await _put(db, b"d")  # after a batch of two: still a stream, so it gathers
         await _put(db, b"e")  # after a batch of one with nothing queued: a lone client again
 
@@ -110,91 +129,45 @@ async def _held_stream(tmp_path, monkeypatch) -> tuple[list[int], list[float]]:
 
         assert [k for k, _ in await db.transact(read)] == [b"a", b"b", b"c", b"d", b"e"]
     finally:
+        rec.release.set()
         await db.close()
-    return sizes, waits
+    return rec.sizes, rec.waits
 
 
 async def test_a_stream_that_pauses_longer_than_the_wait_ends(tmp_path, monkeypatch):
     """Concurrent transactions make a stream; the first one arriving after a pause longer than
     _GROUP_WAIT_SECS commits at once: the first publish after a quiet spell does not sleep. The
     stream is two transactions queued behind a held commit (committed together, so the stream goes
-    on after them), not a gather of concurrent puts, which under load could commit one by one."""
-    waits: list[float] = []
-    sizes: list[int] = []
-    release = threading.Event()
-    real_gather = committer._Committer._gather
-    real_commit = committer._Committer._commit_batch
-
-    def gather(self, batch, wait):
-        waits.append(wait)
-        return real_gather(self, batch, wait)
-
-    def commit(self, conn, batch):
-        sizes.append(len(batch))
-        if len(sizes) == 1:
-            assert release.wait(10)
-        return real_commit(self, conn, batch)
-
-    monkeypatch.setattr(committer._Committer, "_gather", gather)
-    monkeypatch.setattr(committer._Committer, "_commit_batch", commit)
+    on after them)."""
+    rec = _Recorder(monkeypatch)
     monkeypatch.setattr(committer, "_GROUP_WAIT_SECS", 0.5)
     db = await open_embedded(str(tmp_path / "s.db"))
     try:
-        held = asyncio.create_task(_put(db, b"held"))
-        while not sizes:
-            await asyncio.sleep(0.001)
-        later = [asyncio.create_task(_put(db, b"b")), asyncio.create_task(_put(db, b"c"))]
-        while db._queue.qsize() < 2:
-            await asyncio.sleep(0.001)
-        release.set()
-        await asyncio.gather(held, *later)
-        assert sizes[-1] == 2 and waits[-1] == 0.5  # gathered together: a batch of two, the stream goes on
+        puts = await rec.queue_behind_held(db, b"held", b"b", b"c")
+        rec.release.set()
+        await asyncio.gather(*puts)
+        assert rec.sizes[-1] == 2 and rec.waits[-1] == 0.5  # gathered together: a batch of two, the stream goes on
         await asyncio.sleep(0.8)
         await _put(db, b"late")  # after a pause longer than the window: at once
     finally:
-        release.set()
+        rec.release.set()
         await db.close()
-    assert waits[-1] == 0.0
+    assert rec.waits[-1] == 0.0
 
 
 async def test_a_gather_ends_once_enough_transactions_wait(tmp_path, monkeypatch):
     """The gather's sleep ends when _GROUP_TARGET transactions are queued, not at its end: clients
-    that each await their commit are not held for the whole window. The stream is made as the test
-    above makes it (a transaction queued behind a held commit), not by timing: under load, puts that
-    happened to commit one by one left no stream, and the window never opened."""
+    that each await their commit are not held for the whole window."""
     monkeypatch.setattr(committer, "_GROUP_WAIT_SECS", 30.0)
-    sizes: list[int] = []
-    release = threading.Event()
-    sleeping = threading.Event()
-    real_commit = committer._Committer._commit_batch
-    real_gather = committer._Committer._gather
-
-    def commit(self, conn, batch):
-        sizes.append(len(batch))
-        if len(sizes) == 1:
-            assert release.wait(10)
-        return real_commit(self, conn, batch)
-
-    def gather(self, batch, wait):
-        if wait:
-            sleeping.set()
-        return real_gather(self, batch, wait)
-
-    monkeypatch.setattr(committer._Committer, "_commit_batch", commit)
-    monkeypatch.setattr(committer._Committer, "_gather", gather)
+    rec = _Recorder(monkeypatch)
     db = await open_embedded(str(tmp_path / "s.db"))
     try:
-        held = asyncio.create_task(_put(db, b"held"))
-        while not sizes:
-            await asyncio.sleep(0.001)
-        first = asyncio.create_task(_put(db, b"first"))
-        while db._queue.qsize() < 1:  # queued behind the held commit: the next batch is a stream's
-            await asyncio.sleep(0.001)
-        release.set()
-        assert await asyncio.to_thread(sleeping.wait, 10)  # the committer took "first" and sleeps
+        puts = await rec.queue_behind_held(db, b"held", b"first")  # the next batch is a stream's
+        rec.release.set()
+        assert await asyncio.to_thread(rec.sleeping.wait, 10)  # the committer took "first" and sleeps
         more = (_put(db, b"m%d" % i) for i in range(committer._GROUP_TARGET))
-        await asyncio.wait_for(asyncio.gather(held, first, *more), 15.0)  # well inside the 30 s window
+        await asyncio.wait_for(asyncio.gather(*puts, *more), 15.0)  # well inside the 30 s window
     finally:
-        release.set()
+        rec.release.set()
         await db.close()
-    assert sizes[-1] == committer._GROUP_TARGET + 1
+    assert rec.sizes[-1] == committer._GROUP_TARGET + 1
