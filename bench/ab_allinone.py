@@ -16,7 +16,6 @@ reordering), or the pair is reported as failed.
 
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
 import subprocess
@@ -28,8 +27,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import procs
-from harness import LOADGEN
-from procs import PY, checkout_python, print_ratios, tree_cpu
+from harness import LOADGEN, lg_args
+from procs import PY, ab_parser, checkout_python, print_ratios, tree_cpu
 
 
 def one_run(
@@ -39,23 +38,13 @@ def one_run(
     work = Path(tempfile.mkdtemp(prefix="ab-allinone-"))
     p, port = procs.start_upf_allinone(work, work / "upf.db", python=python, UPF_WORKERS=str(workers))
     try:
+        url = f"http://127.0.0.1:{port}"
         argv = [
             LOADGEN,
             "run",
-            "--url",
-            f"http://127.0.0.1:{port}",
-            "--topics",
-            str(topics),
-            "--duration",
-            str(warm + secs + 2),
+            *lg_args(url, url, topics, warm + secs + 2),
             "--rate",
             str(rate),
-            "--message-size",
-            "100",
-            "--transport",
-            "ws",
-            "--drain-timeout",
-            "60",
             "--quiet",
             "--json",
             "-",
@@ -80,14 +69,11 @@ def one_run(
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--base", type=Path, required=True, help="a checkout of the base commit, with its .venv")
+    ap = ab_parser(__doc__, secs=15.0, warm=4.0)
     ap.add_argument("--workers", type=int, default=1, help="UPF_WORKERS of both programs")
     ap.add_argument("--rate", type=float, default=2000.0, help="publishes/s")
     ap.add_argument("--topics", type=int, default=1000, help="topics, one ws subscriber each")
     ap.add_argument("--pairs", type=int, default=3)
-    ap.add_argument("--secs", type=float, default=15.0, help="seconds measured per run")
-    ap.add_argument("--warm", type=float, default=4.0, help="seconds before the window (connects, warm-up)")
     a = ap.parse_args()
     base_py = checkout_python(ap, a.base)
     ratios = []

@@ -18,7 +18,6 @@ loadgen run must be clean (no loss, duplicate or reordering), or the round is re
 
 from __future__ import annotations
 
-import argparse
 import json
 import subprocess
 import sys
@@ -29,8 +28,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import procs
-from harness import LOADGEN
-from procs import PY, checkout_python, print_ratios, tree_cpu
+from harness import LOADGEN, lg_args
+from procs import PY, ab_parser, checkout_python, print_ratios, tree_cpu
 
 
 def one_round(base_py: str, rate: float, topics: int, secs: float, warm: float) -> dict[str, float]:
@@ -48,29 +47,8 @@ def one_round(base_py: str, rate: float, topics: int, secs: float, warm: float) 
             pushers[name] = (p, port)
         runs = {}
         for name, (_, port) in pushers.items():
-            argv = [
-                LOADGEN,
-                "run",
-                "--writer",
-                f"http://127.0.0.1:{wport}",
-                "--pusher",
-                f"http://127.0.0.1:{port}",
-                "--topics",
-                str(topics),
-                "--duration",
-                str(warm + secs + 3),
-                "--rate",
-                str(rate / 2),
-                "--message-size",
-                "200",
-                "--transport",
-                "ws",
-                "--drain-timeout",
-                "60",
-                "--quiet",
-                "--json",
-                "-",
-            ]
+            lg = lg_args(f"http://127.0.0.1:{wport}", f"http://127.0.0.1:{port}", topics, warm + secs + 3, size=200)
+            argv = [LOADGEN, "run", *lg, "--rate", str(rate / 2), "--quiet", "--json", "-"]
             runs[name] = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         time.sleep(warm)  # subscribers connected, publishing under way
         c0 = {n: tree_cpu([p.pid]) for n, (p, _) in pushers.items()}
@@ -94,13 +72,10 @@ def one_round(base_py: str, rate: float, topics: int, secs: float, warm: float) 
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--base", type=Path, required=True, help="a checkout of the base commit, with its .venv")
+    ap = ab_parser(__doc__, secs=15.0, warm=12.0)
     ap.add_argument("--rate", type=float, default=1000.0, help="publishes/s in all (each pusher gets half)")
     ap.add_argument("--topics", type=int, default=500, help="topics per pusher, one ws subscriber each")
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--secs", type=float, default=15.0, help="seconds measured per round")
-    ap.add_argument("--warm", type=float, default=12.0, help="seconds before the window (connects, warm-up)")
     a = ap.parse_args()
     base_py = checkout_python(ap, a.base)
     ratios = []

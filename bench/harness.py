@@ -316,17 +316,23 @@ def steady(events: list[dict[str, Any]]) -> dict[str, Any] | None:
 
 
 def lg_common(shape: Shape, topics: int, secs: float) -> list[str]:
+    return lg_args(shape.writer, shape.pusher, topics, secs)
+
+
+def lg_args(writer: str, pusher: str, topics: int, secs: float, size: int = BODY) -> list[str]:
+    """``upf-loadgen run``'s options every bench load shares: one ws subscriber per topic, ``size``-byte
+    bodies, a minute to drain."""
     return [
         "--writer",
-        shape.writer,
+        writer,
         "--pusher",
-        shape.pusher,
+        pusher,
         "--topics",
         str(topics),
         "--duration",
         str(secs),
         "--message-size",
-        str(BODY),
+        str(size),
         "--transport",
         "ws",
         "--drain-timeout",

@@ -301,6 +301,15 @@ def start_bare_asgi(workdir: Path, cpus: set[int] | None = None) -> tuple[Proc, 
     return p, port
 
 
+def ab_parser(doc: str | None, secs: float, warm: float) -> argparse.ArgumentParser:
+    """The A/B tools' common arguments: ``--base`` (another checkout), ``--secs`` and ``--warm``."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--base", type=Path, required=True, help="a checkout of the base commit, with its .venv")
+    ap.add_argument("--secs", type=float, default=secs, help="seconds measured per run")
+    ap.add_argument("--warm", type=float, default=warm, help="seconds before the window (connects, warm-up)")
+    return ap
+
+
 def checkout_python(ap: argparse.ArgumentParser, base: Path) -> str:
     """The interpreter of another checkout (``--base`` of the A/B tools), or the parser's error."""
     python = base.resolve() / ".venv" / "bin" / "python"
