@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from upf_keyspace.drivers.embedded import committer, open_embedded
+from upf_keyspace.drivers.embedded import mutations
 from upf_keyspace.drivers.embedded.mutations import _add_le, _Applier
 
 _KEYS = [b"k%d" % i for i in range(5)]
@@ -72,6 +73,63 @@ def test_a_batch_ends_as_its_mutations_applied_one_by_one(ops):
             txn.abort()
             env.close()
     assert got == _model(_START, ops)
+
+
+_STAMP = bytes(range(1, 11))
+_KINDS = {
+    "set": mutations._SET,
+    "clear": mutations._CLEAR,
+    "add": mutations._ADD,
+    "clear_range": mutations._CLEAR_RANGE,
+}
+
+
+def _incomplete(key: bytes) -> bytes:
+    """``key`` with a placeholder stamp inserted after its first byte, as the tuple layer packs one."""
+    return key[:1] + b"\xff" * 10 + key[1:] + (1).to_bytes(4, "little")
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.one_of(
+            _op, st.tuples(st.sampled_from(["vs_key", "vs_value"]), st.sampled_from(_KEYS), st.binary(max_size=4))
+        )
+    )
+)
+def test_a_transactions_mutation_list_applies_as_its_mutations_one_by_one(ops):
+    """``apply``, the committer's path, stamps keys and values where their offsets say and otherwise
+    agrees with the mutations applied one by one."""
+    model_ops: list[tuple[str, bytes, bytes]] = []
+    muts: list[tuple[int, bytes, bytes]] = []
+    for kind, a, b in ops:
+        if kind == "vs_key":
+            muts.append((mutations._VS_KEY, _incomplete(a), b))
+            model_ops.append(("set", a[:1] + _STAMP + a[1:], b))
+        elif kind == "vs_value":
+            muts.append((mutations._VS_VALUE, a, _incomplete(b"v" + b)))
+            model_ops.append(("set", a, b"v" + _STAMP + b))
+        else:
+            muts.append((_KINDS[kind], a, b))
+            model_ops.append((kind, a, b))
+    with tempfile.TemporaryDirectory() as d:
+        env = lmdb.open(d, max_dbs=1, sync=False)
+        db = env.open_db(b"kv")
+        with env.begin(write=True) as txn:
+            for k, v in _START.items():
+                txn.put(k, v, db=db)
+        txn = env.begin(write=True)
+        try:
+            applier = _Applier(txn, db)
+            stamped: list[bytes] = []
+            applier.apply(muts, _STAMP, stamped)
+            applier.flush()
+            got = dict(txn.cursor(db=db))
+        finally:
+            txn.abort()
+            env.close()
+    assert got == _model(_START, model_ops)
+    assert stamped == [k[:1] + _STAMP + k[1:] for kind, k, _ in ops if kind == "vs_key"]
 
 
 async def test_concurrent_adds_sets_and_clears_on_hot_keys_end_as_in_submission_order(tmp_path, monkeypatch):

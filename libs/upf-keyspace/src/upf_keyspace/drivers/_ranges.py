@@ -105,7 +105,11 @@ class BatchWrites:
             bisect.insort(points, k)
         for begin, end in writes:
             if end == begin + b"\x00":
-                bisect.insort(points, begin)
+                # Most points are written by many transactions of a batch (the stats slots): a
+                # duplicate costs a bisect, not the move of the list's tail.
+                i = bisect.bisect_left(points, begin)
+                if i == len(points) or points[i] != begin:
+                    points.insert(i, begin)
             else:
                 self.ranges.append((begin, end))
 
@@ -126,6 +130,6 @@ class BatchWrites:
         # Adjacent points stay separate intervals; they are still disjoint and sorted, which is all
         # ``overlaps`` needs.
         s = IntervalSet()
-        s.begins = list(dict.fromkeys(self.points))
+        s.begins = list(dict.fromkeys(self.points))  # a stamped key can repeat a written point
         s.ends = [p + b"\x00" for p in s.begins]
         return s

@@ -23,7 +23,7 @@ from .._ranges import BatchWrites
 from .._wake import Doorbell
 from .file import _T, _clock_stamp, _File
 from .health import _FullLog, _is_full, _OverQuota
-from .mutations import _Applier, _apply
+from .mutations import _Applier
 from .watches import _Watches
 from .writelog import _WLOG_KEEP_SECS, wlog_key
 
@@ -199,7 +199,9 @@ class _Committer(_Watches):
                     continue
             stamp = prefix + order.to_bytes(2, "big")
             order += 1
-            in_batch.add_all(_apply(applier, p.mutations, stamp), p.writes)
+            stamped: list[bytes] = []
+            applier.apply(p.mutations, stamp, stamped)
+            in_batch.add_all(stamped, p.writes)
             p.stamp = stamp
         if not order:
             txn.abort()

@@ -26,22 +26,27 @@ def _stamp_key(raw: bytes, stamp10: bytes) -> bytes:
 class _Applier:
     """Applies a batch's mutations in order inside the committer's write transaction.
 
-    Atomic adds to one key are summed across the batch and written once, at ``flush``: every publish
-    adds to a stats slot and to each holder's bell, so a batch of hundreds would otherwise read and
-    rewrite the same few keys hundreds of times, each LMDB call a round trip through the GIL. The sum
-    is exact: FoundationDB's ADD is addition modulo the param's width, so adds of one width compose.
-    A write, clear or add of another width to a key first settles (or drops) its pending sum."""
+    Writes are kept in a dict until ``flush`` and reach LMDB in one ``putmulti`` call: each LMDB call
+    from Python parses its arguments and releases and retakes the GIL, and a key written twice in a
+    batch (a topic's time-index entry for the current second) is written once. Atomic adds to one key
+    are summed across the batch and settled at ``flush``: every publish adds to a stats slot and to
+    each holder's bell, so a batch of hundreds would otherwise read and rewrite the same few keys
+    hundreds of times. The sum is exact: FoundationDB's ADD is addition modulo the param's width, so
+    adds of one width compose. A write, clear or add of another width to a key first settles (or
+    drops) its pending sum; a range clear drops what is kept in its range and clears the file at
+    once, so what is kept is always newer than the file."""
 
-    __slots__ = ("txn", "db", "pending")
+    __slots__ = ("txn", "db", "pending", "writes")
 
     def __init__(self, txn: lmdb.Transaction, db: lmdb._Database) -> None:
         self.txn = txn
         self.db = db
         self.pending: dict[bytes, tuple[int, int]] = {}  # key -> (param width, summed param)
+        self.writes: dict[bytes, bytes | None] = {}  # key -> its last value in the batch, None: cleared
 
     def put(self, key: bytes, value: bytes) -> None:
         self.pending.pop(key, None)  # overwritten: the adds before it no longer matter
-        self.txn.put(key, value, db=self.db)
+        self.writes[key] = value
 
     def add(self, key: bytes, param: bytes) -> None:
         n = len(param)
@@ -53,12 +58,13 @@ class _Applier:
 
     def delete(self, key: bytes) -> None:
         self.pending.pop(key, None)
-        self.txn.delete(key, db=self.db)
+        self.writes[key] = None
 
     def delete_range(self, begin: bytes, end: bytes) -> None:
-        if self.pending:
-            for k in [k for k in self.pending if begin <= k < end]:
-                del self.pending[k]
+        for kept in (self.pending, self.writes):
+            if kept:
+                for k in [k for k in kept if begin <= k < end]:
+                    del kept[k]
         cur = self.txn.cursor(db=self.db)
         if not cur.set_range(begin):
             return
@@ -68,34 +74,56 @@ class _Applier:
                 return
             cur.delete()  # and moves to the next key
 
+    def apply(self, mutations: list[tuple[int, bytes, bytes]], stamp: bytes, stamped: list[bytes]) -> None:
+        """Apply one transaction's mutations with its stamp, appending the keys it stamped to ``stamped``."""
+        writes, pending = self.writes, self.pending
+        for kind, a, b in mutations:
+            if kind == _VS_KEY:
+                off = int.from_bytes(a[-4:], "little")
+                key = a[:off] + stamp + a[off + 10 : -4]
+                if pending:
+                    pending.pop(key, None)
+                writes[key] = b
+                stamped.append(key)
+            elif kind == _ADD:
+                self.add(a, b)
+            elif kind == _SET:
+                if pending:
+                    pending.pop(a, None)
+                writes[a] = b
+            elif kind == _VS_VALUE:
+                if pending:
+                    pending.pop(a, None)
+                writes[a] = _stamp_key(b, stamp)
+            elif kind == _CLEAR:
+                self.delete(a)
+            elif kind == _CLEAR_RANGE:
+                self.delete_range(a, b)
+
     def flush(self) -> None:
-        """Write every pending sum (before the batch's commit)."""
+        """Settle every pending sum and write what is kept (before the batch's commit)."""
         for key, held in self.pending.items():
             self._settle(key, held)
         self.pending.clear()
+        writes = self.writes
+        if not writes:
+            return
+        txn, db = self.txn, self.db
+        puts = [(k, v) for k, v in writes.items() if v is not None]
+        if len(puts) < len(writes):
+            for k, v in writes.items():
+                if v is None:
+                    txn.delete(k, db=db)
+        if puts:
+            with txn.cursor(db=db) as cur:
+                cur.putmulti(puts)
+        writes.clear()
 
     def _settle(self, key: bytes, held: tuple[int, int]) -> None:
         n, total = held
-        base = cast("bytes | None", self.txn.get(key, db=self.db))  # bytes: no transaction uses buffers=True
-        self.txn.put(key, _add_le(base, (total % (1 << (8 * n))).to_bytes(n, "little")), db=self.db)
-
-
-def _apply(applier: _Applier, mutations: list[tuple[int, bytes, bytes]], stamp: bytes) -> list[bytes]:
-    """Apply one transaction's mutations with its stamp; returns the keys it stamped (point writes)."""
-    stamped: list[bytes] = []
-    for kind, a, b in mutations:
-        if kind == _VS_KEY:
-            key = _stamp_key(a, stamp)
-            applier.put(key, b)
-            stamped.append(key)
-        elif kind == _SET:
-            applier.put(a, b)
-        elif kind == _VS_VALUE:
-            applier.put(a, _stamp_key(b, stamp))
-        elif kind == _ADD:
-            applier.add(a, b)
-        elif kind == _CLEAR:
-            applier.delete(a)
-        elif kind == _CLEAR_RANGE:
-            applier.delete_range(a, b)
-    return stamped
+        writes = self.writes
+        if key in writes:
+            base = writes[key]
+        else:  # bytes: no transaction uses buffers=True
+            base = cast("bytes | None", self.txn.get(key, db=self.db))
+        writes[key] = _add_le(base, (total % (1 << (8 * n))).to_bytes(n, "little"))
