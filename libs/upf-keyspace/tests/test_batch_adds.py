@@ -10,8 +10,7 @@ import lmdb
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from upf_keyspace.drivers.embedded import committer, open_embedded
-from upf_keyspace.drivers.embedded import mutations
+from upf_keyspace.drivers.embedded import committer, mutations, open_embedded
 from upf_keyspace.drivers.embedded.mutations import _add_le, _Applier
 
 _KEYS = [b"k%d" % i for i in range(5)]
