@@ -21,17 +21,23 @@ if TYPE_CHECKING:
 _FALLBACK_POLL_SECS = 1.0  # the backstop for lost wake datagrams
 _NO_WAKE_POLL_SECS = 0.05  # without a wake socket (a read-only directory, no /proc for long paths)
 _ZEROS = itertools.repeat(b"\x00")  # each interval's point end is its begin + this
+_FEW_WATCHED = 4  # a set this many times bigger than the watched keys is searched key by key
 _CHANGED = object()  # a watched value no committed value equals: the watch fires when armed
 
 
 def _written(watched: Collection[bytes], sets: list[IntervalSet]) -> list[bytes]:
-    """The ``watched`` keys some write set covers. Most written intervals are single keys (a commit
-    of publishes writes no other kind): those are matched by one set intersection, in C. Only a set
-    with a wider interval (a clear_range) has its intervals bisected into the sorted watched keys."""
+    """The ``watched`` keys some write set covers. A process watching a few keys (a writer's, a
+    janitor's) bisects each into every set: a batch of publishes writes hundreds of keys. Otherwise
+    most written intervals are single keys (a commit of publishes writes no other kind): those are
+    matched by one set intersection, in C. Only a set with a wider interval (a clear_range) then has
+    its intervals bisected into the sorted watched keys."""
     keys = watched.keys() if isinstance(watched, dict) else set(watched)
     found: set[bytes] = set()
     ordered: list[bytes] | None = None
     for ws in sets:
+        if len(keys) * _FEW_WATCHED < len(ws.begins):
+            found.update(k for k in keys if ws.overlaps(k, k + b"\x00"))
+            continue
         found.update(keys & set(ws.begins))
         if all(map(operator.eq, ws.ends, map(bytes.__add__, ws.begins, _ZEROS))):
             continue
