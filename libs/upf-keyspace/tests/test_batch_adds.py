@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import tempfile
+from collections.abc import Callable
 
 import lmdb
 from hypothesis import given, settings
@@ -45,9 +46,8 @@ def _model(start: dict[bytes, bytes], ops: list[tuple[str, bytes, bytes]]) -> di
     return kv
 
 
-@settings(max_examples=300, deadline=None)
-@given(st.lists(_op, max_size=40))
-def test_a_batch_ends_as_its_mutations_applied_one_by_one(ops):
+def _applied(run: Callable[[_Applier], None]) -> dict[bytes, bytes]:
+    """What a scratch LMDB file holding ``_START`` holds after ``run`` fed its batch and it flushed."""
     with tempfile.TemporaryDirectory() as d:
         env = lmdb.open(d, max_dbs=1, sync=False)
         db = env.open_db(b"kv")
@@ -57,21 +57,29 @@ def test_a_batch_ends_as_its_mutations_applied_one_by_one(ops):
         txn = env.begin(write=True)
         try:
             applier = _Applier(txn, db)
-            for kind, a, b in ops:
-                if kind == "set":
-                    applier.put(a, b)
-                elif kind == "clear":
-                    applier.delete(a)
-                elif kind == "add":
-                    applier.add(a, b)
-                else:
-                    applier.delete_range(a, b)
+            run(applier)
             applier.flush()
-            got = dict(txn.cursor(db=db))
+            return dict(txn.cursor(db=db))
         finally:
             txn.abort()
             env.close()
-    assert got == _model(_START, ops)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(_op, max_size=40))
+def test_a_batch_ends_as_its_mutations_applied_one_by_one(ops):
+    def run(applier: _Applier) -> None:
+        for kind, a, b in ops:
+            if kind == "set":
+                applier.put(a, b)
+            elif kind == "clear":
+                applier.delete(a)
+            elif kind == "add":
+                applier.add(a, b)
+            else:
+                applier.delete_range(a, b)
+
+    assert _applied(run) == _model(_START, ops)
 
 
 _STAMP = bytes(range(1, 11))
@@ -111,23 +119,8 @@ def test_a_transactions_mutation_list_applies_as_its_mutations_one_by_one(ops):
         else:
             muts.append((_KINDS[kind], a, b))
             model_ops.append((kind, a, b))
-    with tempfile.TemporaryDirectory() as d:
-        env = lmdb.open(d, max_dbs=1, sync=False)
-        db = env.open_db(b"kv")
-        with env.begin(write=True) as txn:
-            for k, v in _START.items():
-                txn.put(k, v, db=db)
-        txn = env.begin(write=True)
-        try:
-            applier = _Applier(txn, db)
-            stamped: list[bytes] = []
-            applier.apply(muts, _STAMP, stamped)
-            applier.flush()
-            got = dict(txn.cursor(db=db))
-        finally:
-            txn.abort()
-            env.close()
-    assert got == _model(_START, model_ops)
+    stamped: list[bytes] = []
+    assert _applied(lambda applier: applier.apply(muts, _STAMP, stamped)) == _model(_START, model_ops)
     assert stamped == [k[:1] + _STAMP + k[1:] for kind, k, _ in ops if kind == "vs_key"]
 
 
