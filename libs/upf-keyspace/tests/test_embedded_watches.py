@@ -150,7 +150,8 @@ async def test_arming_without_a_read_keeps_a_watch_on_its_own_write(pair):
 
 def test_written_keys_match_testing_every_key_against_every_set():
     """The interval walk, and the key-by-key search of a set much bigger than the watched keys, find
-    exactly the watched keys a brute-force overlap test finds, edges included (a key at an interval's begin is written, one at its end is not; k and k+NUL differ)."""
+    exactly the watched keys a brute-force overlap test finds, edges included (a key at an interval's
+    begin is written, one at its end is not; k and k+NUL differ)."""
     import random
 
     from upf_keyspace.drivers._ranges import IntervalSet, point
@@ -167,7 +168,7 @@ def test_written_keys_match_testing_every_key_against_every_set():
         sets = []
         for _ in range(rng.randint(0, 3)):
             ranges = []
-            for _ in range(rng.randint(0, 4 if i % 2 else 60)):  # odd rounds: sets bigger than the watched keys
+            for _ in range(rng.randint(0, 4 if i % 2 else 60)):  # even rounds: sets bigger than the watched keys
                 k = key()
                 ranges.append(point(k) if rng.random() < (0.5 if i % 2 else 0.95) else tuple(sorted((k, key()))))
             sets.append(IntervalSet(ranges))
