@@ -14,6 +14,7 @@ no loss, no duplicate, no reordering per topic.
     python3 -m uv run --locked python bench/instr_delivery.py --burst 1       # one message per wake-up
     python3 -m uv run --locked python bench/instr_delivery.py --role upf      # the all-in-one's delivery side
     python3 -m uv run --locked python bench/instr_delivery.py --cprofile /tmp/p.prof  # where it goes
+    python3 -m uv run --locked python bench/instr_delivery.py --cpu --burst 50      # user / system CPU
 
 With ``--role upf`` the publishes still go straight into the store (not through its HTTP front door),
 so it counts the all-in-one's delivery work, not its publish work. To compare two versions, alternate
@@ -50,7 +51,20 @@ def _child(lib: str, module: str) -> None:
     import ctypes
     import importlib
 
-    if lib.endswith(".prof"):  # --cprofile: the same window under cProfile, no valgrind
+    if lib.endswith(".cpu"):  # --cpu: the window's user and system CPU, nothing instrumented
+        import resource
+
+        marks: list[float] = []
+
+        def mark(*_: Any) -> None:
+            ru = resource.getrusage(resource.RUSAGE_SELF)
+            marks.extend((ru.ru_utime, ru.ru_stime))
+            if len(marks) == 4:
+                Path(lib).write_text(json.dumps({"user_s": marks[2] - marks[0], "sys_s": marks[3] - marks[1]}))
+
+        signal.signal(signal.SIGUSR1, mark)
+        signal.signal(signal.SIGUSR2, mark)
+    elif lib.endswith(".prof"):  # --cprofile: the same window under cProfile, no valgrind
         here = str(Path(__file__).resolve().parent)
         sys.path[:] = [p for p in sys.path if p not in ("", here)]  # bench/profile.py shadows the stdlib's
         import cProfile
@@ -111,7 +125,9 @@ async def _measure(args: argparse.Namespace, work: Path) -> dict[str, float]:
     env.update(UPF_BIND=f"127.0.0.1:{port}", UPF_NODE_ID="instr-pusher", UPF_WORKERS="1")
     out = work / "callgrind.out"
     module = "upf_pusher" if args.role == "pusher" else "upf"
-    if args.cprofile is not None:
+    if args.cpu:
+        argv = [sys.executable, __file__, "--child", str(work / "window.cpu"), module]
+    elif args.cprofile is not None:
         argv = [sys.executable, __file__, "--child", str(args.cprofile.resolve()), module]
     else:
         argv = [
@@ -192,6 +208,9 @@ async def _measure(args: argparse.Namespace, work: Path) -> dict[str, float]:
             if got[t] != want:
                 violations += 1
         ir = 0
+        if args.cpu:
+            cpu = json.loads((work / "window.cpu").read_text())
+            return {"ir": ir, "delivered": count, "violations": violations, "wall_s": elapsed, **cpu}
         if args.cprofile is not None:
             return {"ir": ir, "delivered": count, "violations": violations, "wall_s": elapsed}
         dumps = sorted(work.glob("callgrind.out*"), key=lambda p: p.stat().st_mtime)
@@ -223,9 +242,18 @@ def main() -> None:
     ap.add_argument("--role", choices=("pusher", "upf"), default="pusher")
     ap.add_argument("--cprofile", type=Path, help="no valgrind: write a cProfile of the same window here (*.prof)")
     ap.add_argument("--keep", type=Path, help="copy the callgrind dump here (for callgrind_annotate)")
+    ap.add_argument("--cpu", action="store_true", help="no valgrind: the role's user and system CPU per delivery")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="upf-instr-") as d:
         r = asyncio.run(_measure(args, Path(d)))
+    if args.cpu:
+        n = max(1, r["delivered"])
+        print(
+            f"role={args.role} topics={args.topics} messages={args.messages} burst={args.burst}: "
+            f"delivered {r['delivered']}, violations {r['violations']}, per delivery "
+            f"{r['user_s'] * 1e6 / n:.1f} us user + {r['sys_s'] * 1e6 / n:.1f} us system ({r['wall_s']:.1f} s)"
+        )
+        return
     print(
         f"role={args.role} topics={args.topics} messages={args.messages} burst={args.burst}: "
         f"delivered {r['delivered']}, violations {r['violations']}, "
