@@ -66,6 +66,65 @@ async def test_get_range_order_limit_reverse(db, prefix):
     assert [k[-1] for k, _ in middle] == [1, 3]
 
 
+async def test_get_ranges_answers_as_get_range_each(db, prefix):
+    """``get_ranges`` gives, in order, what ``get_range`` gives for each range (limits, empty and
+    inverted ranges, big limits past the small-range cache), with the transaction's own writes seen."""
+    await put(db, {prefix + bytes([i, j]): bytes([i, j]) for i in range(1, 6) for j in range(i)})
+    ranges = [
+        (prefix + b"\x03", prefix + b"\x06", 5),  # a limit past the cache's rows, cut short
+        (prefix + b"\x03", prefix + b"\x04", 256),
+        (prefix + b"\x01", prefix + b"\x06", 3),
+        (prefix + b"\x05", prefix + b"\x02", 256),
+        (prefix + b"\x02", prefix + b"\x02", 1024),
+        (prefix + b"\x06", prefix + b"\xff", 256),
+        (prefix + b"\x05\x01", prefix + b"\x06", 256),
+        (prefix + b"\x01", prefix + b"\x03", 2),
+    ]
+
+    async def both(tr):
+        many = await tr.get_ranges(ranges, snapshot=True)
+        each = [await tr.get_range(b, e, limit=n, snapshot=True) for b, e, n in ranges]
+        return many, each
+
+    many, each = await db.transact(both)
+    assert many == each
+    assert [len(rows) for rows in many] == [5, 3, 3, 0, 0, 0, 4, 2]
+
+    async def with_own_writes(tr):
+        tr.set(prefix + b"\x03\x09", b"mine")
+        tr.clear(prefix + b"\x05\x02")
+        return await tr.get_ranges(ranges), [await tr.get_range(b, e, limit=n) for b, e, n in ranges]
+
+    many, each = await db.transact(with_own_writes)
+    assert many == each
+    assert many[1][-1] == (prefix + b"\x03\x09", b"mine")
+
+
+async def test_get_ranges_conflicts_like_get_range(db, prefix):
+    """A non-snapshot ``get_ranges`` conflicts with a write inside what it read, and a range cut by
+    its limit only on the part it covered; a snapshot one conflicts with nothing."""
+    await put(db, {prefix + b"a%d" % i: b"" for i in range(1, 8)})
+    for snapshot, written, fails in (
+        (False, b"b5", True),  # inside the second range, read whole
+        (False, b"a9", False),  # past the first range's limit of 5: not covered
+        (True, b"b5", False),
+    ):
+        t1 = db.create_transaction()
+        rows = await t1.get_ranges(
+            [(prefix + b"a", prefix + b"b", 5), (prefix + b"b", prefix + b"c", 256)], snapshot=snapshot
+        )
+        assert len(rows[0]) == 5
+        t1.set(prefix + b"result", b"x")
+        await put(db, {prefix + written: b"new"})
+        if fails:
+            with pytest.raises(StoreError) as info:
+                await t1.commit()
+            assert info.value.code == NOT_COMMITTED
+        else:
+            await t1.commit()
+        t1.cancel()
+
+
 async def test_clear_range(db, prefix):
     """clear_range removes [begin, end) and nothing else."""
     await put(db, {prefix + bytes([i]): b"x" for i in range(6)})

@@ -58,6 +58,14 @@ class Transaction(Protocol):
         snapshot: bool = False,
     ) -> list[tuple[bytes, bytes]]: ...
 
+    async def get_ranges(
+        self, ranges: list[tuple[bytes, bytes, int]], *, snapshot: bool = False
+    ) -> list[list[tuple[bytes, bytes]]]:
+        """Forward range reads ``(begin, end, limit)`` at once, answers in order, each as ``get_range``
+        would give it: a pusher's wake-up reads every poked topic's queue and every rung shard's inbox,
+        so FoundationDB gets them in one round trip and the embedded store in one cursor pass."""
+        ...
+
     def set(self, key: bytes, value: bytes) -> None: ...
 
     def clear(self, key: bytes) -> None: ...

@@ -138,6 +138,12 @@ class FoundationTransaction:
             else:
                 lo = out[-1][0] + b"\x00"
 
+    async def get_ranges(
+        self, ranges: list[tuple[bytes, bytes, int]], *, snapshot: bool = False
+    ) -> list[list[tuple[bytes, bytes]]]:
+        # Every read is issued before any is awaited: one round trip for the lot, not one per range.
+        return list(await asyncio.gather(*(self.get_range(b, e, limit=n, snapshot=snapshot) for b, e, n in ranges)))
+
     def set(self, key: bytes, value: bytes) -> None:
         self._tr.set(key, value)
 

@@ -28,21 +28,24 @@ async def drain(tr: Transaction, node: str, shard: int, after: bytes | None = No
     Read-only on purpose: the delivery path takes no write lock and makes no durable commit. A poke
     committed after this snapshot carries a larger stamp (commit order), so it sorts after ``last``
     and the next drain reads it; ``clear`` removes what was read, in the background."""
-    begin, end = keys.inbox_range(node, shard)
-    if after is not None:
-        begin = after + b"\x00"
-    rows = await tr.get_range(begin, end, limit=_DRAIN_BATCH, snapshot=True)
-    bell = tr.watch(keys.bell_key(node, shard))
-    last = rows[-1][0] if rows else after
-    topics: set[str] = set()  # a loop, not a comprehension: on 3.11 that is a function object and a frame per shard
-    for _, v in rows:
-        topics.add(v.decode())
-    return Drained(topics, bell, len(rows) == _DRAIN_BATCH, len(rows), last)
+    return (await drain_many(tr, node, {shard: after}))[shard]
 
 
 async def drain_many(tr: Transaction, node: str, afters: Mapping[int, bytes | None]) -> dict[int, Drained]:
-    """``drain`` for several shards in one read-only transaction: one wake-up may follow several bells."""
-    return {shard: await drain(tr, node, shard, after) for shard, after in afters.items()}
+    """``drain`` for several shards in one read-only transaction and one ``get_ranges``: one wake-up
+    may follow several bells."""
+    ranges = []
+    for shard, after in afters.items():
+        begin, end = keys.inbox_range(node, shard)
+        ranges.append((begin if after is None else after + b"\x00", end, _DRAIN_BATCH))
+    out: dict[int, Drained] = {}
+    for (shard, after), rows in zip(afters.items(), await tr.get_ranges(ranges, snapshot=True), strict=True):
+        bell = tr.watch(keys.bell_key(node, shard))
+        topics: set[str] = set()  # a loop, not a comprehension: on 3.11 that is a function object and a frame per shard
+        for _, v in rows:
+            topics.add(v.decode())
+        out[shard] = Drained(topics, bell, len(rows) == _DRAIN_BATCH, len(rows), rows[-1][0] if rows else after)
+    return out
 
 
 async def clear(tr: Transaction, node: str, shard: int, upto: bytes) -> None:

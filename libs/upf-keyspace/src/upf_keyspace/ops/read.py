@@ -32,7 +32,21 @@ _SCAN_BATCH = 512
 async def read_after(tr: Transaction, topic: str, after: bytes | None, limit: int) -> list[Stored]:
     """A topic's messages strictly after ``after`` (a stamp), oldest first. Snapshot: a pure read."""
     begin, end = keys.queue_after(topic, after)
-    rows = await tr.get_range(begin, end, limit=limit, snapshot=True)
+    return _stored(end, await tr.get_range(begin, end, limit=limit, snapshot=True))
+
+
+async def read_many(tr: Transaction, wants: Sequence[tuple[str, bytes | None, int]]) -> list[list[Stored]]:
+    """``read_after`` for several (topic, cursor, limit) in one snapshot transaction and one
+    ``get_ranges``, answers in order: a pusher's wake-up reads every topic it was poked for at once."""
+    ranges = []
+    for topic, after, limit in wants:
+        begin, end = keys.queue_after(topic, after)
+        ranges.append((begin, end, limit))
+    answers = await tr.get_ranges(ranges, snapshot=True)
+    return [_stored(r[1], rows) for r, rows in zip(ranges, answers, strict=True)]
+
+
+def _stored(end: bytes, rows: list[tuple[bytes, bytes]]) -> list[Stored]:
     # A Q key is the topic's prefix (``end`` without its last byte), the tuple layer's versionstamp
     # code, then the 12-byte stamp: slicing it off costs a fraction of a tuple unpack per row.
     size = len(end) + 12
@@ -44,12 +58,6 @@ async def read_after(tr: Transaction, topic: str, after: bytes | None, limit: in
             )
         )
     return out
-
-
-async def read_many(tr: Transaction, wants: Sequence[tuple[str, bytes | None, int]]) -> list[list[Stored]]:
-    """``read_after`` for several (topic, cursor, limit) in one snapshot transaction, answers in order:
-    a pusher's wake-up reads every topic it was poked for at the price of one transaction."""
-    return [await read_after(tr, topic, after, limit) for topic, after, limit in wants]
 
 
 class Resume(msgspec.Struct, frozen=True):

@@ -117,6 +117,24 @@ class _Reads(_WriteLog):
                 ok = cur.prev()
         return rows
 
+    def _rows_many(
+        self, txn: lmdb.Transaction, ranges: list[tuple[bytes, bytes, int]]
+    ) -> list[list[tuple[bytes, bytes]]]:
+        """Forward ``_rows`` for several ranges through one cursor (a transaction's ``get_ranges``)."""
+        cur = txn.cursor(db=self._reader.kv)
+        out: list[list[tuple[bytes, bytes]]] = []
+        for begin, end, limit in ranges:
+            rows: list[tuple[bytes, bytes]] = []
+            if begin < end and cur.set_range(begin):
+                for k, v in cast("Iterator[tuple[bytes, bytes]]", cur.iternext()):
+                    if k >= end:
+                        break
+                    rows.append((k, v))
+                    if len(rows) == limit:
+                        break
+            out.append(rows)
+        return out
+
     def _read_version_now(self) -> int:
         """The commit counter for a transaction's first read, read once per event-loop iteration and
         shared, as FoundationDB's proxies batch read-version requests. Still externally consistent:

@@ -14,7 +14,7 @@ from ...contract import KEY_LIMIT, LIFETIME_SECS, TRANSACTION_LIMIT, VALUE_LIMIT
 from .._ranges import point
 from .committer import _Pending
 from .mutations import _ADD, _CLEAR, _CLEAR_RANGE, _SET, _VS_KEY, _VS_VALUE, _add_le
-from .reads import _Snapshot
+from .reads import _RANGE_CACHE_ROWS, _Snapshot
 from .watches import _CHANGED, _Watch
 
 if TYPE_CHECKING:
@@ -171,6 +171,35 @@ class EmbeddedTransaction:
                 hi = rows[-1][0] + b"\x00"
         self._note_read(lo, hi, snapshot, version)
         return rows
+
+    async def get_ranges(
+        self, ranges: list[tuple[bytes, bytes, int]], *, snapshot: bool = False
+    ) -> list[list[tuple[bytes, bytes]]]:
+        self._check_alive()
+        snap = None
+        if not (self._unreadable or self._overlay or self._cleared or self._adds) and all(
+            r[2] > _RANGE_CACHE_ROWS for r in ranges
+        ):
+            snap = self._snapshot()
+        if snap is None:  # writes of its own to merge, small ranges the cache may hold, or no snapshot
+            return [await self.get_range(b, e, limit=n, snapshot=snapshot) for b, e, n in ranges]
+        out = self._db._rows_many(snap.txn, ranges)
+        seen = self._seen
+        for (begin, end, limit), rows in zip(ranges, out, strict=True):
+            if begin >= end:
+                continue  # read nothing, as get_range
+            # Like FoundationDB, a read that stopped at its limit only conflicts on what it covered.
+            hi = rows[-1][0] + b"\x00" if limit and len(rows) >= limit else end
+            seen.append((begin, hi))
+            if not snapshot:
+                self._reads.append((begin, hi))
+                self._size += len(begin) + len(hi)
+        version = snap.version
+        if self._read_version is None:
+            self._read_version = version
+        elif version != self._read_version and self._db._changed_since(self._read_version, version, self._seen):
+            raise errors.StoreError(errors.NOT_COMMITTED, "snapshot moved")
+        return out
 
     # --- writes ------------------------------------------------------------------------------------
     def _check_write(self, key: bytes, value: bytes) -> None:
