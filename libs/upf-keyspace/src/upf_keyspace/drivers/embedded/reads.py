@@ -95,26 +95,19 @@ class _Reads(_WriteLog):
     def _rows(
         self, txn: lmdb.Transaction, begin: bytes, end: bytes, limit: int, reverse: bool
     ) -> list[tuple[bytes, bytes]]:
-        rows: list[tuple[bytes, bytes]] = []
         cur = txn.cursor(db=self._reader.kv)
         if not reverse:
-            if cur.set_range(begin):
-                for k, v in cast("Iterator[tuple[bytes, bytes]]", cur.iternext()):
-                    if k >= end:
-                        break
-                    rows.append((k, v))
-                    if len(rows) == limit:
-                        break
-        else:
-            ok = cur.prev() if cur.set_range(end) else cur.last()
-            while ok:
-                k = cast(bytes, cur.key())
-                if k < begin:
-                    break
-                rows.append((k, cast(bytes, cur.value())))
-                if len(rows) == limit:
-                    break
-                ok = cur.prev()
+            return _forward(cur, begin, end, limit)
+        rows: list[tuple[bytes, bytes]] = []
+        ok = cur.prev() if cur.set_range(end) else cur.last()
+        while ok:
+            k = cast(bytes, cur.key())
+            if k < begin:
+                break
+            rows.append((k, cast(bytes, cur.value())))
+            if len(rows) == limit:
+                break
+            ok = cur.prev()
         return rows
 
     def _rows_many(
@@ -122,18 +115,7 @@ class _Reads(_WriteLog):
     ) -> list[list[tuple[bytes, bytes]]]:
         """Forward ``_rows`` for several ranges through one cursor (a transaction's ``get_ranges``)."""
         cur = txn.cursor(db=self._reader.kv)
-        out: list[list[tuple[bytes, bytes]]] = []
-        for begin, end, limit in ranges:
-            rows: list[tuple[bytes, bytes]] = []
-            if begin < end and cur.set_range(begin):
-                for k, v in cast("Iterator[tuple[bytes, bytes]]", cur.iternext()):
-                    if k >= end:
-                        break
-                    rows.append((k, v))
-                    if len(rows) == limit:
-                        break
-            out.append(rows)
-        return out
+        return [_forward(cur, begin, end, limit) if begin < end else [] for begin, end, limit in ranges]
 
     def _read_version_now(self) -> int:
         """The commit counter for a transaction's first read, read once per event-loop iteration and
@@ -211,3 +193,16 @@ class _Reads(_WriteLog):
         if self._grv is not None and version > self._grv:
             self._grv = version
         return version
+
+
+def _forward(cur: lmdb.Cursor, begin: bytes, end: bytes, limit: int) -> list[tuple[bytes, bytes]]:
+    """The rows in [begin, end), at most ``limit`` of them (0: all), read forward through ``cur``."""
+    rows: list[tuple[bytes, bytes]] = []
+    if cur.set_range(begin):
+        for k, v in cast("Iterator[tuple[bytes, bytes]]", cur.iternext()):
+            if k >= end:
+                break
+            rows.append((k, v))
+            if len(rows) == limit:
+                break
+    return rows
