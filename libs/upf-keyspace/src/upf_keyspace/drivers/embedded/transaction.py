@@ -184,21 +184,12 @@ class EmbeddedTransaction:
         if snap is None:  # writes of its own to merge, small ranges the cache may hold, or no snapshot
             return [await self.get_range(b, e, limit=n, snapshot=snapshot) for b, e, n in ranges]
         out = self._db._rows_many(snap.txn, ranges)
-        seen = self._seen
         for (begin, end, limit), rows in zip(ranges, out, strict=True):
-            if begin >= end:
-                continue  # read nothing, as get_range
-            # Like FoundationDB, a read that stopped at its limit only conflicts on what it covered.
-            hi = rows[-1][0] + b"\x00" if limit and len(rows) >= limit else end
-            seen.append((begin, hi))
-            if not snapshot:
-                self._reads.append((begin, hi))
-                self._size += len(begin) + len(hi)
-        version = snap.version
-        if self._read_version is None:
-            self._read_version = version
-        elif version != self._read_version and self._db._changed_since(self._read_version, version, self._seen):
-            raise errors.StoreError(errors.NOT_COMMITTED, "snapshot moved")
+            if begin < end:  # an empty range reads nothing, as in get_range
+                # Like FoundationDB, a read that stopped at its limit only conflicts on what it covered.
+                self._note_read(
+                    begin, rows[-1][0] + b"\x00" if limit and len(rows) >= limit else end, snapshot, snap.version
+                )
         return out
 
     # --- writes ------------------------------------------------------------------------------------
