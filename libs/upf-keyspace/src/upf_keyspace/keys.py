@@ -433,7 +433,9 @@ def inbox_key_incomplete(node: str, shard: int, user_version: int) -> bytes:
     return _pack_vs(_prefix(_P.INBOX, node, shard), user_version)
 
 
+@functools.lru_cache(maxsize=4096)
 def inbox_range(node: str, shard: int) -> tuple[bytes, bytes]:
+    """Cached: a node drains dozens of its shards per wake-up."""
     return _range(_P.INBOX, node, shard)
 
 
@@ -441,7 +443,9 @@ def node_inbox_range(node: str) -> tuple[bytes, bytes]:
     return _range(_P.INBOX, node)
 
 
+@functools.lru_cache(maxsize=4096)
 def bell_key(node: str, shard: int) -> bytes:
+    """Cached: a node re-arms dozens of its bells per wake-up, a writer rings one per publish."""
     return _pack(_P.BELL, node, shard)
 
 

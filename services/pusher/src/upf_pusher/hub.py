@@ -179,6 +179,8 @@ class Hub:
         self._round_waiters: list[asyncio.Future[None]] = []
         self._rung: set[int] = set()
         """Shards whose bell fired since the bell loop last drained."""
+        self._bell_callbacks: list[Callable[[], None]] = []
+        """Per shard, what its fired bell calls (made once: a node re-arms dozens of bells per wake-up)."""
         self._wake: asyncio.Future[None] | None = None
         """What the idle bell loop waits on: a bell waiter resolves it (or the loop's timeout does)."""
         self._in_bell = False
@@ -527,6 +529,7 @@ class Hub:
         clearing: asyncio.Task[None] | None = None
         rung = self._rung
         rung.update(range(k))
+        self._bell_callbacks = [functools.partial(self._bell_fired, shard) for shard in range(k)]
         try:
             while True:
                 if not rung:
@@ -615,7 +618,7 @@ class Hub:
         spares a task per rung shard per wake-up; else a waiter task."""
         when_fired = getattr(bell, "when_fired", None)
         if callable(when_fired):
-            when_fired(functools.partial(self._bell_fired, shard))
+            when_fired(self._bell_callbacks[shard])
         else:
             self._spawn(self._bell_waiter(shard, bell))
 
@@ -625,8 +628,9 @@ class Hub:
 
     def _ring(self, shard: int) -> None:
         self._rung.add(shard)
-        if self._wake is not None:
-            _resolve(self._wake)
+        wake = self._wake
+        if wake is not None and not wake.done():
+            wake.set_result(None)
 
     async def _bell_waiter(self, shard: int, bell: Watch) -> None:
         """Mark ``shard`` rung when its bell fires; return quietly when the loop cancels the watch."""

@@ -76,7 +76,8 @@ class _Reads(_WriteLog):
     def _read_point(self, key: bytes, snap: _Snapshot | None = None) -> tuple[int, bytes | None]:
         f = self._reader
         if snap is not None:
-            return snap.version, cast("bytes | None", snap.txn.get(key, db=f.kv))
+            value: bytes | None = snap.txn.get(key, db=f.kv)  # typed here, not cast: a call per read
+            return snap.version, value
         with f.env.begin() as txn:
             version = f.version(txn)[0]
             value = txn.get(key, db=f.kv)
@@ -199,7 +200,8 @@ def _forward(cur: lmdb.Cursor, begin: bytes, end: bytes, limit: int) -> list[tup
     """The rows in [begin, end), at most ``limit`` of them (0: all), read forward through ``cur``."""
     rows: list[tuple[bytes, bytes]] = []
     if cur.set_range(begin):
-        for k, v in cast("Iterator[tuple[bytes, bytes]]", cur.iternext()):
+        rest: Iterator[tuple[bytes, bytes]] = cur.iternext()  # typed here, not cast: a call per range
+        for k, v in rest:
             if k >= end:
                 break
             rows.append((k, v))

@@ -277,7 +277,7 @@ class EmbeddedTransaction:
         return self._stamp_future
 
     def watch(self, key: bytes) -> _Watch:
-        if self._db._watch_count() + len(self._watches) >= _MAX_WATCHES:
+        if self._db._watch_n + len(self._watches) >= _MAX_WATCHES:
             raise errors.StoreError(errors.TOO_MANY_WATCHES)
         self._check_alive()
         version, base = self._db._read_point(key, self._snapshot())

@@ -52,57 +52,82 @@ def _written(watched: Collection[bytes], sets: list[IntervalSet]) -> list[bytes]
     return list(found)
 
 
+_PENDING, _FIRED, _CANCELLED = 0, 1, 2
+
+
 class _Watch:
     """One registered watch; awaiting it waits for the change. ``cancel`` unregisters it.
 
-    Firing and ``cancel`` unregister it at once; only an awaited watch also gets a done-callback,
-    since cancelling its awaiter cancels the future behind our back. A watch nobody awaits (the
-    pusher's bells, through ``when_fired``) so costs no loop handle when it fires."""
+    Firing and ``cancel`` unregister it at once. Its future exists only once something awaits it (or
+    reads ``future``): a watch nobody awaits (the pusher's bells, through ``when_fired``) costs no
+    future and no loop handle, and a node re-arms dozens of them per wake-up. An awaited one also gets
+    a done-callback, since cancelling its awaiter cancels the future behind our back."""
 
-    __slots__ = ("key", "value", "version", "future", "_db", "_awaited", "_on_fire")
+    __slots__ = ("key", "value", "version", "state", "_future", "_db", "_on_fire")
 
     def __init__(self, db: EmbeddedDatabase, key: bytes, value: Any, version: int | None = None) -> None:
         self._db = db
         self.key = key
         self.value = value
         self.version = version  # the commit the value was read at (None: unknown, re-read when armed)
-        self.future: asyncio.Future[None] = db._loop.create_future()
-        self._awaited = False
+        self.state = _PENDING
+        self._future: asyncio.Future[None] | None = None
         self._on_fire: Callable[[], None] | None = None
+
+    @property
+    def future(self) -> asyncio.Future[None]:
+        """The watch as a future, made on first use in the state the watch is in."""
+        fut = self._future
+        if fut is None:
+            fut = self._future = self._db._loop.create_future()
+            if self.state == _FIRED:
+                fut.set_result(None)
+            elif self.state == _CANCELLED:
+                fut.cancel()
+            else:
+                fut.add_done_callback(self._forget)
+        return fut
 
     def __await__(self) -> Any:
         # Not shielded: a waiter that gives up (a timeout) cancels the watch, as destroying an FDB
         # watch future does, so abandoned watches never pile up.
-        if not self._awaited:
-            self._awaited = True
-            self.future.add_done_callback(self._forget)
         return self.future.__await__()
 
-    def _forget(self, _f: asyncio.Future[None]) -> None:
-        self._db._unregister(self)
+    def _forget(self, fut: asyncio.Future[None]) -> None:
+        if self.state == _PENDING:  # its awaiter was cancelled, which cancelled the future
+            self.state = _CANCELLED
+            self._on_fire = None
+            self._db._unregister(self)
 
     def done(self) -> bool:
-        return self.future.done()
+        fut = self._future
+        return self.state != _PENDING or (fut is not None and fut.done())
 
     def cancel(self) -> None:
         self._on_fire = None
-        if not self.future.done():  # a done one left the registry when it fired, or is leaving it
-            self.future.cancel()
+        if self.state == _PENDING:  # a done one left the registry when it fired, or is leaving it
+            self.state = _CANCELLED
             self._db._unregister(self)
+            if self._future is not None:
+                self._future.cancel()
 
     def when_fired(self, callback: Callable[[], None]) -> None:
         """Call ``callback()`` from the code that fires the watch (never if it is cancelled): what a
         done-callback does, without a loop handle per watch. A watch that fired already calls it soon."""
-        if not self.future.done():
+        if self.state == _PENDING:
             self._on_fire = callback
-        elif not self.future.cancelled():
+        elif self.state == _FIRED:
             self._db._loop.call_soon(callback)
 
     def _fire(self) -> None:
-        self.future.set_result(None)
+        self.state = _FIRED
         self._db._unregister(self)
-        callback, self._on_fire = self._on_fire, None
+        fut = self._future
+        if fut is not None and not fut.done():  # done: its awaiter was cancelled, ``_forget`` is due
+            fut.set_result(None)
+        callback = self._on_fire
         if callback is not None:
+            self._on_fire = None
             callback()
 
 
@@ -125,7 +150,7 @@ class _Watches(_Reads):
         incremental check below cannot see the change: it may predate the checked version)."""
         skipped = False
         for w in watches:
-            if w.future.done():
+            if w.state:
                 continue
             if w.version is not None and w.value is not _CHANGED and self._watch_version <= w.version:
                 # No check has moved past the version the value was read at, so the next one compares
@@ -191,7 +216,7 @@ class _Watches(_Reads):
         for key in keys:
             value = current[key]
             for w in list(self._watches.get(key, ())):
-                if w.value != value and not w.future.done():
+                if w.value != value and not w.state:
                     w._fire()
 
     def _on_wake(self) -> None:
