@@ -179,8 +179,8 @@ class Hub:
         self._round_waiters: list[asyncio.Future[None]] = []
         self._rung: set[int] = set()
         """Shards whose bell fired since the bell loop last drained."""
-        self._bell_callbacks: list[Callable[[], None]] = []
-        """Per shard, what its fired bell calls (made once: a node re-arms dozens of bells per wake-up)."""
+        self._bell_callbacks = [functools.partial(self._bell_fired, s) for s in range(settings.shard_count)]
+        """Per shard, what its fired bell calls: made once, since a node re-arms dozens per wake-up."""
         self._wake: asyncio.Future[None] | None = None
         """What the idle bell loop waits on: a bell waiter resolves it (or the loop's timeout does)."""
         self._in_bell = False
@@ -529,7 +529,6 @@ class Hub:
         clearing: asyncio.Task[None] | None = None
         rung = self._rung
         rung.update(range(k))
-        self._bell_callbacks = [functools.partial(self._bell_fired, shard) for shard in range(k)]
         try:
             while True:
                 if not rung:
@@ -617,16 +616,16 @@ class Hub:
         """Wait for ``bell``: a fire callback when the watch takes one (the embedded store's), which
         spares a task per rung shard per wake-up; else a waiter task."""
         when_fired = getattr(bell, "when_fired", None)
-        if callable(when_fired):
+        if when_fired is not None:
             when_fired(self._bell_callbacks[shard])
         else:
             self._spawn(self._bell_waiter(shard, bell))
 
-    def _bell_fired(self, shard: int) -> None:
-        self.metrics.bells.add()
-        self._ring(shard)
-
-    def _ring(self, shard: int) -> None:
+    def _bell_fired(self, shard: int, fired: bool = True) -> None:
+        """Mark ``shard`` rung and wake the bell loop: a bell fired, or a failed watch is retried
+        (``fired`` False: not counted as a bell)."""
+        if fired:
+            self.metrics.bells.add()
         self._rung.add(shard)
         wake = self._wake
         if wake is not None and not wake.done():
@@ -641,7 +640,7 @@ class Hub:
         except Exception:
             log.warning("bell watch failed", exc_info=True)
             await asyncio.sleep(0.05)  # never spin on a failing watch
-            self._ring(shard)
+            self._bell_fired(shard, fired=False)
         else:
             self._bell_fired(shard)
 

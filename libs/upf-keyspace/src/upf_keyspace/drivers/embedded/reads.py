@@ -76,7 +76,8 @@ class _Reads(_WriteLog):
     def _read_point(self, key: bytes, snap: _Snapshot | None = None) -> tuple[int, bytes | None]:
         f = self._reader
         if snap is not None:
-            value: bytes | None = snap.txn.get(key, db=f.kv)  # typed here, not cast: a call per read
+            # Not cast(): a call per read. The stubs allow memoryview, which only buffers=True returns.
+            value: bytes | None = snap.txn.get(key, db=f.kv)  # type: ignore[assignment]
             return snap.version, value
         with f.env.begin() as txn:
             version = f.version(txn)[0]
@@ -200,7 +201,8 @@ def _forward(cur: lmdb.Cursor, begin: bytes, end: bytes, limit: int) -> list[tup
     """The rows in [begin, end), at most ``limit`` of them (0: all), read forward through ``cur``."""
     rows: list[tuple[bytes, bytes]] = []
     if cur.set_range(begin):
-        rest: Iterator[tuple[bytes, bytes]] = cur.iternext()  # typed here, not cast: a call per range
+        # Not cast(): a call per range. The stubs allow memoryview, which only buffers=True returns.
+        rest: Iterator[tuple[bytes, bytes]] = cur.iternext()  # type: ignore[assignment]
         for k, v in rest:
             if k >= end:
                 break

@@ -4,6 +4,7 @@ its own reads see), handed to the committer at commit."""
 from __future__ import annotations
 
 import asyncio
+import operator
 import random
 import time
 from collections.abc import Awaitable
@@ -21,6 +22,7 @@ if TYPE_CHECKING:
     from .database import EmbeddedDatabase
 
 _MAX_WATCHES = 10_000
+_limit_of = operator.itemgetter(2)  # of a get_ranges range (begin, end, limit)
 _RETRY_LIMIT = 100
 
 
@@ -177,8 +179,8 @@ class EmbeddedTransaction:
     ) -> list[list[tuple[bytes, bytes]]]:
         self._check_alive()
         snap = None
-        if not (self._unreadable or self._overlay or self._cleared or self._adds) and all(
-            r[2] > _RANGE_CACHE_ROWS for r in ranges
+        if not (self._unreadable or self._overlay or self._cleared or self._adds) and (
+            min(map(_limit_of, ranges), default=_RANGE_CACHE_ROWS + 1) > _RANGE_CACHE_ROWS
         ):
             snap = self._snapshot()
         if snap is None:  # writes of its own to merge, small ranges the cache may hold, or no snapshot

@@ -35,8 +35,13 @@ def _written(watched: Collection[bytes], sets: list[IntervalSet]) -> list[bytes]
     found: set[bytes] = set()
     ordered: list[bytes] | None = None
     for ws in sets:
-        if len(keys) * _FEW_WATCHED < len(ws.begins):
-            found.update(k for k in keys if ws.overlaps(k, k + b"\x00"))
+        begins, ends = ws.begins, ws.ends
+        if len(keys) * _FEW_WATCHED < len(begins):
+            n = len(begins)
+            for k in keys:  # ws.overlaps(k, k + b"\x00"), inlined: a call per watched key per set
+                i = bisect.bisect_right(ends, k)
+                if i < n and begins[i] <= k:
+                    found.add(k)
             continue
         found.update(keys & set(ws.begins))
         if all(map(operator.eq, ws.ends, map(bytes.__add__, ws.begins, _ZEROS))):
@@ -169,8 +174,11 @@ class _Watches(_Reads):
             self._fallback = self._loop.call_later(self.fallback_poll_secs, self._fallback_poll)
 
     def _register(self, w: _Watch) -> None:
-        s = self._watches.setdefault(w.key, set())
-        if w not in s:
+        s = self._watches.get(w.key)
+        if s is None:
+            self._watches[w.key] = {w}
+            self._watch_n += 1
+        elif w not in s:
             s.add(w)
             self._watch_n += 1
 
