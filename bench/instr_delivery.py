@@ -15,11 +15,13 @@ no loss, no duplicate, no reordering per topic.
     python3 -m uv run --locked python bench/instr_delivery.py --role upf      # the all-in-one's delivery side
     python3 -m uv run --locked python bench/instr_delivery.py --cprofile /tmp/p.prof  # where it goes
     python3 -m uv run --locked python bench/instr_delivery.py --cpu --burst 50      # user / system CPU
+    python3 -m uv run --locked python bench/instr_delivery.py --burst 50 --shards 8  # the cost per rung shard
 
 With ``--role upf`` the publishes still go straight into the store (not through its HTTP front door),
 so it counts the all-in-one's delivery work, not its publish work. To compare two versions, alternate
 runs of each in one session: runs spread by ~1% with ``--burst 1`` and up to ~3% with ``--burst 10``
-(how messages group into wake-ups still depends on timing). Needs valgrind, gcc and valgrind's headers
+(how messages group into wake-ups still depends on timing). The difference between ``--shards 64`` and
+``--shards 8`` at one burst is what the rung shards cost (a burst of 50 topics rings ~35 of 64 shards). Needs valgrind, gcc and valgrind's headers
 (``/usr/include/valgrind/callgrind.h``). Takes ~1 minute per run on an idle machine.
 """
 
@@ -117,6 +119,8 @@ async def _measure(args: argparse.Namespace, work: Path) -> dict[str, float]:
     store_path = work / "store" / "upf.db"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("UPF_", "OTEL_"))}
     env.update(UPF_STORE_PATH=str(store_path), UPF_LOG_LEVEL="WARNING", PYTHONUNBUFFERED="1")
+    if args.shards is not None:  # this process pokes the shards the role watches: both need the count
+        env.update(UPF_SHARD_COUNT=str(args.shards))
     # A quota sizes LMDB's map (twice it): valgrind cannot map the 1 TiB reserved without one.
     env.update(UPF_EMBEDDED_MAX_BYTES=str(256 << 20))
     settings = load_settings(env)
@@ -243,19 +247,22 @@ def main() -> None:
     ap.add_argument("--cprofile", type=Path, help="no valgrind: write a cProfile of the same window here (*.prof)")
     ap.add_argument("--keep", type=Path, help="copy the callgrind dump here (for callgrind_annotate)")
     ap.add_argument("--cpu", action="store_true", help="no valgrind: the role's user and system CPU per delivery")
+    ap.add_argument(
+        "--shards", type=int, help="UPF_SHARD_COUNT (default: the settings' 64): fewer shards, fewer rung per wake-up"
+    )
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="upf-instr-") as d:
         r = asyncio.run(_measure(args, Path(d)))
     if args.cpu:
         n = max(1, r["delivered"])
         print(
-            f"role={args.role} topics={args.topics} messages={args.messages} burst={args.burst}: "
+            f"role={args.role} topics={args.topics} messages={args.messages} burst={args.burst} shards={args.shards or 64}: "
             f"delivered {r['delivered']}, violations {r['violations']}, per delivery "
             f"{r['user_s'] * 1e6 / n:.1f} us user + {r['sys_s'] * 1e6 / n:.1f} us system ({r['wall_s']:.1f} s)"
         )
         return
     print(
-        f"role={args.role} topics={args.topics} messages={args.messages} burst={args.burst}: "
+        f"role={args.role} topics={args.topics} messages={args.messages} burst={args.burst} shards={args.shards or 64}: "
         f"delivered {r['delivered']}, violations {r['violations']}, "
         f"{r['ir'] / max(1, r['delivered']):,.0f} Ir per delivery (total {r['ir']:,}, {r['wall_s']:.1f} s under callgrind)"
     )
