@@ -30,7 +30,7 @@ from collections.abc import Callable, Coroutine, Iterable
 from typing import TYPE_CHECKING, Any
 
 from upf_edge.errors import Problem
-from upf_keyspace import Message, Settings, Since, Store, StoreError, Watch, message_from_envelope
+from upf_keyspace import Settings, Since, Store, StoreError, Watch, message_from_envelope
 from upf_keyspace import telemetry as tm
 
 from .release import release_loop
@@ -72,18 +72,9 @@ _Wanted = dict[tuple[str, bytes | None, int], list[tuple["Subscriber", str]]]
 _Outbox = dict["Subscriber", list[tuple[Send, str]]]
 
 
-class _Framed:
-    """One queued message of a read round: its ntfy object, framed at most once per frame kind."""
-
-    __slots__ = ("message", "by_kind")
-
-    def __init__(self, message: Message) -> None:
-        self.message = message
-        self.by_kind: dict[str, bytes] = {}
-
-
-_FrameCache = dict[bytes, _Framed]
-"""Per write batch, by message stamp (stamps are unique across topics)."""
+_FrameCache = dict[tuple[bytes, str], bytes]
+"""A read round's framed messages, by (stamp, frame kind): stamps are unique across topics, and each
+message is framed at most once per kind however many connections it goes to."""
 
 # What started the read chain a delivery came from (a span attribute; safety-poll deliveries are counted).
 SUBSCRIBE, BELL, SAFETY, RESUME = "subscribe", "bell", "safety", "resume"
@@ -373,20 +364,18 @@ class Hub:
             return  # the transport drops the write: nothing is delivered
         kind = sub.frame_kind
         parts: list[bytes] = []
-        queued: list[tuple[Send, str]] = []
-        for cmd, trigger in sends:
+        queued = 0
+        for cmd, _ in sends:
             for ev in cmd.events:
                 parts.append(sub.frame(ev))
-            if not cmd.rows:
+            rows = cmd.rows
+            if not rows:
                 continue
-            queued.append((cmd, trigger))
-            for topic, row in zip(cmd.topics, cmd.rows, strict=True):
-                cached = frames.get(row.stamp)
-                if cached is None:
-                    cached = frames[row.stamp] = _Framed(message_from_envelope(row.stamp, topic, row.envelope))
-                data = cached.by_kind.get(kind)
+            queued += len(rows)
+            for topic, row in zip(cmd.topics, rows, strict=True):
+                data = frames.get((row.stamp, kind))
                 if data is None:
-                    data = cached.by_kind[kind] = sub.frame(cached.message)
+                    data = frames[row.stamp, kind] = sub.frame(message_from_envelope(row.stamp, topic, row.envelope))
                 parts.append(data)
         if not queued:
             sub.write(parts)
@@ -394,7 +383,7 @@ class Hub:
         if now_ms is None:
             now_ms = time.time() * 1000.0
         if self.telemetry.tracing:
-            span = self._deliver_span(sub, queued, frames)
+            span = self._deliver_span(sub, sends)
             try:
                 sub.write(parts)
             finally:
@@ -402,20 +391,20 @@ class Hub:
         else:
             sub.write(parts)
         cells = self.metrics.transports[sub.transport_name]
+        cells.deliveries.add(queued)
         latency = cells.latency
-        for cmd, trigger in queued:
-            n = len(cmd.rows)
-            cells.deliveries.add(n)
-            if trigger is SAFETY:
-                self.metrics.safety.add(n)
+        for cmd, trigger in sends:
+            if trigger is SAFETY and cmd.rows:
+                self.metrics.safety.add(len(cmd.rows))
             for row in cmd.rows:
                 published = row.envelope.published_ms
                 if published:
                     latency.record(max(0.0, now_ms - published) / 1000.0)
 
-    def _deliver_span(self, sub: Subscriber, queued: list[tuple[Send, str]], frames: _FrameCache) -> Any:
+    def _deliver_span(self, sub: Subscriber, sends: list[tuple[Send, str]]) -> Any:
         from opentelemetry.trace import SpanKind
 
+        queued = [(cmd, trigger) for cmd, trigger in sends if cmd.rows]
         rows = [r for cmd, _ in queued for r in cmd.rows]
         links = []
         for row in rows[:MAX_LINKS]:
@@ -428,7 +417,8 @@ class Hub:
             "upf.messages": len(rows),
         }
         if len(rows) == 1:
-            attributes["upf.message.id"] = frames[rows[0].stamp].message.id
+            cmd = queued[0][0]
+            attributes["upf.message.id"] = message_from_envelope(rows[0].stamp, cmd.topics[0], rows[0].envelope).id
         return self.telemetry.tracer.start_span("deliver", kind=SpanKind.CONSUMER, links=links, attributes=attributes)
 
     # --- read rounds --------------------------------------------------------------------------------
