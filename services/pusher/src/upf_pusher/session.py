@@ -54,6 +54,10 @@ class Phase(enum.Enum):
     """Caught up; each poke drains its topic from the cursor."""
     CLOSED = "closed"
 
+    # Members are singletons compared by identity: hash them so too, in C. Enum's own __hash__ is a
+    # Python call, and every session event looks up (phase, event) in RULES.
+    __hash__ = object.__hash__
+
 
 class Send(msgspec.Struct, frozen=True):
     """Frames to write, in order: ``events`` (open, keepalive) first, then queued ``rows``.
