@@ -76,8 +76,8 @@ class _Reads(_WriteLog):
     def _read_point(self, key: bytes, snap: _Snapshot | None = None) -> tuple[int, bytes | None]:
         f = self._reader
         if snap is not None:
-            # Not cast(): a call per read. The stubs allow memoryview, which only buffers=True returns.
-            value: bytes | None = snap.txn.get(key, db=f.kv)  # type: ignore[assignment]
+            # Typed here, not with cast(): that is a Python call per read.
+            value: bytes | None = snap.txn.get(key, db=f.kv)  # type: ignore[assignment]  # the stubs add memoryview, returned only with buffers=True
             return snap.version, value
         with f.env.begin() as txn:
             version = f.version(txn)[0]
@@ -201,8 +201,8 @@ def _forward(cur: lmdb.Cursor, begin: bytes, end: bytes, limit: int) -> list[tup
     """The rows in [begin, end), at most ``limit`` of them (0: all), read forward through ``cur``."""
     rows: list[tuple[bytes, bytes]] = []
     if cur.set_range(begin):
-        # Not cast(): a call per range. The stubs allow memoryview, which only buffers=True returns.
-        rest: Iterator[tuple[bytes, bytes]] = cur.iternext()  # type: ignore[assignment]
+        # Typed here, not with cast(): that is a Python call per range.
+        rest: Iterator[tuple[bytes, bytes]] = cur.iternext()  # type: ignore[assignment]  # the stubs add memoryview, returned only with buffers=True
         for k, v in rest:
             if k >= end:
                 break
