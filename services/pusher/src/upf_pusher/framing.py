@@ -94,29 +94,11 @@ WS_PING = b"\x89\x00"
 ping frames instead of a ``keepalive`` JSON event (gorilla's ``WriteMessage(PingMessage, nil)``)."""
 
 
-_WS_HEAD_ROOM = 4
-"""Bytes kept before the JSON in ``ws_frame``'s buffer: the head of a frame shorter than 64 KiB."""
-
-
 def ws_frame(msg: Message) -> bytes:
-    """What /ws writes for an event: a ping for a keepalive, else the JSON in one text frame.
-
-    ``ws_text_frame(encode_ws(msg))`` in one buffer: the JSON is encoded after room for the head, so
-    a frame is copied once, not three times (it runs once per delivered message)."""
+    """What /ws writes for an event: a ping for a keepalive, else the JSON in one text frame."""
     if msg.event == "keepalive":
         return WS_PING
-    buf = bytearray(_WS_HEAD_ROOM)
-    _encoder.encode_into(msg, buf, _WS_HEAD_ROOM)
-    buf += b"\n"
-    n = len(buf) - _WS_HEAD_ROOM
-    if n < 126:
-        buf[2] = 0x81
-        buf[3] = n
-        return bytes(memoryview(buf)[2:])
-    if n < 65536:
-        buf[0:4] = bytes((0x81, 126)) + n.to_bytes(2, "big")
-        return bytes(buf)
-    return ws_text_frame(bytes(memoryview(buf)[_WS_HEAD_ROOM:]))
+    return ws_text_frame(encode_ws(msg))
 
 
 def ws_client_frame_size(payload: int) -> int:
