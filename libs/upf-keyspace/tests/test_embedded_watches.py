@@ -55,6 +55,32 @@ async def test_watch_count_follows_arms_fires_and_cancels(pair):
     again.cancel()
 
 
+async def test_a_watch_makes_its_future_only_when_asked_and_in_its_state(pair):
+    """A watch nobody awaits has no future; one asked for after the watch fired or was cancelled comes
+    back done that way; a fire that lands between an awaiter's cancellation and the watch hearing of
+    it neither raises nor leaves the watch registered."""
+    a, _ = pair
+    k = PREFIX + b"lazy"
+    await _put(a, {k: b"0"})
+    fired, cancelled, abandoned = await _watch(a, k), await _watch(a, k), await _watch(a, k)
+    assert fired._future is None and not fired.done()
+    cancelled.cancel()
+    assert cancelled.done() and cancelled.future.cancelled()
+    abandoned.future.cancel()  # what an awaiter's timeout does; the watch learns of it a loop turn later
+    assert abandoned.done()
+    abandoned._fire()  # a check firing it in between: no result set on the cancelled future
+    assert abandoned.future.cancelled()
+    await _put(a, {k: b"1"})
+    for _ in range(100):
+        if fired.done():
+            break
+        await asyncio.sleep(0.01)
+    assert fired._future is None  # fired without ever making one
+    assert fired.future.done() and not fired.future.cancelled() and fired.future.result() is None
+    await asyncio.sleep(0)
+    assert a._watch_count() == _counted(a) == 0
+
+
 async def test_watch_limit_uses_the_running_count(pair, monkeypatch):
     a, _ = pair
     monkeypatch.setattr(transaction, "_MAX_WATCHES", 3)
