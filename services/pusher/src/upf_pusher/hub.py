@@ -613,15 +613,14 @@ class Hub:
         else:
             self._spawn(self._bell_waiter(shard, bell))
 
-    def _bell_fired(self, shard: int, fired: bool = True) -> None:
-        """Mark ``shard`` rung and wake the bell loop: a bell fired, or a failed watch is retried
-        (``fired`` False: not counted as a bell)."""
-        if fired:
-            self.metrics.bells.add()
+    def _bell_fired(self, shard: int) -> None:
+        self.metrics.bells.add()
+        self._ring(shard)
+
+    def _ring(self, shard: int) -> None:
         self._rung.add(shard)
-        wake = self._wake
-        if wake is not None and not wake.done():
-            wake.set_result(None)
+        if self._wake is not None:
+            _resolve(self._wake)
 
     async def _bell_waiter(self, shard: int, bell: Watch) -> None:
         """Mark ``shard`` rung when its bell fires; return quietly when the loop cancels the watch."""
@@ -632,7 +631,7 @@ class Hub:
         except Exception:
             log.warning("bell watch failed", exc_info=True)
             await asyncio.sleep(0.05)  # never spin on a failing watch
-            self._bell_fired(shard, fired=False)
+            self._ring(shard)
         else:
             self._bell_fired(shard)
 

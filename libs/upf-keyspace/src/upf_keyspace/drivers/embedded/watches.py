@@ -43,13 +43,13 @@ def _written(watched: Collection[bytes], sets: list[IntervalSet]) -> list[bytes]
                 if i < n and begins[i] <= k:
                     found.add(k)
             continue
-        found.update(keys & set(ws.begins))
-        if all(map(operator.eq, ws.ends, map(bytes.__add__, ws.begins, _ZEROS))):
+        found.update(keys & set(begins))
+        if all(map(operator.eq, ends, map(bytes.__add__, begins, _ZEROS))):
             continue
         if ordered is None:
             ordered = sorted(watched)
         n = len(ordered)
-        for b, e in zip(ws.begins, ws.ends, strict=True):
+        for b, e in zip(begins, ends, strict=True):
             i = bisect.bisect_left(ordered, b)
             while i < n and ordered[i] < e:
                 found.add(ordered[i])
@@ -98,7 +98,7 @@ class _Watch:
         # watch future does, so abandoned watches never pile up.
         return self.future.__await__()
 
-    def _forget(self, fut: asyncio.Future[None]) -> None:
+    def _forget(self, _fut: asyncio.Future[None]) -> None:
         if self.state == _PENDING:  # its awaiter was cancelled, which cancelled the future
             self.state = _CANCELLED
             self._on_fire = None
