@@ -171,3 +171,28 @@ async def test_a_gather_ends_once_enough_transactions_wait(tmp_path, monkeypatch
         rec.release.set()
         await db.close()
     assert rec.sizes[-1] == committer._GROUP_TARGET + 1
+
+
+async def test_a_gather_ends_once_enough_mutations_wait_in_fewer_transactions(tmp_path, monkeypatch):
+    """A batch of publishes is one transaction of many mutations: the sleep also ends once
+    _GROUP_MUTATIONS of them wait, though fewer than _GROUP_TARGET transactions do."""
+    monkeypatch.setattr(committer, "_GROUP_WAIT_SECS", 30.0)
+    rec = _Recorder(monkeypatch)
+    db = await open_embedded(str(tmp_path / "s.db"))
+
+    async def big(n: int) -> None:
+        async def body(tr):
+            for i in range(committer._GROUP_MUTATIONS // 2):
+                tr.set(b"big%d/%d" % (n, i), b"1")
+
+        await db.transact(body)
+
+    try:
+        puts = await rec.queue_behind_held(db, b"held", b"first")  # the next batch is a stream's
+        rec.release.set()
+        assert await asyncio.to_thread(rec.sleeping.wait, 10)  # the committer took "first" and sleeps
+        await asyncio.wait_for(asyncio.gather(*puts, big(1), big(2)), 15.0)  # well inside the 30 s window
+    finally:
+        rec.release.set()
+        await db.close()
+    assert rec.sizes[-1] == 3 < committer._GROUP_TARGET

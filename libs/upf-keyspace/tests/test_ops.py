@@ -232,3 +232,50 @@ async def test_drain_never_loses_a_concurrent_poke(tmp_path):
         assert sorted(reported) == sorted(topics)
     finally:
         await store.close()
+
+
+async def test_publishes_of_one_turn_share_a_transaction_each_with_its_own_position(store):
+    """Plain publishes started in one turn of the loop commit together: one 10-byte commit stamp, a
+    user version each in call order, every message stored in that order, each holder poked."""
+    await store.subscribe(["b"], "n1", SINCE_NONE)
+    pubs = await asyncio.gather(*(store.publish("ab"[i % 2], env(f"m{i}")) for i in range(6)))
+    assert len({p.stamp[:10] for p in pubs}) == 1
+    assert [p.stamp[10:] for p in pubs] == [i.to_bytes(2, "big") for i in range(6)]
+    assert [p.poked for p in pubs] == [0, 1] * 3
+    assert [m.envelope.message for m in await store.read_after("a", None)] == ["m0", "m2", "m4"]
+    assert [(encode_id(m.stamp), m.envelope.message) for m in await store.read_after("b", None)] == [
+        (pubs[i].id, f"m{i}") for i in (1, 3, 5)
+    ]
+
+
+async def test_a_publish_with_a_key_or_a_push_topic_keeps_its_own_transaction(store):
+    """An idempotency key or a Web Push Topic reads what another publish of a batch could write
+    (a marker), so those publishes are never batched: the duplicate is still found."""
+    pubs = await asyncio.gather(
+        store.publish("t", env("plain")),
+        store.publish("t", Envelope(time=1, expires=int(time.time()) + 60, message="p", push_topic="pt")),
+        store.publish("t", env("keyed"), idem="k1"),
+        store.publish("t", env("again"), idem="k1"),
+    )
+    assert len({p.stamp[:10] for p in pubs[:3]}) == 3
+    assert pubs[3].duplicate != pubs[2].duplicate and pubs[3].id == pubs[2].id
+
+
+async def test_a_batch_is_bounded_and_one_bad_publish_fails_alone(store):
+    """At most PUBLISH_BATCH_MAX publishes share a transaction; one the store refuses (a value over
+    its limit) fails alone, and the rest of its batch is stored."""
+    from upf_keyspace import StoreError
+    from upf_keyspace.store import PUBLISH_BATCH_MAX
+
+    n = PUBLISH_BATCH_MAX + 10
+    many = await asyncio.gather(*(store.publish(f"t{i % 7}", env(f"m{i}")) for i in range(n)))
+    assert len({p.stamp[:10] for p in many}) == 2
+    got = await asyncio.gather(
+        store.publish("x", env("before")),
+        store.publish("x", env("y" * 200_000)),
+        store.publish("x", env("after")),
+        return_exceptions=True,
+    )
+    assert isinstance(got[1], StoreError)
+    assert [m.envelope.message for m in await store.read_after("x", None)] == ["before", "after"]
+    assert sum([len(await store.read_after(f"t{i}", None, limit=1000)) for i in range(7)]) == n

@@ -57,12 +57,25 @@ async def open_store(settings: Settings) -> Store:
     return Store(db, shard_count=settings.shard_count)
 
 
+PUBLISH_BATCH_MAX = 128
+PUBLISH_BATCH_BYTES = 1 << 20
+"""At most this many publishes, and about this many message bytes, share a transaction (a tenth of
+its 10 MB limit)."""
+
+
 class Store:
     def __init__(self, db: Database, *, shard_count: int) -> None:
         self.db = db
         self.shard_count = shard_count
+        self._batch: list[tuple[str, Envelope, asyncio.Future[Published]]] | None = None
+        self._batch_bytes = 0
+        self._flushing: set[asyncio.Task[None]] = set()
 
     async def close(self) -> None:
+        if self._batch is not None:
+            await asyncio.sleep(0)  # its flush is scheduled: let it start
+        if self._flushing:  # publishes in flight finish before the database closes
+            await asyncio.wait(list(self._flushing))
         await self.db.close()
 
     async def ping(self) -> int:
@@ -74,12 +87,74 @@ class Store:
         return await self.db.transact(body)
 
     async def publish(self, topic: str, envelope: Envelope, *, idem: str = "") -> Published:
+        """One publish, in a transaction of its own or, when other plain publishes come in the same
+        turn of the event loop, in one transaction with them (``ops.publish.publish_many``)."""
+        if idem or envelope.push_topic:  # they read what another publish in a batch may write
+            return await self._publish_one(topic, envelope, idem)
+        size = len(envelope.message)
+        batch = self._batch
+        if batch is None or len(batch) >= PUBLISH_BATCH_MAX or self._batch_bytes + size > PUBLISH_BATCH_BYTES:
+            batch = self._batch = []
+            self._batch_bytes = 0
+            asyncio.get_running_loop().call_soon(self._flush, batch)
+        self._batch_bytes += size
+        done: asyncio.Future[Published] = asyncio.get_running_loop().create_future()
+        batch.append((topic, envelope, done))
+        return await done
+
+    async def _publish_one(self, topic: str, envelope: Envelope, idem: str) -> Published:
         pending = await self.db.transact(ops.publish.publish, topic, envelope, shard_count=self.shard_count, idem=idem)
         if pending.duplicate_of is not None:
             return Published(pending.duplicate_of, pending.envelope, True)
         assert pending.commit_stamp is not None
         stamp = await pending.commit_stamp + pending.user_version.to_bytes(2, "big")
         return Published(stamp, pending.envelope, False, pending.poked)
+
+    def _flush(self, batch: list[tuple[str, Envelope, asyncio.Future[Published]]]) -> None:
+        if self._batch is batch:
+            self._batch = None
+        task = asyncio.get_running_loop().create_task(self._publish_batch(batch))
+        self._flushing.add(task)
+        task.add_done_callback(self._flushing.discard)
+
+    async def _publish_batch(self, batch: list[tuple[str, Envelope, asyncio.Future[Published]]]) -> None:
+        """Commit a turn's plain publishes together and answer each caller (a caller that went away
+        is skipped; its message is stored all the same, as it would have been on its own). If the
+        shared transaction fails, each publish is tried alone, so one publish's failure (too large
+        for the store, say) is its own, and the others still land."""
+        results: list[Published | BaseException]
+        try:
+            if len(batch) == 1:
+                topic, envelope, _ = batch[0]
+                results = [await self._publish_one(topic, envelope, "")]
+            else:
+                try:
+                    items = [(topic, envelope) for topic, envelope, _ in batch]
+                    pendings = await self.db.transact(ops.publish.publish_many, items, shard_count=self.shard_count)
+                except Exception:
+                    results = await asyncio.gather(
+                        *(self._publish_one(topic, envelope, "") for topic, envelope, _ in batch),
+                        return_exceptions=True,
+                    )
+                else:
+                    stamp = await pendings[0].commit_stamp  # type: ignore[misc]  # publish_many sets it on each
+                    results = [
+                        Published(stamp + p.user_version.to_bytes(2, "big"), p.envelope, False, p.poked)
+                        for p in pendings
+                    ]
+        except asyncio.CancelledError:
+            for _, _, done in batch:
+                done.cancel()
+            raise
+        except Exception as exc:
+            results = [exc] * len(batch)
+        for (_, _, done), result in zip(batch, results, strict=True):
+            if done.done():
+                continue
+            if isinstance(result, BaseException):
+                done.set_exception(result)
+            else:
+                done.set_result(result)
 
     async def vapid_admit(self, topic: str, key: str | None, *, bind: bool) -> bool:
         """Whether a publish with the verified VAPID ``key`` may go to ``topic`` (see ops.vapid.admit)."""

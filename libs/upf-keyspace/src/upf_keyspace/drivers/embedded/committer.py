@@ -63,6 +63,8 @@ _GROUP_TARGET = 32
 """The sleep ends as soon as this many transactions wait: the commit's cost is amortised already,
 and clients that each await their commit (a closed loop of 64 connections) would otherwise stand
 idle through the rest of it."""
+_GROUP_MUTATIONS = 256
+"""... or as soon as this many mutations wait (~40 publishes' worth) in however many transactions."""
 _BATCH_SIZE = _metrics.COMMIT_BATCH.cell("embedded")
 _COMMIT_DURATION = _metrics.COMMIT_DURATION.cell("embedded")
 
@@ -88,15 +90,24 @@ class _Committer(_Watches):
     _enough: threading.Event  # set by a submit that brings the queue to _GROUP_TARGET while gathering
     _group_wait: float  # commit_wait_secs(), read at open
     _gathering: bool
+    _submitted: int  # mutations ever submitted (the loop's thread writes it)
+    _taken: int  # mutations ever taken into a commit (the committer's thread writes it)
     _doorbell: Doorbell | None
     _last_prune: float
     _full_log: _FullLog
     _mark_fd: int
 
     def _submit(self, pending: _Pending) -> None:
+        self._submitted += len(pending.mutations)
         self._queue.put(pending)
-        if self._gathering and self._queue.qsize() >= _GROUP_TARGET:
+        if self._gathering and self._enough_waits(0):
             self._enough.set()
+
+    def _enough_waits(self, gathered: int) -> bool:
+        """Whether what waits amortises a commit already: ``_GROUP_TARGET`` transactions, or
+        ``_GROUP_MUTATIONS`` mutations in fewer, bigger ones (``Store.publish`` shares one transaction
+        among a turn's publishes). The two counts are each written by one thread only."""
+        return self._queue.qsize() + gathered >= _GROUP_TARGET or self._submitted - self._taken >= _GROUP_MUTATIONS
 
     def _commit_loop(self) -> None:
         f = self._reader
@@ -111,6 +122,7 @@ class _Committer(_Watches):
                 busy = False  # the stream paused: this one arrived alone, after a quiet spell
             batch = [first]
             self._gather(batch, wait if busy else 0.0)
+            self._taken += sum(len(p.mutations) for p in batch)
             started = time.perf_counter()
             try:
                 if self._commit_batch(f, batch):
@@ -138,10 +150,10 @@ class _Committer(_Watches):
     def _gather(self, batch: list[_Pending], wait: float) -> None:
         """Add what waits in the queue to ``batch``; with a ``wait``, first sleep that long or until
         ``_GROUP_TARGET`` transactions wait, whichever comes first."""
-        if wait and self._queue.qsize() + len(batch) < _GROUP_TARGET:
+        if wait and not self._enough_waits(len(batch)):
             self._enough.clear()
             self._gathering = True
-            if self._queue.qsize() + len(batch) < _GROUP_TARGET:  # a submit may have come before the flag
+            if not self._enough_waits(len(batch)):  # a submit may have come before the flag
                 self._enough.wait(wait)
             self._gathering = False
         self._drain(batch)

@@ -44,6 +44,7 @@ class EmbeddedDatabase(_Committer):
         self._queue: queue.SimpleQueue[_Pending | None] = queue.SimpleQueue()
         self._enough = threading.Event()
         self._gathering = False
+        self._submitted = self._taken = 0
         self._closed = False
         self._check_scheduled = False
         self._watch_version = self._committed_version()
