@@ -235,14 +235,16 @@ async def test_drain_never_loses_a_concurrent_poke(tmp_path):
 
 
 async def test_publishes_of_one_turn_share_a_transaction_each_with_its_own_position(store):
-    """Plain publishes started in one turn of the loop commit together: one 10-byte commit stamp, a
-    user version each in call order, every message stored in that order, each holder poked."""
+    """Plain publishes started in one turn of the loop while another publish is committing commit
+    together: one 10-byte commit stamp, a user version each in call order, every message stored in
+    that order, each holder poked. The first, with nothing in flight, commits alone at once."""
     await store.subscribe(["b"], "n1", SINCE_NONE)
-    pubs = await asyncio.gather(*(store.publish("ab"[i % 2], env(f"m{i}")) for i in range(6)))
-    assert len({p.stamp[:10] for p in pubs}) == 1
-    assert [p.stamp[10:] for p in pubs] == [i.to_bytes(2, "big") for i in range(6)]
-    assert [p.poked for p in pubs] == [0, 1] * 3
-    assert [m.envelope.message for m in await store.read_after("a", None)] == ["m0", "m2", "m4"]
+    pubs = await asyncio.gather(*(store.publish("ab"[i % 2], env(f"m{i}")) for i in range(7)))
+    assert pubs[0].stamp[:10] != pubs[1].stamp[:10] and pubs[0].stamp[10:] == b"\x00\x00"
+    assert len({p.stamp[:10] for p in pubs[1:]}) == 1
+    assert [p.stamp[10:] for p in pubs[1:]] == [i.to_bytes(2, "big") for i in range(6)]
+    assert [p.poked for p in pubs] == [0, 1] * 3 + [0]
+    assert [m.envelope.message for m in await store.read_after("a", None)] == ["m0", "m2", "m4", "m6"]
     assert [(encode_id(m.stamp), m.envelope.message) for m in await store.read_after("b", None)] == [
         (pubs[i].id, f"m{i}") for i in (1, 3, 5)
     ]
@@ -252,13 +254,14 @@ async def test_a_publish_with_a_key_or_a_push_topic_keeps_its_own_transaction(st
     """An idempotency key or a Web Push Topic reads what another publish of a batch could write
     (a marker), so those publishes are never batched: the duplicate is still found."""
     pubs = await asyncio.gather(
+        store.publish("t", env("first")),
         store.publish("t", env("plain")),
         store.publish("t", Envelope(time=1, expires=int(time.time()) + 60, message="p", push_topic="pt")),
         store.publish("t", env("keyed"), idem="k1"),
         store.publish("t", env("again"), idem="k1"),
     )
-    assert len({p.stamp[:10] for p in pubs[:3]}) == 3
-    assert pubs[3].duplicate != pubs[2].duplicate and pubs[3].id == pubs[2].id
+    assert len({p.stamp[:10] for p in pubs[:4]}) == 4
+    assert pubs[4].duplicate != pubs[3].duplicate and pubs[4].id == pubs[3].id
 
 
 async def test_a_batch_is_bounded_and_one_bad_publish_fails_alone(store):
@@ -267,15 +270,36 @@ async def test_a_batch_is_bounded_and_one_bad_publish_fails_alone(store):
     from upf_keyspace import StoreError
     from upf_keyspace.store import PUBLISH_BATCH_MAX
 
-    n = PUBLISH_BATCH_MAX + 10
+    n = PUBLISH_BATCH_MAX + 11  # the first alone, then PUBLISH_BATCH_MAX, then 10
     many = await asyncio.gather(*(store.publish(f"t{i % 7}", env(f"m{i}")) for i in range(n)))
-    assert len({p.stamp[:10] for p in many}) == 2
+    assert [len([p for p in many if p.stamp[:10] == s]) for s in sorted({p.stamp[:10] for p in many})] == [
+        1,
+        PUBLISH_BATCH_MAX,
+        10,
+    ]
     got = await asyncio.gather(
+        store.publish("x", env("alone")),
         store.publish("x", env("before")),
         store.publish("x", env("y" * 200_000)),
         store.publish("x", env("after")),
         return_exceptions=True,
     )
-    assert isinstance(got[1], StoreError)
-    assert [m.envelope.message for m in await store.read_after("x", None)] == ["before", "after"]
+    assert isinstance(got[2], StoreError)
+    assert [m.envelope.message for m in await store.read_after("x", None)] == ["alone", "before", "after"]
     assert sum([len(await store.read_after(f"t{i}", None, limit=1000)) for i in range(7)]) == n
+
+
+async def test_a_leader_cancelled_while_it_gathers_leaves_the_others_to_commit(store):
+    """The first publish of a turn waits one turn for others to join; cancelled then, it stores
+    nothing, and those that joined still commit."""
+    first = asyncio.create_task(store.publish("c", env("in flight")))
+    await asyncio.sleep(0)  # it runs up to its commit: a publish is in flight
+    leader = asyncio.create_task(store.publish("c", env("leader")))
+    follower = asyncio.create_task(store.publish("c", env("follower")))
+    await asyncio.sleep(0)  # the leader yields for one turn, the follower joins it
+    assert store._batch is not None and len(store._batch) == 1
+    leader.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await leader
+    await asyncio.wait_for(asyncio.gather(first, follower), 5)
+    assert [m.envelope.message for m in await store.read_after("c", None)] == ["in flight", "follower"]

@@ -57,6 +57,7 @@ async def open_store(settings: Settings) -> Store:
     return Store(db, shard_count=settings.shard_count)
 
 
+_Batch = list[tuple[str, Envelope, "asyncio.Future[Published]"]]
 PUBLISH_BATCH_MAX = 128
 PUBLISH_BATCH_BYTES = 1 << 20
 """At most this many publishes, and about this many message bytes, share a transaction (a tenth of
@@ -67,13 +68,14 @@ class Store:
     def __init__(self, db: Database, *, shard_count: int) -> None:
         self.db = db
         self.shard_count = shard_count
-        self._batch: list[tuple[str, Envelope, asyncio.Future[Published]]] | None = None
+        self._batch: _Batch | None = None
         self._batch_bytes = 0
+        self._in_flight = 0  # publish transactions between their start and their commit
         self._flushing: set[asyncio.Task[None]] = set()
 
     async def close(self) -> None:
         if self._batch is not None:
-            await asyncio.sleep(0)  # its flush is scheduled: let it start
+            await asyncio.sleep(0)  # a leader yields once before it commits: let it start
         if self._flushing:  # publishes in flight finish before the database closes
             await asyncio.wait(list(self._flushing))
         await self.db.close()
@@ -88,36 +90,62 @@ class Store:
 
     async def publish(self, topic: str, envelope: Envelope, *, idem: str = "") -> Published:
         """One publish, in a transaction of its own or, when other plain publishes come in the same
-        turn of the event loop, in one transaction with them (``ops.publish.publish_many``)."""
+        turn of the event loop, in one transaction with them (``ops.publish.publish_many``). The first
+        of a turn leads: it yields once for the others to join, then commits alone (no task, no
+        future: the common case at low rates) or hands the batch to a task that answers them all."""
         if idem or envelope.push_topic:  # they read what another publish in a batch may write
             return await self._publish_one(topic, envelope, idem)
         size = len(envelope.message)
-        batch = self._batch
-        if batch is None or len(batch) >= PUBLISH_BATCH_MAX or self._batch_bytes + size > PUBLISH_BATCH_BYTES:
-            batch = self._batch = []
-            self._batch_bytes = 0
-            asyncio.get_running_loop().call_soon(self._flush, batch)
-        self._batch_bytes += size
-        done: asyncio.Future[Published] = asyncio.get_running_loop().create_future()
-        batch.append((topic, envelope, done))
-        return await done
+        joining = self._batch
+        if (
+            joining is not None
+            and len(joining) < PUBLISH_BATCH_MAX - 1
+            and self._batch_bytes + size <= PUBLISH_BATCH_BYTES
+        ):
+            done: asyncio.Future[Published] = asyncio.get_running_loop().create_future()
+            joining.append((topic, envelope, done))
+            self._batch_bytes += size
+            return await done
+        if not self._in_flight:  # nothing to share a commit with: no batch (a sequential publisher)
+            return await self._publish_one(topic, envelope, "")
+        followers: _Batch = []
+        self._batch, self._batch_bytes = followers, size
+        try:
+            await asyncio.sleep(0)  # the turn's other publishes join
+        except BaseException:  # cancelled: the leader's caller went away, the others still commit
+            if self._batch is followers:
+                self._batch = None
+            if followers:
+                self._spawn(followers)
+            raise
+        if self._batch is followers:
+            self._batch = None
+        if not followers:
+            return await self._publish_one(topic, envelope, "")
+        mine: asyncio.Future[Published] = asyncio.get_running_loop().create_future()
+        self._spawn([(topic, envelope, mine), *followers])
+        return await mine
+
+    def _spawn(self, batch: _Batch) -> None:
+        task = asyncio.get_running_loop().create_task(self._publish_batch(batch))
+        self._flushing.add(task)
+        task.add_done_callback(self._flushing.discard)
 
     async def _publish_one(self, topic: str, envelope: Envelope, idem: str) -> Published:
-        pending = await self.db.transact(ops.publish.publish, topic, envelope, shard_count=self.shard_count, idem=idem)
+        self._in_flight += 1
+        try:
+            pending = await self.db.transact(
+                ops.publish.publish, topic, envelope, shard_count=self.shard_count, idem=idem
+            )
+        finally:
+            self._in_flight -= 1
         if pending.duplicate_of is not None:
             return Published(pending.duplicate_of, pending.envelope, True)
         assert pending.commit_stamp is not None
         stamp = await pending.commit_stamp + pending.user_version.to_bytes(2, "big")
         return Published(stamp, pending.envelope, False, pending.poked)
 
-    def _flush(self, batch: list[tuple[str, Envelope, asyncio.Future[Published]]]) -> None:
-        if self._batch is batch:
-            self._batch = None
-        task = asyncio.get_running_loop().create_task(self._publish_batch(batch))
-        self._flushing.add(task)
-        task.add_done_callback(self._flushing.discard)
-
-    async def _publish_batch(self, batch: list[tuple[str, Envelope, asyncio.Future[Published]]]) -> None:
+    async def _publish_batch(self, batch: _Batch) -> None:
         """Commit a turn's plain publishes together and answer each caller (a caller that went away
         is skipped; its message is stored all the same, as it would have been on its own). If the
         shared transaction fails, each publish is tried alone, so one publish's failure (too large
@@ -128,10 +156,15 @@ class Store:
                 topic, envelope, _ = batch[0]
                 results = [await self._publish_one(topic, envelope, "")]
             else:
+                items = [(topic, envelope) for topic, envelope, _ in batch]
+                self._in_flight += 1
                 try:
-                    items = [(topic, envelope) for topic, envelope, _ in batch]
                     pendings = await self.db.transact(ops.publish.publish_many, items, shard_count=self.shard_count)
                 except Exception:
+                    pendings = None
+                finally:
+                    self._in_flight -= 1
+                if pendings is None:
                     results = await asyncio.gather(
                         *(self._publish_one(topic, envelope, "") for topic, envelope, _ in batch),
                         return_exceptions=True,
