@@ -63,8 +63,9 @@ _GROUP_TARGET = 32
 """The sleep ends as soon as this many transactions wait: the commit's cost is amortised already,
 and clients that each await their commit (a closed loop of 64 connections) would otherwise stand
 idle through the rest of it."""
-_GROUP_MUTATIONS = 256
-"""... or as soon as this many mutations wait (~40 publishes' worth) in however many transactions."""
+_GROUP_MUTATIONS = 224
+"""... or as soon as this many mutations wait in however many transactions: ``_GROUP_TARGET``
+publishes' worth, at 7 each (Q, X, the time index, two counters, one holder's inbox and bell)."""
 _BATCH_SIZE = _metrics.COMMIT_BATCH.cell("embedded")
 _COMMIT_DURATION = _metrics.COMMIT_DURATION.cell("embedded")
 
