@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 
 import msgspec
 
-from . import keys, ops
+from . import errors, keys, ops
 from .auth import AuthState, Permission, Token, User
 from .contract import Database, Watch
 from .envelope import Envelope
@@ -58,6 +58,10 @@ async def open_store(settings: Settings) -> Store:
 
 
 _Batch = list[tuple[str, Envelope, "asyncio.Future[Published]"]]
+_REFUSED_BEFORE_COMMIT = frozenset(
+    {errors.KEY_TOO_LARGE, errors.VALUE_TOO_LARGE, errors.TRANSACTION_TOO_LARGE, errors.CLIENT_INVALID_OPERATION}
+)
+"""What a transaction's own writes cause, raised before its commit is sent: it certainly did not commit."""
 PUBLISH_BATCH_MAX = 128
 PUBLISH_BATCH_BYTES = 1 << 20
 """At most this many publishes, and about this many message bytes, share a transaction (a tenth of
@@ -148,8 +152,8 @@ class Store:
     async def _publish_batch(self, batch: _Batch) -> None:
         """Commit a turn's plain publishes together and answer each caller (a caller that went away
         is skipped; its message is stored all the same, as it would have been on its own). If the
-        shared transaction fails, each publish is tried alone, so one publish's failure (too large
-        for the store, say) is its own, and the others still land."""
+        shared transaction is refused before its commit (a value too large, say), each publish is
+        tried alone, so that failure is the one publish's own and the others still land."""
         results: list[Published | BaseException]
         try:
             if len(batch) == 1:
@@ -160,7 +164,9 @@ class Store:
                 self._in_flight += 1
                 try:
                     pendings = await self.db.transact(ops.publish.publish_many, items, shard_count=self.shard_count)
-                except Exception:
+                except StoreError as exc:
+                    if exc.code not in _REFUSED_BEFORE_COMMIT:
+                        raise  # the commit's own failure (it may even have committed): every publish's
                     pendings = None
                 finally:
                     self._in_flight -= 1
