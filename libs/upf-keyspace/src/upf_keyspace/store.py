@@ -13,7 +13,7 @@ import msgspec
 
 from . import errors, keys, ops
 from .auth import AuthState, Permission, Token, User
-from .contract import Database, Watch
+from .contract import LIFETIME_SECS, Database, Watch
 from .envelope import Envelope
 from .errors import StoreError
 from .limits import Failure, Lease
@@ -80,8 +80,8 @@ class Store:
     async def close(self) -> None:
         if self._batch is not None:
             await asyncio.sleep(0)  # a leader yields once before it commits: let it start
-        if self._flushing:  # publishes in flight finish before the database closes
-            await asyncio.wait(list(self._flushing))
+        if self._flushing:  # publishes in flight finish first; a stuck one cannot hold the close
+            await asyncio.wait(list(self._flushing), timeout=LIFETIME_SECS)
         await self.db.close()
 
     async def ping(self) -> int:
