@@ -25,6 +25,7 @@ __all__ = [
     "CLIENT_INVALID_OPERATION",
     "DATABASE_LOCKED",
     "STORAGE_FULL",
+    "REFUSED_BEFORE_COMMIT",
     "StorageHealth",
     "STORAGE",
     "FormatVersionError",
@@ -50,6 +51,10 @@ STORAGE_FULL = 9507
 in ``transaction_timed_out`` 1031 at the 5 s timeout). The embedded driver raises it when a commit
 would pass UPF_EMBEDDED_MAX_BYTES, LMDB's map is full, or the OS says ENOSPC. Not retryable:
 retrying a full disk only delays the answer."""
+
+REFUSED_BEFORE_COMMIT = frozenset({KEY_TOO_LARGE, VALUE_TOO_LARGE, TRANSACTION_TOO_LARGE, CLIENT_INVALID_OPERATION})
+"""What a transaction's own writes cause, raised before its commit is sent: it certainly did not
+commit, so its work may be redone in smaller parts (``Store.publish``'s shared transactions)."""
 
 _RETRYABLE = frozenset({NOT_COMMITTED, COMMIT_UNKNOWN_RESULT, TRANSACTION_TOO_OLD, FUTURE_VERSION, DATABASE_LOCKED})
 

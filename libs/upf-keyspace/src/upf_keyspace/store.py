@@ -57,11 +57,12 @@ async def open_store(settings: Settings) -> Store:
     return Store(db, shard_count=settings.shard_count)
 
 
+def _published(commit: bytes, pending: ops.publish.Pending) -> Published:
+    """A committed publish: its position is the commit's stamp and its user version."""
+    return Published(commit + pending.user_version.to_bytes(2, "big"), pending.envelope, False, pending.poked)
+
+
 _Batch = list[tuple[str, Envelope, "asyncio.Future[Published]"]]
-_REFUSED_BEFORE_COMMIT = frozenset(
-    {errors.KEY_TOO_LARGE, errors.VALUE_TOO_LARGE, errors.TRANSACTION_TOO_LARGE, errors.CLIENT_INVALID_OPERATION}
-)
-"""What a transaction's own writes cause, raised before its commit is sent: it certainly did not commit."""
 PUBLISH_BATCH_MAX = 128
 PUBLISH_BATCH_BYTES = 1 << 20
 """At most this many publishes, and about this many message bytes, share a transaction (a tenth of
@@ -146,41 +147,32 @@ class Store:
         if pending.duplicate_of is not None:
             return Published(pending.duplicate_of, pending.envelope, True)
         assert pending.commit_stamp is not None
-        stamp = await pending.commit_stamp + pending.user_version.to_bytes(2, "big")
-        return Published(stamp, pending.envelope, False, pending.poked)
+        return _published(await pending.commit_stamp, pending)
 
     async def _publish_batch(self, batch: _Batch) -> None:
-        """Commit a turn's plain publishes together and answer each caller (a caller that went away
+        """Commit a batch's plain publishes together and answer each caller (a caller that went away
         is skipped; its message is stored all the same, as it would have been on its own). If the
         shared transaction is refused before its commit (a value too large, say), each publish is
         tried alone, so that failure is the one publish's own and the others still land."""
         results: list[Published | BaseException]
         try:
-            if len(batch) == 1:
-                topic, envelope, _ = batch[0]
-                results = [await self._publish_one(topic, envelope, "")]
+            items = [(topic, envelope) for topic, envelope, _ in batch]
+            self._in_flight += 1
+            try:
+                pendings = await self.db.transact(ops.publish.publish_many, items, shard_count=self.shard_count)
+            except StoreError as exc:
+                if exc.code not in errors.REFUSED_BEFORE_COMMIT:
+                    raise  # the commit's own failure (it may even have committed): every publish's
+                pendings = None
+            finally:
+                self._in_flight -= 1
+            if pendings is None:
+                results = await asyncio.gather(
+                    *(self._publish_one(topic, envelope, "") for topic, envelope, _ in batch), return_exceptions=True
+                )
             else:
-                items = [(topic, envelope) for topic, envelope, _ in batch]
-                self._in_flight += 1
-                try:
-                    pendings = await self.db.transact(ops.publish.publish_many, items, shard_count=self.shard_count)
-                except StoreError as exc:
-                    if exc.code not in _REFUSED_BEFORE_COMMIT:
-                        raise  # the commit's own failure (it may even have committed): every publish's
-                    pendings = None
-                finally:
-                    self._in_flight -= 1
-                if pendings is None:
-                    results = await asyncio.gather(
-                        *(self._publish_one(topic, envelope, "") for topic, envelope, _ in batch),
-                        return_exceptions=True,
-                    )
-                else:
-                    stamp = await pendings[0].commit_stamp  # type: ignore[misc]  # publish_many sets it on each
-                    results = [
-                        Published(stamp + p.user_version.to_bytes(2, "big"), p.envelope, False, p.poked)
-                        for p in pendings
-                    ]
+                commit = await pendings[0].commit_stamp  # type: ignore[misc]  # publish_many sets it on each
+                results = [_published(commit, p) for p in pendings]
         except asyncio.CancelledError:
             for _, _, done in batch:
                 done.cancel()
@@ -258,8 +250,7 @@ class Store:
         """Keep ``envelope`` hidden until ``due`` (unix secs); its id is the one delivered later."""
         pending = await self.db.transact(ops.schedule.schedule, topic, envelope, due)
         assert pending.commit_stamp is not None
-        stamp = await pending.commit_stamp + pending.user_version.to_bytes(2, "big")
-        return Published(stamp, pending.envelope, False, 0)
+        return _published(await pending.commit_stamp, pending)
 
     async def next_due(self) -> int | None:
         return await self.db.transact(ops.schedule.next_due)
