@@ -42,6 +42,9 @@ from upf_edge.asgi import lazy_app
 from upf_edge.handler import Reply
 
 LAYERS = ("bare", "edge", "front", "writer")
+SERVERS = (*LAYERS, "allinone")
+"""``allinone`` is a reference, not a layer: the same front and store behind UPF's own HTTP/1.1 front
+door (``upf`` with one worker, no subscribers), i.e. the writer without granian."""
 _TOPICS = 1000
 _CONNS = 64
 _BODY = (
@@ -134,6 +137,8 @@ def _start(layer: str, work: Path) -> tuple[Proc, int]:
         return procs.start_bare_asgi(work, SERVER_CPUS)
     if layer == "writer":
         return procs.start_upf_writer(work, store, SERVER_CPUS)
+    if layer == "allinone":
+        return procs.start_upf_allinone(work, store, SERVER_CPUS)
     port = free_port()
     env = procs._env(UPF_BIND=f"127.0.0.1:{port}", UPF_STORE_PATH=str(store), UPF_NODE_ID=f"bench-{layer}")
     p = Proc(f"writer-{layer}", [PY, __file__, "serve", layer], env, work / f"{layer}-{port}.log", SERVER_CPUS)
@@ -153,12 +158,12 @@ def main() -> None:
         _serve(a.layer)
         return
     work = Path(tempfile.mkdtemp(prefix="upf-writer-layers-"))
-    rate: dict[str, list[float]] = {k: [] for k in LAYERS}
-    cpu: dict[str, list[float]] = {k: [] for k in LAYERS}
-    split: dict[str, list[dict[str, float]]] = {k: [] for k in LAYERS}
+    rate: dict[str, list[float]] = {k: [] for k in SERVERS}
+    cpu: dict[str, list[float]] = {k: [] for k in SERVERS}
+    split: dict[str, list[dict[str, float]]] = {k: [] for k in SERVERS}
     try:
         for r in range(a.rounds):
-            order = LAYERS if r % 2 == 0 else tuple(reversed(LAYERS))
+            order = SERVERS if r % 2 == 0 else tuple(reversed(SERVERS))
             line = []
             for layer in order:
                 p, port = _start(layer, work)
@@ -184,13 +189,16 @@ def main() -> None:
     print(f"| layer | publishes/s | vs bare | CPU us per publish | added by the layer | {' | '.join(_GROUPS)} |")
     print("|---|---|---|---|---|" + "---|" * len(_GROUPS))
     previous = None
-    for layer in LAYERS:
+    for layer in SERVERS:
         r, c = statistics.median(rate[layer]), statistics.median(cpu[layer])
         ratio = "-" if layer == "bare" else f"{r / statistics.median(rate['bare']):.2f}"
-        added = "-" if previous is None else f"{c - previous:+.1f}"
-        parts = [statistics.median(s.get(g, 0.0) for s in split[layer]) for g in _GROUPS]
+        if layer == "allinone":  # a reference: the writer's front and store without granian
+            added, layer = f"{c - previous:+.1f} (vs writer)" if previous is not None else "-", "(allinone)"
+        else:
+            added = "-" if previous is None else f"{c - previous:+.1f}"
+            previous = c
+        parts = [statistics.median(s.get(g, 0.0) for s in split[layer.strip("()")]) for g in _GROUPS]
         print(f"| {layer} | {r:,.0f} | {ratio} | {c:.1f} | {added} | {' | '.join(f'{x:.1f}' for x in parts)} |")
-        previous = c
 
 
 if __name__ == "__main__":
