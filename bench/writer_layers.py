@@ -3,7 +3,8 @@
 Why: the writer's goal is a ratio to a bare granian ASGI app (the ``rounds`` phase's ingest), and a
 ratio alone does not say where the rest goes. Four servers answer the same load, each configured as
 ``upf-writer`` configures granian (``upf_writer.__main__.build_server``), on one core, driven by
-bench/pubdrive.py (64 keep-alive connections, 1,000 topics) in alternating rounds:
+bench/pubdrive.py (64 keep-alive connections, 1,000 topics) in alternating rounds, and a fifth as a
+reference:
 
 - ``bare``: bench/bare_asgi.py, the ceiling;
 - ``edge``: the writer's app (``WriterApp``, its ASGI adapter ``serve_asgi``, the body read) whose
@@ -11,10 +12,13 @@ bench/pubdrive.py (64 keep-alive connections, 1,000 topics) in alternating round
 - ``front``: the real ``WriterFront`` (headers, the access gate, the request limits, ingest, the
   reply) over a store whose ``publish`` answers at once: what the front adds;
 - ``writer``: ``upf-writer`` itself: what the store adds (the publish transaction on the event loop,
-  the group commit's thread, the LMDB commit and the kernel's writes).
+  the group commit's thread, the LMDB commit and the kernel's writes);
+- ``allinone``, the reference: the same front and store behind UPF's own HTTP/1.1 front door (``upf``
+  with one worker, no subscribers), i.e. the writer without granian.
 
 Not part of bench/run.py. Each round prints publishes/s and server CPU per publish; the end prints
-the medians, each layer's increment and the ratio to ``bare``.
+the medians, each layer's increment, the ratio to ``bare``, and the CPU split over the server's
+threads (each thread's share of the whole drive, connecting included, applied to the window's CPU).
 
     python3 -m uv run python bench/writer_layers.py                 # 3 rounds of 4 s
     python3 -m uv run python bench/writer_layers.py --rounds 5 --secs 6
@@ -42,9 +46,7 @@ from upf_edge.asgi import lazy_app
 from upf_edge.handler import Reply
 
 LAYERS = ("bare", "edge", "front", "writer")
-SERVERS = (*LAYERS, "allinone")
-"""``allinone`` is a reference, not a layer: the same front and store behind UPF's own HTTP/1.1 front
-door (``upf`` with one worker, no subscribers), i.e. the writer without granian."""
+SERVERS = (*LAYERS, "allinone")  # the last is a reference, not a layer (see the module docstring)
 _TOPICS = 1000
 _CONNS = 64
 _BODY = (
@@ -74,6 +76,8 @@ class _FixedReply:
 
 
 def _build(layer: str) -> Any:
+    """A stub layer's app, built as ``upf_writer.asgi`` builds the writer's (in granian's worker only:
+    the driver never imports the writer)."""
     from upf_edge.gcpolicy import settle_gc
     from upf_keyspace import Published, load_settings
     from upf_writer.app import create_app
@@ -192,13 +196,14 @@ def main() -> None:
     for layer in SERVERS:
         r, c = statistics.median(rate[layer]), statistics.median(cpu[layer])
         ratio = "-" if layer == "bare" else f"{r / statistics.median(rate['bare']):.2f}"
+        label = layer
         if layer == "allinone":  # a reference: the writer's front and store without granian
-            added, layer = f"{c - previous:+.1f} (vs writer)" if previous is not None else "-", "(allinone)"
+            label, added = "(allinone)", f"{c - previous:+.1f} (vs writer)" if previous is not None else "-"
         else:
             added = "-" if previous is None else f"{c - previous:+.1f}"
             previous = c
-        parts = [statistics.median(s.get(g, 0.0) for s in split[layer.strip("()")]) for g in _GROUPS]
-        print(f"| {layer} | {r:,.0f} | {ratio} | {c:.1f} | {added} | {' | '.join(f'{x:.1f}' for x in parts)} |")
+        parts = [statistics.median(s.get(g, 0.0) for s in split[layer]) for g in _GROUPS]
+        print(f"| {label} | {r:,.0f} | {ratio} | {c:.1f} | {added} | {' | '.join(f'{x:.1f}' for x in parts)} |")
 
 
 if __name__ == "__main__":
