@@ -33,6 +33,7 @@ __all__ = [
     "start_upf_allinone",
     "start_upf_writer",
     "start_upf_pusher",
+    "start_upf_command",
     "start_bare_asgi",
 ]
 
@@ -240,9 +241,24 @@ def _start_role(
     extra: dict[str, str],
     python: str = PY,
 ) -> tuple[Proc, int]:
+    return start_upf_command(module, [python, "-m", module], label, node, workdir, store, cpus, **extra)
+
+
+def start_upf_command(
+    name: str,
+    argv: list[str],
+    label: str,
+    node: str,
+    workdir: Path,
+    store: Path,
+    cpus: set[int] | None = None,
+    **extra: str,
+) -> tuple[Proc, int]:
+    """``argv`` as a UPF role is started: on a free port (``UPF_BIND``), on ``store``, as node ``node``,
+    ready once it answers HTTP (bench/writer_layers.py starts its stub layers this way)."""
     port = free_port()
     env = _env(UPF_BIND=f"127.0.0.1:{port}", UPF_STORE_PATH=str(store), UPF_NODE_ID=node, **extra)
-    p = Proc(module, [python, "-m", module], env, workdir / f"{label}-{port}.log", cpus)
+    p = Proc(name, argv, env, workdir / f"{label}-{port}.log", cpus)
     wait_http(p, port)
     return p, port
 

@@ -40,7 +40,7 @@ from typing import Any
 
 import procs
 from harness import SERVER_CPUS, pubdrive
-from procs import PY, Proc, free_port, wait_http
+from procs import PY, Proc
 
 from upf_edge.asgi import lazy_app
 from upf_edge.handler import Reply
@@ -48,13 +48,14 @@ from upf_edge.handler import Reply
 LAYERS = ("bare", "edge", "front", "writer")
 SERVERS = (*LAYERS, "allinone")  # the last is a reference, not a layer (see the module docstring)
 _TOPICS = 1000
-_CONNS = 64
 _BODY = (
     b'{"id":"AAAAAAAAAAIAAAAAAAAA","time":1764450000,"expires":1766869200,"event":"message",'
     b'"topic":"upBENCH0000000","message":"lg:0:0:abcdefghijklmnopqrstuvwxyz0123456789abcdefghijklmnopqrstuvwxyz'
     b'0123456789abcdefghijklmnopqrstuvwxyz0"}\n'
 )
-"""bench/bare_asgi.py's reply: the size of UPF's."""
+"""bench/bare_asgi.py's ``BODY`` (the size of UPF's reply), not imported: importing bare_asgi sets the
+collector policy of the importing process (the driver's, a test run's)."""
+_CONNS = 64
 
 
 class _FixedReply:
@@ -143,11 +144,8 @@ def _start(layer: str, work: Path) -> tuple[Proc, int]:
         return procs.start_upf_writer(work, store, SERVER_CPUS)
     if layer == "allinone":
         return procs.start_upf_allinone(work, store, SERVER_CPUS)
-    port = free_port()
-    env = procs._env(UPF_BIND=f"127.0.0.1:{port}", UPF_STORE_PATH=str(store), UPF_NODE_ID=f"bench-{layer}")
-    p = Proc(f"writer-{layer}", [PY, __file__, "serve", layer], env, work / f"{layer}-{port}.log", SERVER_CPUS)
-    wait_http(p, port)
-    return p, port
+    argv = [PY, __file__, "serve", layer]
+    return procs.start_upf_command(f"writer-{layer}", argv, layer, f"bench-{layer}", work, store, SERVER_CPUS)
 
 
 def main() -> None:
