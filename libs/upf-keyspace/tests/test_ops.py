@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 
 import pytest
@@ -234,12 +235,28 @@ async def test_drain_never_loses_a_concurrent_poke(tmp_path):
         await store.close()
 
 
-async def test_publishes_of_one_turn_share_a_transaction_each_with_its_own_position(store):
-    """Plain publishes started in one turn of the loop while another publish is committing commit
-    together: one 10-byte commit stamp, a user version each in call order, every message stored in
-    that order, each holder poked. The first, with nothing in flight, commits alone at once."""
+@contextlib.contextmanager
+def commits_held(store):
+    """Hold the store file's write lock, as another process's commit would: the group commit takes
+    what waits, then waits for the lock, and what arrives meanwhile waits for its next commit."""
+    txn = store.db._reader.env.begin(write=True)
+    try:
+        yield
+    finally:
+        txn.abort()
+
+
+async def test_publishes_waiting_for_one_commit_share_a_transaction_each_with_its_own_position(store):
+    """Plain publishes that wait for the same commit share one grouped transaction: one 10-byte
+    commit stamp, a user version each in call order, every message stored in that order, each
+    holder poked. The first, taken by an idle group commit, commits alone at once."""
     await store.subscribe(["b"], "n1", SINCE_NONE)
-    pubs = await asyncio.gather(*(store.publish("ab"[i % 2], env(f"m{i}")) for i in range(7)))
+    with commits_held(store):
+        first = asyncio.create_task(store.publish("a", env("m0")))
+        await asyncio.sleep(0.05)  # the group commit took it and waits for the lock
+        rest = [asyncio.create_task(store.publish("ab"[i % 2], env(f"m{i}"))) for i in range(1, 7)]
+        await asyncio.sleep(0.05)
+    pubs = [await first, *await asyncio.gather(*rest)]
     assert pubs[0].stamp[:10] != pubs[1].stamp[:10] and pubs[0].stamp[10:] == b"\x00\x00"
     assert len({p.stamp[:10] for p in pubs[1:]}) == 1
     assert [p.stamp[10:] for p in pubs[1:]] == [i.to_bytes(2, "big") for i in range(6)]
@@ -251,55 +268,70 @@ async def test_publishes_of_one_turn_share_a_transaction_each_with_its_own_posit
 
 
 async def test_a_publish_with_a_key_or_a_push_topic_keeps_its_own_transaction(store):
-    """An idempotency key or a Web Push Topic reads what another publish of a batch could write
-    (a marker), so those publishes are never batched: the duplicate is still found."""
-    pubs = await asyncio.gather(
-        store.publish("t", env("first")),
-        store.publish("t", env("plain")),
-        store.publish("t", Envelope(time=1, expires=int(time.time()) + 60, message="p", push_topic="pt")),
-        store.publish("t", env("keyed"), idem="k1"),
-        store.publish("t", env("again"), idem="k1"),
-    )
-    assert len({p.stamp[:10] for p in pubs[:4]}) == 4
-    assert pubs[4].duplicate != pubs[3].duplicate and pubs[4].id == pubs[3].id
+    """An idempotency key or a Web Push Topic reads what another publish of a group could write
+    (a marker), so those publishes are never grouped: the duplicate is still found."""
+    with commits_held(store):
+        first = asyncio.create_task(store.publish("t", env("first")))
+        await asyncio.sleep(0.05)
+        rest = asyncio.gather(
+            store.publish("t", env("plain")),
+            store.publish("t", Envelope(time=1, expires=int(time.time()) + 60, message="p", push_topic="pt")),
+            store.publish("t", env("keyed"), idem="k1"),
+            store.publish("t", env("plain too")),
+        )
+        await asyncio.sleep(0.05)
+    pubs = [await first, *await rest]
+    assert pubs[1].stamp[:10] == pubs[4].stamp[:10]  # the plain ones: one transaction
+    assert len({p.stamp[:10] for p in pubs[1:4]}) == 3  # the others: one each
+    again = await store.publish("t", env("again"), idem="k1")
+    assert again.duplicate and again.id == pubs[3].id
 
 
-async def test_a_batch_is_bounded_and_one_bad_publish_fails_alone(store):
-    """At most PUBLISH_BATCH_MAX publishes share a transaction; one the store refuses (a value over
-    its limit) fails alone, and the rest of its batch is stored."""
+async def test_a_group_is_bounded_and_one_bad_publish_fails_alone(store):
+    """At most GROUP_MAX publishes share a transaction; one the store refuses (a value over its
+    limit) fails alone, and the rest of its group is stored."""
     from upf_keyspace import StoreError
-    from upf_keyspace.store import PUBLISH_BATCH_MAX
+    from upf_keyspace.drivers.embedded.grouped import GROUP_MAX
 
-    n = PUBLISH_BATCH_MAX + 11  # the first alone, then PUBLISH_BATCH_MAX, then 10
-    many = await asyncio.gather(*(store.publish(f"t{i % 7}", env(f"m{i}")) for i in range(n)))
+    n = GROUP_MAX + 11  # the first alone, then GROUP_MAX, then 10
+    with commits_held(store):
+        first = asyncio.create_task(store.publish("t0", env("m0")))
+        await asyncio.sleep(0.05)
+        rest = asyncio.gather(*(store.publish(f"t{i % 7}", env(f"m{i}")) for i in range(1, n)))
+        await asyncio.sleep(0.05)
+    many = [await first, *await rest]
     assert [len([p for p in many if p.stamp[:10] == s]) for s in sorted({p.stamp[:10] for p in many})] == [
         1,
-        PUBLISH_BATCH_MAX,
+        GROUP_MAX,
         10,
     ]
-    got = await asyncio.gather(
-        store.publish("x", env("alone")),
-        store.publish("x", env("before")),
-        store.publish("x", env("y" * 200_000)),
-        store.publish("x", env("after")),
-        return_exceptions=True,
-    )
-    assert isinstance(got[2], StoreError)
+    with commits_held(store):
+        first = asyncio.create_task(store.publish("x", env("alone")))
+        await asyncio.sleep(0.05)
+        got = asyncio.gather(
+            store.publish("x", env("before")),
+            store.publish("x", env("y" * 200_000)),
+            store.publish("x", env("after")),
+            return_exceptions=True,
+        )
+        await asyncio.sleep(0.05)
+    answers = [await first, *await got]
+    assert isinstance(answers[2], StoreError) and answers[2].code == 2103
     assert [m.envelope.message for m in await store.read_after("x", None)] == ["alone", "before", "after"]
     assert sum([len(await store.read_after(f"t{i}", None, limit=1000)) for i in range(7)]) == n
 
 
-async def test_a_leader_cancelled_while_it_gathers_leaves_the_others_to_commit(store):
-    """The first publish of a turn waits one turn for others to join; cancelled then, it stores
-    nothing, and those that joined still commit."""
-    first = asyncio.create_task(store.publish("c", env("in flight")))
-    await asyncio.sleep(0)  # it runs up to its commit: a publish is in flight
-    leader = asyncio.create_task(store.publish("c", env("leader")))
-    follower = asyncio.create_task(store.publish("c", env("follower")))
-    await asyncio.sleep(0)  # the leader yields for one turn, the follower joins it
-    assert store._batch is not None and len(store._batch) == 1
-    leader.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await leader
-    await asyncio.wait_for(asyncio.gather(first, follower), 5)
-    assert [m.envelope.message for m in await store.read_after("c", None)] == ["in flight", "follower"]
+async def test_a_cancelled_publish_still_commits_with_its_group(store):
+    """A caller that goes away stops waiting, not its publish: what was handed to the group commit
+    is stored, and the others of its group are answered."""
+    with commits_held(store):
+        first = asyncio.create_task(store.publish("c", env("in flight")))
+        await asyncio.sleep(0.05)
+        gone = asyncio.create_task(store.publish("c", env("gone")))
+        stays = asyncio.create_task(store.publish("c", env("stays")))
+        await asyncio.sleep(0.05)
+        gone.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await gone
+    await asyncio.wait_for(asyncio.gather(first, stays), 5)
+    assert [m.envelope.message for m in await store.read_after("c", None)] == ["in flight", "gone", "stays"]

@@ -109,4 +109,15 @@ class Database(Protocol):
         once, so it must have no side effects outside the transaction."""
         ...
 
+    async def transact_grouped(self, fn: Callable[..., Awaitable[list[T]]], item: Any, **kwargs: Any) -> T:
+        """Run ``fn(tr, items, **kwargs)`` over ``item`` and whichever other items, given with the
+        same ``fn`` and arguments, the driver groups with it, in one transaction committed (and
+        retried) as ``transact`` does; return ``item``'s element of the list ``fn`` returns (one per
+        item, in order). Why: a small write's transaction costs about as much as the write; concurrent
+        callers share one. ``fn`` reads before it writes and does not suspend on anything but its
+        reads. If a group is refused before its commit (a value too large), each item runs alone, so
+        the failure is that item's own. The embedded driver runs ``fn`` inside its group commit
+        (``drivers/embedded/grouped.py``), FoundationDB groups a loop turn's items (``_turns``)."""
+        ...
+
     async def close(self) -> None: ...

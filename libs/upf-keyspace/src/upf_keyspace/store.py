@@ -11,9 +11,9 @@ from collections.abc import Mapping, Sequence
 
 import msgspec
 
-from . import errors, keys, ops
+from . import keys, ops
 from .auth import AuthState, Permission, Token, User
-from .contract import LIFETIME_SECS, Database, Watch
+from .contract import Database, Watch
 from .envelope import Envelope
 from .errors import StoreError
 from .limits import Failure, Lease
@@ -62,27 +62,12 @@ def _published(commit: bytes, pending: ops.publish.Pending) -> Published:
     return Published(commit + pending.user_version.to_bytes(2, "big"), pending.envelope, False, pending.poked)
 
 
-_Batch = list[tuple[str, Envelope, "asyncio.Future[Published]"]]
-PUBLISH_BATCH_MAX = 128
-PUBLISH_BATCH_BYTES = 1 << 20
-"""At most this many publishes, and about this many message bytes, share a transaction (a tenth of
-its 10 MB limit)."""
-
-
 class Store:
     def __init__(self, db: Database, *, shard_count: int) -> None:
         self.db = db
         self.shard_count = shard_count
-        self._batch: _Batch | None = None
-        self._batch_bytes = 0
-        self._in_flight = 0  # publish transactions between their start and their commit
-        self._flushing: set[asyncio.Task[None]] = set()
 
     async def close(self) -> None:
-        if self._batch is not None:
-            await asyncio.sleep(0)  # a leader yields once before it commits: let it start
-        if self._flushing:  # publishes in flight finish first; a stuck one cannot hold the close
-            await asyncio.wait(list(self._flushing), timeout=LIFETIME_SECS)
         await self.db.close()
 
     async def ping(self) -> int:
@@ -94,98 +79,21 @@ class Store:
         return await self.db.transact(body)
 
     async def publish(self, topic: str, envelope: Envelope, *, idem: str = "") -> Published:
-        """One publish, in a transaction of its own or, when other plain publishes come in the same
-        turn of the event loop, in one transaction with them (``ops.publish.publish_many``). The first
-        of a turn leads: it yields once for the others to join, then commits alone (no task, no
-        future: the common case at low rates) or hands the batch to a task that answers them all."""
-        if idem or envelope.push_topic:  # they read what another publish in a batch may write
-            return await self._publish_one(topic, envelope, idem)
-        size = len(envelope.message)
-        joining = self._batch
-        if (
-            joining is not None
-            and len(joining) < PUBLISH_BATCH_MAX - 1
-            and self._batch_bytes + size <= PUBLISH_BATCH_BYTES
-        ):
-            done: asyncio.Future[Published] = asyncio.get_running_loop().create_future()
-            joining.append((topic, envelope, done))
-            self._batch_bytes += size
-            return await done
-        if not self._in_flight:  # nothing to share a commit with: no batch (a sequential publisher)
-            return await self._publish_one(topic, envelope, "")
-        followers: _Batch = []
-        self._batch, self._batch_bytes = followers, size
-        try:
-            await asyncio.sleep(0)  # the turn's other publishes join
-        except BaseException:  # cancelled: the leader's caller went away, the others still commit
-            if self._batch is followers:
-                self._batch = None
-            if followers:
-                self._spawn(followers)
-            raise
-        if self._batch is followers:
-            self._batch = None
-        if not followers:
-            return await self._publish_one(topic, envelope, "")
-        mine: asyncio.Future[Published] = asyncio.get_running_loop().create_future()
-        self._spawn([(topic, envelope, mine), *followers])
-        return await mine
-
-    def _spawn(self, batch: _Batch) -> None:
-        task = asyncio.get_running_loop().create_task(self._publish_batch(batch))
-        self._flushing.add(task)
-        task.add_done_callback(self._flushing.discard)
-
-    async def _publish_one(self, topic: str, envelope: Envelope, idem: str) -> Published:
-        self._in_flight += 1
-        try:
+        """One publish: a plain one shares a transaction with the others the driver groups with it
+        (``Database.transact_grouped``), one with an idempotency key or a Web Push ``Topic`` has its
+        own (it reads what another publish of a group may write)."""
+        if idem or envelope.push_topic:
             pending = await self.db.transact(
                 ops.publish.publish, topic, envelope, shard_count=self.shard_count, idem=idem
             )
-        finally:
-            self._in_flight -= 1
-        if pending.duplicate_of is not None:
-            return Published(pending.duplicate_of, pending.envelope, True)
+            if pending.duplicate_of is not None:
+                return Published(pending.duplicate_of, pending.envelope, True)
+        else:
+            pending = await self.db.transact_grouped(
+                ops.publish.publish_many, (topic, envelope), shard_count=self.shard_count
+            )
         assert pending.commit_stamp is not None
         return _published(await pending.commit_stamp, pending)
-
-    async def _publish_batch(self, batch: _Batch) -> None:
-        """Commit a batch's plain publishes together and answer each caller (a caller that went away
-        is skipped; its message is stored all the same, as it would have been on its own). If the
-        shared transaction is refused before its commit (a value too large, say), each publish is
-        tried alone, so that failure is the one publish's own and the others still land."""
-        results: list[Published | BaseException]
-        try:
-            items = [(topic, envelope) for topic, envelope, _ in batch]
-            self._in_flight += 1
-            try:
-                pendings = await self.db.transact(ops.publish.publish_many, items, shard_count=self.shard_count)
-            except StoreError as exc:
-                if exc.code not in errors.REFUSED_BEFORE_COMMIT:
-                    raise  # the commit's own failure (it may even have committed): every publish's
-                pendings = None
-            finally:
-                self._in_flight -= 1
-            if pendings is None:
-                results = await asyncio.gather(
-                    *(self._publish_one(topic, envelope, "") for topic, envelope, _ in batch), return_exceptions=True
-                )
-            else:
-                commit = await pendings[0].commit_stamp  # type: ignore[misc]  # publish_many sets it on each
-                results = [_published(commit, p) for p in pendings]
-        except asyncio.CancelledError:
-            for _, _, done in batch:
-                done.cancel()
-            raise
-        except Exception as exc:
-            results = [exc] * len(batch)
-        for (_, _, done), result in zip(batch, results, strict=True):
-            if done.done():
-                continue
-            if isinstance(result, BaseException):
-                done.set_exception(result)
-            else:
-                done.set_result(result)
 
     async def vapid_admit(self, topic: str, key: str | None, *, bind: bool) -> bool:
         """Whether a publish with the verified VAPID ``key`` may go to ``topic`` (see ops.vapid.admit)."""

@@ -55,15 +55,19 @@ def failed(driver: str, code: int) -> None:
     FAILURES.cell(driver, str(code)).add()
 
 
+def transacted(driver: str, n: int = 1) -> None:
+    cell = _TRANSACTED.get(driver)
+    if cell is None:
+        cell = _TRANSACTED[driver] = TRANSACTIONS.cell(driver)
+    cell.add(n)
+
+
 async def run(
     driver: str, tr: Any, fn: Callable[..., Awaitable[T]], args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> T:
     """The retry loop both drivers share: run ``fn(tr, ...)`` and commit; on a store error let the
     transaction decide (``on_error`` backs off and resets, or re-raises), counting what happened."""
-    cell = _TRANSACTED.get(driver)
-    if cell is None:
-        cell = _TRANSACTED[driver] = TRANSACTIONS.cell(driver)
-    cell.add()
+    transacted(driver)
     while True:
         try:
             result = await fn(tr, *args, **kwargs)

@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 
 from .. import errors
 from . import _metrics
+from ._turns import TurnGroups
 
 __all__ = ["FoundationDatabase", "open_foundationdb", "API_VERSION", "load_bindings"]
 
@@ -203,6 +204,7 @@ class FoundationDatabase:
         self._fdb = fdb
         self._db = db
         self._loop = loop
+        self._groups = TurnGroups(self.transact)
 
     def create_transaction(self) -> FoundationTransaction:
         return FoundationTransaction(self)
@@ -210,7 +212,11 @@ class FoundationDatabase:
     async def transact(self, fn: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> T:
         return await _metrics.run("foundationdb", self.create_transaction(), fn, args, kwargs)
 
+    async def transact_grouped(self, fn: Callable[..., Awaitable[list[T]]], item: Any, **kwargs: Any) -> T:
+        return await self._groups.run(fn, item, kwargs)
+
     async def close(self) -> None:
+        await self._groups.close()
         # The network thread cannot be stopped and restarted in one process (fdb-facts.md §1).
         self._db = None
 

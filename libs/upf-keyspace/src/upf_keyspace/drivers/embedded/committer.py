@@ -11,7 +11,7 @@ import os
 import queue
 import threading
 import time
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import lmdb
 
@@ -22,6 +22,7 @@ from .. import _metrics
 from .._ranges import BatchWrites
 from .._wake import Doorbell
 from .file import _T, _clock_stamp, _File
+from .grouped import GROUP_MAX, CommitTransaction, _Grouped, run_sync
 from .health import _FullLog, _is_full, _OverQuota
 from .mutations import _Applier
 from .watches import _Watches
@@ -73,13 +74,14 @@ _COMMIT_DURATION = _metrics.COMMIT_DURATION.cell("embedded")
 class _Pending:
     """A transaction handed to the committer thread, with what it needs to resolve and check."""
 
-    __slots__ = ("read_version", "reads", "writes", "mutations", "started", "future", "stamp")
+    __slots__ = ("read_version", "reads", "writes", "mutations", "weight", "started", "future", "stamp")
 
     def __init__(self, tr: EmbeddedTransaction, future: asyncio.Future[bytes]) -> None:
         self.read_version = tr._read_version
         self.reads = tr._reads
         self.writes = tr._writes
         self.mutations = tr._mutations
+        self.weight = len(tr._mutations)
         self.started = tr._started
         self.future = future
         self.stamp: bytes | BaseException | None = None
@@ -87,7 +89,7 @@ class _Pending:
 
 class _Committer(_Watches):
     path: str
-    _queue: queue.SimpleQueue[_Pending | None]
+    _queue: queue.SimpleQueue[_Pending | _Grouped | None]
     _enough: threading.Event  # set by a submit that brings the queue to _GROUP_TARGET while gathering
     _group_wait: float  # commit_wait_secs(), read at open
     _gathering: bool
@@ -98,8 +100,8 @@ class _Committer(_Watches):
     _full_log: _FullLog
     _mark_fd: int
 
-    def _submit(self, pending: _Pending) -> None:
-        self._submitted += len(pending.mutations)
+    def _submit(self, pending: _Pending | _Grouped) -> None:
+        self._submitted += pending.weight
         self._queue.put(pending)
         if self._gathering and self._enough_waits(0):
             self._enough.set()
@@ -123,7 +125,7 @@ class _Committer(_Watches):
                 busy = False  # the stream paused: this one arrived alone, after a quiet spell
             batch = [first]
             self._gather(batch, wait if busy else 0.0)
-            self._taken += sum(len(p.mutations) for p in batch)
+            self._taken += sum(p.weight for p in batch)
             started = time.perf_counter()
             try:
                 if self._commit_batch(f, batch):
@@ -148,7 +150,7 @@ class _Committer(_Watches):
             except RuntimeError:  # the loop is gone: nobody is waiting any more
                 return
 
-    def _gather(self, batch: list[_Pending], wait: float) -> None:
+    def _gather(self, batch: list[_Pending | _Grouped], wait: float) -> None:
         """Add what waits in the queue to ``batch``; with a ``wait``, first sleep that long or until
         ``_GROUP_TARGET`` transactions wait, whichever comes first."""
         if wait and not self._enough_waits(len(batch)):
@@ -159,7 +161,7 @@ class _Committer(_Watches):
             self._gathering = False
         self._drain(batch)
 
-    def _drain(self, batch: list[_Pending]) -> None:
+    def _drain(self, batch: list[_Pending | _Grouped]) -> None:
         while len(batch) < _MAX_BATCH:
             try:
                 nxt = self._queue.get_nowait()
@@ -177,7 +179,7 @@ class _Committer(_Watches):
         except Exception:  # a wake is advisory: peers' fallback poll still sees the commit
             log.exception("embedded wake failed")
 
-    def _commit_batch(self, f: _File, batch: list[_Pending]) -> bool:
+    def _commit_batch(self, f: _File, batch: list[_Pending | _Grouped]) -> bool:
         """Apply one physical commit; True if it committed anything."""
         txn = f.env.begin(write=True)  # waits for another process's write lock (a robust mutex)
         try:
@@ -186,7 +188,7 @@ class _Committer(_Watches):
             txn.abort()
             raise
 
-    def _apply_batch(self, f: _File, txn: lmdb.Transaction, batch: list[_Pending]) -> bool:
+    def _apply_batch(self, f: _File, txn: lmdb.Transaction, batch: list[_Pending | _Grouped]) -> bool:
         version, last_stamp = f.version(txn)
         before = f.live_bytes(txn) if f.quota else 0
         new_version = version + 1
@@ -196,7 +198,11 @@ class _Committer(_Watches):
         in_batch = BatchWrites()
         applier = _Applier(txn, f.kv)
         order = 0
+        grouped: list[_Grouped] = []
         for p in batch:
+            if isinstance(p, _Grouped):
+                grouped.append(p)
+                continue
             if now - p.started > LIFETIME_SECS:
                 p.stamp = errors.StoreError(errors.TRANSACTION_TOO_OLD)
                 continue
@@ -216,6 +222,8 @@ class _Committer(_Watches):
             applier.apply(p.mutations, stamp, stamped)
             in_batch.add_all(stamped, p.writes)
             p.stamp = stamp
+        if grouped:  # after the others: they were checked against what they read, these read the file
+            order = self._apply_grouped(txn, applier, in_batch, grouped, prefix, order)
         if not order:
             txn.abort()
             return False
@@ -238,8 +246,70 @@ class _Committer(_Watches):
         self._wlog_cache.put(new_version, written)
         return True
 
-    def _resolve(self, batch: list[_Pending]) -> None:
+    def _apply_grouped(
+        self,
+        txn: lmdb.Transaction,
+        applier: _Applier,
+        in_batch: BatchWrites,
+        grouped: list[_Grouped],
+        prefix: bytes,
+        order: int,
+    ) -> int:
+        """Run each function's items in grouped transactions of up to ``GROUP_MAX``, each with its
+        own batch order; returns the next order."""
+        by_key: dict[Any, list[_Grouped]] = {}
+        for g in grouped:
+            by_key.setdefault(g.key, []).append(g)
+        for members in by_key.values():
+            for i in range(0, len(members), GROUP_MAX):
+                order = self._run_group(txn, applier, in_batch, members[i : i + GROUP_MAX], prefix, order)
+        return order
+
+    def _run_group(
+        self,
+        txn: lmdb.Transaction,
+        applier: _Applier,
+        in_batch: BatchWrites,
+        group: list[_Grouped],
+        prefix: bytes,
+        order: int,
+    ) -> int:
+        """One grouped transaction. Refused before its commit (a value too large, say), each item is
+        run alone, so that failure is the one item's own."""
+        applier.flush()  # its reads see the batch so far
+        stamp = prefix + order.to_bytes(2, "big")
+        tr = CommitTransaction(self, txn, stamp)
+        first = group[0]
+        try:
+            results = run_sync(first.fn(tr, [g.item for g in group], **first.kwargs))
+            if len(results) != len(group):
+                raise errors.StoreError(errors.CLIENT_INVALID_OPERATION, "a grouped function answers each item")
+        except errors.StoreError as exc:
+            if len(group) > 1 and exc.code in errors.REFUSED_BEFORE_COMMIT:
+                for g in group:
+                    order = self._run_group(txn, applier, in_batch, [g], prefix, order)
+                return order
+            for g in group:
+                g.stamp = exc
+            return order
+        except Exception as exc:  # a bug in the function fails its items, not the batch
+            log.exception("embedded grouped transaction failed")
+            for g in group:
+                g.stamp = exc
+            return order
+        stamped: list[bytes] = []
+        applier.apply(tr.mutations, stamp, stamped)
+        in_batch.add_all(stamped, tr.writes)
+        for g, result in zip(group, results, strict=True):
+            g.stamp = stamp
+            g.result = result
+        return order + 1
+
+    def _resolve(self, batch: list[_Pending | _Grouped]) -> None:
         self._grv = None  # what starts after these acknowledgements reads past them
+        groups = {p.stamp for p in batch if type(p) is _Grouped and type(p.stamp) is bytes}
+        if groups:  # counted here, on the loop's thread, as transact counts its transactions
+            _metrics.transacted("embedded", len(groups))
         for p in batch:
             if isinstance(p.stamp, errors.StoreError) and p.stamp.storage_full:
                 errors.STORAGE.write_refused()
@@ -247,6 +317,8 @@ class _Committer(_Watches):
                 continue
             if isinstance(p.stamp, BaseException):
                 p.future.set_exception(p.stamp)
+            elif type(p) is _Grouped:
+                p.future.set_result(p.result)
             else:
                 p.future.set_result(p.stamp)  # type: ignore[arg-type]  # stamped: every batch member is stamped or failed
         self._schedule_watch_check()

@@ -7,6 +7,7 @@ import asyncio
 import logging
 import os
 import queue
+import random
 import threading
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
@@ -19,6 +20,7 @@ from . import writelog
 from .committer import _Committer, _Pending, commit_wait_secs
 from .convert import convert_sqlite, is_sqlite
 from .file import _close_file, _File, _mark_path, _open_file, _read_mark
+from .grouped import _Grouped
 from .health import _FullLog, _health_marker
 from .reads import _Snapshot
 from .transaction import EmbeddedTransaction
@@ -41,7 +43,7 @@ class EmbeddedDatabase(_Committer):
         self._watch_n = 0
         self._unchecked = False
         self._wlog_cache = writelog._WriteSetCache(writelog._WLOG_CACHE_BYTES, writelog._WLOG_CACHE_ENTRIES)
-        self._queue: queue.SimpleQueue[_Pending | None] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[_Pending | _Grouped | None] = queue.SimpleQueue()
         self._enough = threading.Event()
         self._gathering = False
         self._submitted = self._taken = 0
@@ -81,6 +83,26 @@ class EmbeddedDatabase(_Committer):
 
     async def transact(self, fn: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> T:
         return await _metrics.run("embedded", self.create_transaction(), fn, args, kwargs)
+
+    async def transact_grouped(self, fn: Callable[..., Awaitable[list[T]]], item: Any, **kwargs: Any) -> T:
+        """Run ``fn(tr, items, **kwargs)`` over ``item`` and the other items waiting for the same
+        commit with the same function and arguments, inside the group commit (see ``grouped``), and
+        return this item's answer. A failed physical commit is retried as ``transact`` retries."""
+        attempts = 0
+        while True:
+            if self._closed:
+                raise errors.StoreError(errors.CLIENT_INVALID_OPERATION, "database closed")
+            future: asyncio.Future[T] = self._loop.create_future()
+            self._submit(_Grouped(fn, item, kwargs, future))
+            try:
+                return await future
+            except errors.StoreError as exc:
+                if not exc.retryable or attempts >= 100:
+                    _metrics.failed("embedded", exc.code)
+                    raise
+                _metrics.retried("embedded", exc.code)
+            attempts += 1
+            await asyncio.sleep(min(1.0, 0.002 * (2 ** min(attempts, 9))) * random.random())
 
     async def close(self) -> None:
         if self._closed:

@@ -1,0 +1,239 @@
+"""Grouped transactions (``Database.transact_grouped``): the contract on every driver, the embedded
+driver's run inside its group commit, and the loop-turn grouping FoundationDB's driver uses (run
+here over the embedded driver's ``transact``, the only one this machine has)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+import pytest
+
+from upf_keyspace import StoreError
+from upf_keyspace.drivers._turns import TURN_MAX, TurnGroups
+from upf_keyspace.drivers.embedded import open_embedded
+
+
+async def put_all(tr, items, *, prefix):
+    """Each item is (name, value): set it, answer the commit stamp and the name."""
+    stamp = tr.get_versionstamp()
+    for name, value in items:
+        tr.set(prefix + name.encode(), value)
+    return [(stamp, name) for name, _ in items]
+
+
+async def copy_then_mark(tr, items, *, prefix):
+    """Read each item's source key, then write it under the item's name (reads before writes)."""
+    found = [await tr.get(prefix + src.encode()) for src, _ in items]
+    for (_, dst), value in zip(items, found, strict=True):
+        tr.set(prefix + dst.encode(), value or b"none")
+    return found
+
+
+@contextlib.contextmanager
+def commits_held(db):
+    """Hold the file's write lock (as another process's commit would): the group commit takes what
+    waits, then waits for the lock; what arrives meanwhile waits for its next commit, together."""
+    txn = db._reader.env.begin(write=True)
+    try:
+        yield
+    finally:
+        txn.abort()
+
+
+async def read(db, key):
+    async def body(tr):
+        return await tr.get(key)
+
+    return await db.transact(body)
+
+
+# --- the contract ----------------------------------------------------------------------------------
+
+
+async def test_grouped_items_get_their_own_answers_in_order(db, prefix):
+    got = await asyncio.gather(*(db.transact_grouped(put_all, (f"k{i}", b"%d" % i), prefix=prefix) for i in range(5)))
+    assert [name for _, name in got] == [f"k{i}" for i in range(5)]
+    stamps = [await stamp for stamp, _ in got]
+    assert all(len(s) == 10 for s in stamps)
+    for i in range(5):
+        assert await read(db, prefix + b"k%d" % i) == b"%d" % i
+
+
+async def test_a_refused_item_fails_alone(db, prefix):
+    """A value over the limit refuses the whole group before its commit: each item then runs alone,
+    so only the bad one fails (with the limit's code) and the others are stored."""
+    got = await asyncio.gather(
+        *(db.transact_grouped(put_all, (f"r{i}", b"x" * (200_000 if i == 2 else 10)), prefix=prefix) for i in range(5)),
+        return_exceptions=True,
+    )
+    assert isinstance(got[2], StoreError) and got[2].code == 2103
+    for i in (0, 1, 3, 4):
+        assert await read(db, prefix + b"r%d" % i) == b"x" * 10
+    assert await read(db, prefix + b"r2") is None
+
+
+async def test_grouped_reads_see_what_committed_before(db, prefix):
+    async def seed(tr):
+        tr.set(prefix + b"src", b"seeded")
+
+    await db.transact(seed)
+    assert await db.transact_grouped(copy_then_mark, ("src", "dst"), prefix=prefix) == b"seeded"
+    assert await read(db, prefix + b"dst") == b"seeded"
+
+
+# --- the embedded driver: inside the group commit --------------------------------------------------
+
+
+@pytest.fixture
+async def edb(tmp_path):
+    database = await open_embedded(str(tmp_path / "store.db"))
+    yield database
+    await database.close()
+
+
+async def test_items_waiting_for_one_commit_share_one_transaction(edb):
+    with commits_held(edb):
+        first = asyncio.create_task(edb.transact_grouped(put_all, ("a", b"1"), prefix=b"p/"))
+        await asyncio.sleep(0.05)  # taken alone by the idle group commit, which now waits for the lock
+        rest = asyncio.gather(*(edb.transact_grouped(put_all, (f"b{i}", b"2"), prefix=b"p/") for i in range(4)))
+        other = asyncio.create_task(edb.transact_grouped(put_all, ("c", b"3"), prefix=b"q/"))  # other arguments
+        await asyncio.sleep(0.05)
+    one = await first
+    group = await rest
+    alone = await other
+    stamps = [await one[0], *[await s for s, _ in group], await alone[0]]
+    assert len({stamps[0], stamps[1], stamps[-1]}) == 3  # one commit each for the first; its own group for q/
+    assert len(set(stamps[1:5])) == 1 and stamps[1][:8] == stamps[-1][:8]  # one group, in one commit with q/'s
+
+
+async def test_a_grouped_read_sees_the_same_commits_earlier_transactions(edb):
+    """Grouped items run after the batch's other transactions, in its write transaction: their
+    reads see those writes, and their stamps order after them."""
+
+    async def seed(tr):
+        tr.set(b"p/src", b"from the batch")
+        return tr.get_versionstamp()
+
+    with commits_held(edb):
+        first = asyncio.create_task(edb.transact_grouped(put_all, ("a", b"1"), prefix=b"p/"))
+        await asyncio.sleep(0.05)
+        seeded = asyncio.create_task(edb.transact(seed))
+        copied = asyncio.create_task(edb.transact_grouped(copy_then_mark, ("src", "dst"), prefix=b"p/"))
+        await asyncio.sleep(0.05)
+    await first
+    seed_stamp = await (await seeded)
+    assert await copied == b"from the batch"
+    assert await read(edb, b"p/dst") == b"from the batch"
+    assert (await read(edb, b"p/src")) == b"from the batch" and len(seed_stamp) == 10
+
+
+async def test_a_read_after_a_write_or_a_suspension_is_refused_and_fails_only_its_item(edb):
+    async def read_after_write(tr, items):
+        tr.set(b"p/w", b"1")
+        await tr.get(b"p/w")
+        return items
+
+    async def suspends(tr, items):
+        await asyncio.sleep(0)
+        return items
+
+    async def raises(tr, items):
+        raise ValueError("a bug")
+
+    with commits_held(edb):
+        first = asyncio.create_task(edb.transact_grouped(put_all, ("a", b"1"), prefix=b"p/"))
+        await asyncio.sleep(0.05)
+        got = asyncio.gather(
+            edb.transact_grouped(read_after_write, 1),
+            edb.transact_grouped(suspends, 2),
+            edb.transact_grouped(raises, 3),
+            edb.transact_grouped(put_all, ("ok", b"stored"), prefix=b"p/"),
+            return_exceptions=True,
+        )
+        await asyncio.sleep(0.05)
+    await first
+    answers = await got
+    assert isinstance(answers[0], StoreError) and answers[0].code == 2000
+    assert isinstance(answers[1], StoreError) and answers[1].code == 2000
+    assert isinstance(answers[2], ValueError)
+    assert answers[3][1] == "ok" and await read(edb, b"p/ok") == b"stored"
+    assert await read(edb, b"p/w") is None
+
+
+async def test_watches_see_grouped_writes_in_this_process_and_another(tmp_path):
+    """A grouped write reaches the write log like any other: a watch on its key fires in the
+    process that wrote it and in another one on the file (a pusher's bell)."""
+    path = str(tmp_path / "store.db")
+    a, b = await open_embedded(path), await open_embedded(path)
+    try:
+
+        async def watch(tr):
+            return tr.watch(b"p/bell")
+
+        here, there = await a.transact(watch), await b.transact(watch)
+        await a.transact_grouped(put_all, ("bell", b"rung"), prefix=b"p/")
+        await asyncio.wait_for(asyncio.gather(here, there), 5)
+    finally:
+        await a.close()
+        await b.close()
+
+
+async def test_a_failed_commit_fails_its_grouped_items(tmp_path, monkeypatch):
+    """The store refusing the commit (full) fails every grouped item of it, with STORAGE_FULL."""
+    monkeypatch.setenv("UPF_EMBEDDED_MAX_BYTES", str(256 << 10))
+    db = await open_embedded(str(tmp_path / "store.db"))
+    try:
+        with pytest.raises(StoreError) as err:
+            for i in range(200):
+                await asyncio.gather(
+                    *(db.transact_grouped(put_all, (f"f{i}-{j}", b"z" * 4000), prefix=b"p/") for j in range(8))
+                )
+        assert err.value.storage_full
+    finally:
+        await db.close()
+
+
+# --- the loop-turn grouping (FoundationDB's driver) ------------------------------------------------
+
+
+@pytest.fixture
+async def turns(edb):
+    groups = TurnGroups(edb.transact)
+    yield groups
+    await groups.close()
+
+
+async def test_items_of_one_turn_share_a_transaction_while_one_is_in_flight(turns):
+    """The first item, with nothing in flight, runs alone; the turn's others share one transaction,
+    each answered in order."""
+    got = await asyncio.gather(*(turns.run(put_all, (f"k{i}", b"v"), {"prefix": b"t/"}) for i in range(6)))
+    stamps = [await stamp for stamp, _ in got]
+    assert [name for _, name in got] == [f"k{i}" for i in range(6)]
+    assert stamps[0] != stamps[1] and len(set(stamps[1:])) == 1
+
+
+async def test_a_turn_group_is_bounded_and_a_refused_item_fails_alone(turns):
+    n = TURN_MAX + 11  # the first alone, then TURN_MAX, then 10
+    got = await asyncio.gather(*(turns.run(put_all, (f"n{i}", b"v"), {"prefix": b"t/"}) for i in range(n)))
+    stamps = [await stamp for stamp, _ in got]
+    assert [stamps.count(s) for s in sorted(set(stamps))] == [1, TURN_MAX, 10]
+    bad = await asyncio.gather(
+        *(turns.run(put_all, (f"b{i}", b"x" * (200_000 if i == 2 else 1)), {"prefix": b"t/"}) for i in range(4)),
+        return_exceptions=True,
+    )
+    assert isinstance(bad[2], StoreError) and [type(r) for i, r in enumerate(bad) if i != 2] == [tuple] * 3
+
+
+async def test_a_leader_cancelled_while_it_gathers_leaves_the_others_to_commit(turns, edb):
+    first = asyncio.create_task(turns.run(put_all, ("in flight", b"1"), {"prefix": b"c/"}))
+    await asyncio.sleep(0)  # it runs up to its commit: a transaction is in flight
+    leader = asyncio.create_task(turns.run(put_all, ("leader", b"1"), {"prefix": b"c/"}))
+    follower = asyncio.create_task(turns.run(put_all, ("follower", b"1"), {"prefix": b"c/"}))
+    await asyncio.sleep(0)  # the leader yields for one turn, the follower joins it
+    assert sum(len(v) for v in turns._open.values()) == 1
+    leader.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await leader
+    await asyncio.wait_for(asyncio.gather(first, follower), 5)
+    assert [await read(edb, b"c/" + k) for k in (b"in flight", b"leader", b"follower")] == [b"1", None, b"1"]
