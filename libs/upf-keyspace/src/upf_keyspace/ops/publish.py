@@ -93,7 +93,8 @@ async def publish_many(tr: Transaction, items: Sequence[tuple[str, Envelope]], *
     """Plain publishes (no idempotency key, no Web Push ``Topic``: neither reads what another one of
     them may write) in one transaction, each with its own user version under the one commit stamp.
     Why: a transaction's fixed costs (its reads' version, the commit's hand-off and conflict check)
-    are most of a small publish's; concurrent publishers share them (``Store.publish``).
+    are most of a small publish's; concurrent publishers share them (``Store.publish`` through
+    ``Database.transact_grouped``, which also holds this function to reading before writing).
     Every affinity range is read before anything is written, so no read merges with a write."""
     found = await tr.get_ranges([(*keys.affinity_range(topic), 0) for topic, _ in items])
     stamp = tr.get_versionstamp()

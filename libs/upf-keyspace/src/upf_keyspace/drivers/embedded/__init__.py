@@ -23,6 +23,10 @@ How it keeps FoundationDB's meaning:
   strictly increasing across processes and at least the wall clock in microseconds (ids never go
   backwards, even after the file lost its last commits), plus the 2-byte batch order. Read versions
   and the write log use a separate dense commit counter.
+- Grouped transactions (``transact_grouped``, plain publishes) run in the committer thread inside the
+  group commit's write transaction, after the batch's other transactions: LMDB's single writer means
+  their reads see every commit before them, so they need no read version and no conflict check, and
+  every item waiting for a commit shares one transaction (``grouped``).
 - Lost commits are noticed: each commit's stamp is also written to a mark file beside the store; a
   file that opens below its mark (an older copy put back) is logged as an error and stamps resume
   above the mark.
@@ -44,7 +48,8 @@ Modules: ``transaction`` (``EmbeddedTransaction``: reads on one snapshot, the mu
 armed at commit), ``reads`` (point and range reads, the shared read version, the small-range cache),
 ``writelog`` (the write log and its bounded in-memory copy; conflict checks), ``committer`` (the group
 commit thread), ``watches`` (registration, the incremental check, wake-ups and the backstop poll),
-``mutations`` (how a batch's mutations are applied), ``file`` (the environment, opened once per
+``mutations`` (how a batch's mutations are applied), ``grouped`` (grouped transactions inside the
+commit), ``file`` (the environment, opened once per
 process and shared by its handles, and its databases), ``convert`` (SQLite store files), ``health``
 (a full disk and the size quota), ``database`` (``EmbeddedDatabase``, ``open_embedded``,
 ``raise_stamp_floor``). ``EmbeddedDatabase`` is the layers stacked: write log, reads, watches,

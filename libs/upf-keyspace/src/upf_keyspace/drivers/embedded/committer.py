@@ -1,6 +1,6 @@
 """The group commit: one thread per process takes every waiting transaction, resolves each against
-the write log and the batch, applies them in one LMDB write transaction, stamps them, and hands the
-results back to the event loop."""
+the write log and the batch, applies them in one LMDB write transaction, then runs the grouped items
+(``grouped``) in it, stamps them all, and hands the results back to the event loop."""
 
 from __future__ import annotations
 
@@ -108,8 +108,8 @@ class _Committer(_Watches):
 
     def _enough_waits(self, gathered: int) -> bool:
         """Whether what waits amortises a commit already: ``_GROUP_TARGET`` transactions, or
-        ``_GROUP_MUTATIONS`` mutations in fewer, bigger ones (``Store.publish`` shares one transaction
-        among a turn's publishes). The two counts are each written by one thread only."""
+        ``_GROUP_MUTATIONS`` mutations in fewer, bigger ones (a grouped item counts as a publish's
+        ``_Grouped.weight``). The two counts are each written by one thread only."""
         return self._queue.qsize() + gathered >= _GROUP_TARGET or self._submitted - self._taken >= _GROUP_MUTATIONS
 
     def _commit_loop(self) -> None:

@@ -1,9 +1,10 @@
 """Grouped transactions (``EmbeddedDatabase.transact_grouped``): run by the committer thread inside
 the group commit's write transaction, one per group of items that waited for the same commit.
 
-Why: a publish is a handful of writes, and a transaction of its own on the event loop (its read
-version, its snapshot, its mutation list handed over and checked for conflicts, its stamp future and
-answer) cost about as much again (BENCHMARKS.md, eighteenth pass). Inside the write transaction a
+Why: a publish is a handful of writes, and at moderate rates each came in a loop turn of its own, so
+each paid for a transaction of its own on the event loop (its read version, its snapshot, its
+mutation list handed over and checked for conflicts, its stamp future): 10-17% of the CPU per
+publish-and-delivery at 2,000/s (BENCHMARKS.md, eighteenth pass). Inside the write transaction a
 group's reads see every commit before it (LMDB's single writer), so it cannot conflict and needs no
 read version, no conflict ranges and no check; every publish waiting for a commit shares one
 transaction, not only those of one loop turn.
