@@ -161,6 +161,15 @@ async def test_a_read_after_a_write_or_a_suspension_is_refused_and_fails_only_it
     assert await read(edb, b"p/w") is None
 
 
+async def test_unhashable_arguments_fail_at_the_caller_not_in_the_group_commit(edb):
+    """The arguments name the group: a list cannot, and the caller learns it before anything is
+    handed over; the next grouped call still commits."""
+    with pytest.raises(TypeError):
+        await edb.transact_grouped(put_all, ("a", b"1"), prefix=[b"p/"])
+    await edb.transact_grouped(put_all, ("b", b"2"), prefix=b"p/")
+    assert await read(edb, b"p/b") == b"2"
+
+
 async def test_watches_see_grouped_writes_in_this_process_and_another(tmp_path):
     """A grouped write reaches the write log like any other: a watch on its key fires in the
     process that wrote it and in another one on the file (a pusher's bell)."""

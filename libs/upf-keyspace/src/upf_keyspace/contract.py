@@ -113,11 +113,13 @@ class Database(Protocol):
         """Run ``fn(tr, items, **kwargs)`` over ``item`` and whichever other items, given with the
         same ``fn`` and arguments, the driver groups with it, in one transaction committed (and
         retried) as ``transact`` does; return ``item``'s element of the list ``fn`` returns (one per
-        item, in order). Why: a small write's transaction costs about as much as the write; concurrent
-        callers share one. ``fn`` reads before it writes and does not suspend on anything but its
-        reads. If a group is refused before its commit (a value too large), each item runs alone, so
-        the failure is that item's own. The embedded driver runs ``fn`` inside its group commit
-        (``drivers/embedded/grouped.py``), FoundationDB groups a loop turn's items (``_turns``)."""
+        item, in order). Why: concurrent small writes then share a transaction's fixed costs (at
+        2,000 publishes/s, 10-17% of the CPU per publish-and-delivery: BENCHMARKS.md, eighteenth
+        pass). ``fn`` reads before it writes and does not suspend on anything but its reads; the
+        arguments are hashable (they name the group). If a group is refused before its commit (a
+        value too large), each item runs alone, so the failure is that item's own. The embedded
+        driver runs ``fn`` inside its group commit (``drivers/embedded/grouped.py``), FoundationDB's
+        groups a loop turn's items (``_turns``)."""
         ...
 
     async def close(self) -> None: ...

@@ -43,6 +43,7 @@ class _Grouped:
         self.item = item
         self.kwargs = kwargs
         self.key = (fn, tuple(sorted(kwargs.items())))
+        hash(self.key)  # unhashable arguments fail here, at the caller, not in the group commit
         self.future = future
         self.stamp: bytes | BaseException | None = None
         self.result: Any = None
