@@ -19,9 +19,19 @@ from collections.abc import Awaitable, Callable, Generator
 from typing import TYPE_CHECKING, Any
 
 from ... import errors
-from ...contract import KEY_LIMIT, TRANSACTION_LIMIT, VALUE_LIMIT
+from ...contract import TRANSACTION_LIMIT
 from .._ranges import point
-from .mutations import _ADD, _CLEAR, _CLEAR_RANGE, _SET, _VS_KEY, _VS_VALUE
+from .mutations import (
+    _ADD,
+    _CLEAR,
+    _CLEAR_RANGE,
+    _SET,
+    _VS_KEY,
+    _VS_VALUE,
+    check_sizes,
+    check_stamped,
+    check_user_version,
+)
 
 if TYPE_CHECKING:
     import lmdb
@@ -106,11 +116,7 @@ class CommitTransaction:
 
     # --- writes --------------------------------------------------------------------------------------
     def _check_write(self, key: bytes, value: bytes) -> None:
-        if len(key) > KEY_LIMIT:
-            raise errors.StoreError(errors.KEY_TOO_LARGE, f"{len(key)} bytes")
-        if len(value) > VALUE_LIMIT:
-            raise errors.StoreError(errors.VALUE_TOO_LARGE, f"{len(value)} bytes")
-        self._size += len(key) + len(value)
+        self._size += check_sizes(key, value)
         if self._size > TRANSACTION_LIMIT:
             raise errors.StoreError(errors.TRANSACTION_TOO_LARGE, f"{self._size} bytes")
 
@@ -136,22 +142,18 @@ class CommitTransaction:
         self.writes.append(point(key))
 
     def set_versionstamped_key(self, key: bytes, value: bytes) -> None:
-        if len(key) < 14 or int.from_bytes(key[-4:], "little") + 10 > len(key) - 4:
-            raise errors.StoreError(errors.CLIENT_INVALID_OPERATION, "bad versionstamp offset in key")
+        check_stamped(key, "key")
         self._check_write(key[:-4], value)
         self.mutations.append((_VS_KEY, key, value))
 
     def set_versionstamped_value(self, key: bytes, value: bytes) -> None:
-        if len(value) < 14 or int.from_bytes(value[-4:], "little") + 10 > len(value) - 4:
-            raise errors.StoreError(errors.CLIENT_INVALID_OPERATION, "bad versionstamp offset in value")
+        check_stamped(value, "value")
         self._check_write(key, value[:-4])
         self.mutations.append((_VS_VALUE, key, value))
         self.writes.append(point(key))
 
     def next_user_version(self) -> int:
-        uv = self._user_version
-        if uv > 0xFFFF:
-            raise errors.StoreError(errors.CLIENT_INVALID_OPERATION, "more than 65536 stamped entries")
+        uv = check_user_version(self._user_version)
         self._user_version += 1
         return uv
 

@@ -6,8 +6,36 @@ from typing import cast
 
 import lmdb
 
+from ... import errors
+from ...contract import KEY_LIMIT, VALUE_LIMIT
+
 # Mutation kinds, in a transaction's ordered mutation list.
 _SET, _CLEAR, _CLEAR_RANGE, _ADD, _VS_KEY, _VS_VALUE = range(6)
+
+
+def check_sizes(key: bytes, value: bytes) -> int:
+    """The contract's key and value limits, before a write is kept; returns the bytes it adds."""
+    if len(key) > KEY_LIMIT:
+        raise errors.StoreError(errors.KEY_TOO_LARGE, f"{len(key)} bytes")
+    if len(value) > VALUE_LIMIT:
+        raise errors.StoreError(errors.VALUE_TOO_LARGE, f"{len(value)} bytes")
+    return len(key) + len(value)
+
+
+def check_stamped(raw: bytes, what: str) -> None:
+    """A versionstamped key or value (``what``): a 10-byte placeholder at the offset its last 4 bytes give."""
+    if len(raw) < 14:
+        raise errors.StoreError(errors.CLIENT_INVALID_OPERATION, f"versionstamped {what} shorter than 14 bytes")
+    offset = int.from_bytes(raw[-4:], "little")
+    if offset + 10 > len(raw) - 4:
+        raise errors.StoreError(errors.CLIENT_INVALID_OPERATION, f"versionstamp offset past the {what}")
+
+
+def check_user_version(uv: int) -> int:
+    """A transaction's user version: two bytes of the stamp, so at most 65536 stamped entries."""
+    if uv > 0xFFFF:
+        raise errors.StoreError(errors.CLIENT_INVALID_OPERATION, "more than 65536 stamped entries")
+    return uv
 
 
 def _add_le(base: bytes | None, param: bytes) -> bytes:

@@ -11,10 +11,21 @@ from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any
 
 from ... import errors
-from ...contract import KEY_LIMIT, LIFETIME_SECS, TRANSACTION_LIMIT, VALUE_LIMIT
+from ...contract import LIFETIME_SECS, TRANSACTION_LIMIT
 from .._ranges import point
 from .committer import _Pending
-from .mutations import _ADD, _CLEAR, _CLEAR_RANGE, _SET, _VS_KEY, _VS_VALUE, _add_le
+from .mutations import (
+    _ADD,
+    _CLEAR,
+    _CLEAR_RANGE,
+    _SET,
+    _VS_KEY,
+    _VS_VALUE,
+    _add_le,
+    check_sizes,
+    check_stamped,
+    check_user_version,
+)
 from .reads import _RANGE_CACHE_ROWS, _Snapshot
 from .watches import _CHANGED, _Watch
 
@@ -198,11 +209,7 @@ class EmbeddedTransaction:
     def _check_write(self, key: bytes, value: bytes) -> None:
         if self._committing:
             raise errors.StoreError(errors.USED_DURING_COMMIT)
-        if len(key) > KEY_LIMIT:
-            raise errors.StoreError(errors.KEY_TOO_LARGE, f"{len(key)} bytes")
-        if len(value) > VALUE_LIMIT:
-            raise errors.StoreError(errors.VALUE_TOO_LARGE, f"{len(value)} bytes")
-        self._size += len(key) + len(value)
+        self._size += check_sizes(key, value)
 
     def set(self, key: bytes, value: bytes) -> None:
         self._check_write(key, value)
@@ -240,22 +247,14 @@ class EmbeddedTransaction:
             self._adds.setdefault(key, []).append(param)
 
     def set_versionstamped_key(self, key: bytes, value: bytes) -> None:
-        if len(key) < 14:
-            raise errors.StoreError(errors.CLIENT_INVALID_OPERATION, "versionstamped key shorter than 14 bytes")
-        offset = int.from_bytes(key[-4:], "little")
-        if offset + 10 > len(key) - 4:
-            raise errors.StoreError(errors.CLIENT_INVALID_OPERATION, "versionstamp offset past the key")
+        check_stamped(key, "key")
         self._check_write(key[:-4], value)
         self._mutations.append((_VS_KEY, key, value))
-        prefix = key[:offset]
+        prefix = key[: int.from_bytes(key[-4:], "little")]
         self._unreadable.append((prefix, prefix + b"\xff" * 11))
 
     def set_versionstamped_value(self, key: bytes, value: bytes) -> None:
-        if len(value) < 14:
-            raise errors.StoreError(errors.CLIENT_INVALID_OPERATION, "versionstamped value shorter than 14 bytes")
-        offset = int.from_bytes(value[-4:], "little")
-        if offset + 10 > len(value) - 4:
-            raise errors.StoreError(errors.CLIENT_INVALID_OPERATION, "versionstamp offset past the value")
+        check_stamped(value, "value")
         self._check_write(key, value[:-4])
         self._mutations.append((_VS_VALUE, key, value))
         self._writes.append(point(key))
@@ -267,9 +266,7 @@ class EmbeddedTransaction:
         self._reads.append((begin, end))
 
     def next_user_version(self) -> int:
-        uv = self._user_version
-        if uv > 0xFFFF:
-            raise errors.StoreError(errors.CLIENT_INVALID_OPERATION, "more than 65536 stamped entries")
+        uv = check_user_version(self._user_version)
         self._user_version += 1
         return uv
 
