@@ -75,7 +75,7 @@ class _Known:
 class CommitTransaction:
     """The contract's transaction inside the committer's write transaction, for a grouped function."""
 
-    __slots__ = ("_db", "_txn", "_stamp", "mutations", "writes", "_user_version", "_size", "_unreadable")
+    __slots__ = ("_db", "_txn", "_stamp", "mutations", "writes", "_user_version", "_size")
 
     def __init__(self, db: _Reads, txn: lmdb.Transaction, stamp: bytes) -> None:
         self._db = db
