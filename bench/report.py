@@ -34,6 +34,22 @@ def knee_of(sweeps: list[Sweep]) -> float:
     return min(knee_rate(s) for s in sweeps)
 
 
+def _reached(sweeps: list[Sweep], knee: float) -> bool:
+    """Whether the lower knee is one a sweep found (not only the top of its rates: a lower bound)."""
+    return any(s.knee is not None and knee_rate(s) == knee for s in sweeps)
+
+
+def _ratio_text(sc: dict[str, Any]) -> str:
+    """The 2-worker / 1-worker knee ratio, as a bound when a knee was not reached."""
+    if sc["ratio"] is None:
+        return "-"
+    if sc["knee_reached_1"] and not sc["knee_reached_2"]:
+        return f">= {sc['ratio']}"
+    if not sc["knee_reached_1"]:
+        return f"{sc['ratio']} (not resolved: the 1-worker knee is a lower bound)"
+    return str(sc["ratio"])
+
+
 def _p(price: Price | None, field: str) -> Any:
     """A figure of a price that may be missing (a sweep step no window could be priced for)."""
     return getattr(price, field) if price is not None else None
@@ -182,8 +198,8 @@ def summarize(res: Results) -> dict[str, Any]:
             "knee_workers_1": k1,
             "knee_workers_2": k2,
             "ratio": round(k2 / k1, 2) if k1 else None,
-            "knee_reached_1": all(sw.knee for sw in sweeps["allinone"]),
-            "knee_reached_2": all(sw.knee for sw in sweeps["allinone_w2"]),
+            "knee_reached_1": _reached(sweeps["allinone"], k1),
+            "knee_reached_2": _reached(sweeps["allinone_w2"], k2),
             "last_good_1": min(
                 (sw.knee.last_good_rate for sw in sweeps["allinone"] if sw.knee and sw.knee.last_good_rate),
                 default=None,
@@ -523,7 +539,7 @@ def render(res: Results) -> str:
             "## Scaling: the all-in-one's knee with UPF_WORKERS=1 vs 2",
             "",
             f"Knee (lower of the sweeps): {sc['knee_workers_1']:g}/s with 1 worker{'' if sc['knee_reached_1'] else ' (not reached: a lower bound)'}, "
-            f"{sc['knee_workers_2']:g}/s with 2{'' if sc['knee_reached_2'] else ' (not reached: a lower bound)'}; ratio {sc['ratio']} "
+            f"{sc['knee_workers_2']:g}/s with 2{'' if sc['knee_reached_2'] else ' (not reached: a lower bound)'}; ratio {_ratio_text(sc)} "
             f"(last good rate: {_f(sc.get('last_good_1'))}/s and {_f(sc.get('last_good_2'))}/s; the sweep's rate steps bound the ratio's precision). "
             "The CPU split between roles is in the publish-and-delivery table (the split shape's writer and pusher, "
             "the all-in-one's threads and workers).",

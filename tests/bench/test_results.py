@@ -203,6 +203,31 @@ def test_a_run_with_no_priced_window_renders_dashes():
     assert report.knee_of([sweep]) == 1000.0  # no knee: the top rate, a lower bound
 
 
+def test_scaling_names_a_knee_one_sweep_found_and_bounds_the_other():
+    """The lower of two sweeps is a real knee when a sweep found it at that rate, even if the other
+    sweep held up to its top rate; a shape whose sweeps all held up gives a lower bound, so the
+    ratio is one too."""
+
+    def sweep(shape: str, knee: schema.Knee | None) -> schema.Sweep:
+        return schema.Sweep(
+            shape=shape, rates=[5000, 6000], knee=knee, plot="", idle_rss_kb={}, end_rss_kb={}, peak_rss_kb={}, steps=[]
+        )
+
+    res = schema.decode(json.dumps(_minimal()))
+    res.sweeps = {
+        "allinone": [sweep("allinone", None), sweep("allinone", schema.Knee(rate=6000, last_good_rate=5000))],
+        "allinone_w2": [sweep("allinone_w2", None), sweep("allinone_w2", None)],
+    }
+    res.summary = report.summarize(res)
+    sc = res.summary["scaling"]
+    assert (sc["knee_reached_1"], sc["knee_reached_2"], sc["ratio"]) == (True, False, 1.0)
+    text = report.render(res)
+    assert "6000/s with 1 worker, 6000/s with 2 (not reached: a lower bound); ratio >= 1.0" in text
+    res.sweeps["allinone"] = [sweep("allinone", None)]
+    res.summary = report.summarize(res)
+    assert "(not reached: a lower bound); ratio 1.0 (not resolved" in report.render(res)
+
+
 def test_med_and_spread_skip_missing_figures():
     assert report.med([3.0, None, 1.0, 2.0]) == 2.0
     assert math.isnan(report.med([None]))
