@@ -56,6 +56,7 @@ def test_queue_after_is_strictly_after(topic, a, b):
     begin, end = keys.queue_after(topic, a)
     key_b = keys.queue_key(topic, b)
     assert (begin <= key_b < end) == (b > a)
+    assert end == keys.queue_range(topic)[1] and keys.queue_after(topic, None) == keys.queue_range(topic)
 
 
 @given(topics, st.integers(min_value=0, max_value=0xFFFF))

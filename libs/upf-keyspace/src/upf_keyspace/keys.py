@@ -344,11 +344,10 @@ def queue_range(topic: str) -> tuple[bytes, bytes]:
 
 
 def queue_after(topic: str, stamp: bytes | None) -> tuple[bytes, bytes]:
-    """The range of a topic's queue strictly after ``stamp`` (all of it when None)."""
-    begin, end = queue_range(topic)
-    if stamp is not None:
-        begin = queue_key(topic, stamp) + b"\x00"
-    return begin, end
+    """The range of a topic's queue strictly after ``stamp`` (all of it when None). Built from the
+    prefix once: a pusher's wake-up asks for one per topic it reads."""
+    p = _prefix(_P.QUEUE, topic)
+    return (p + b"\x00" if stamp is None else _pack_stamped(p, stamp) + b"\x00"), p + b"\xff"
 
 
 def unpack_queue_key(key: bytes) -> tuple[str, bytes]:
