@@ -22,13 +22,15 @@ def check_sizes(key: bytes, value: bytes) -> int:
     return len(key) + len(value)
 
 
-def check_stamped(raw: bytes, what: str) -> None:
-    """A versionstamped key or value (``what``): a 10-byte placeholder at the offset its last 4 bytes give."""
+def check_stamped(raw: bytes, what: str) -> int:
+    """A versionstamped key or value (``what``): a 10-byte placeholder at the offset its last 4 bytes
+    give; returns that offset."""
     if len(raw) < 14:
         raise errors.StoreError(errors.CLIENT_INVALID_OPERATION, f"versionstamped {what} shorter than 14 bytes")
     offset = int.from_bytes(raw[-4:], "little")
     if offset + 10 > len(raw) - 4:
         raise errors.StoreError(errors.CLIENT_INVALID_OPERATION, f"versionstamp offset past the {what}")
+    return offset
 
 
 def check_user_version(uv: int) -> int:

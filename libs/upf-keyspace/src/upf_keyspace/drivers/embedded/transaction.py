@@ -247,10 +247,10 @@ class EmbeddedTransaction:
             self._adds.setdefault(key, []).append(param)
 
     def set_versionstamped_key(self, key: bytes, value: bytes) -> None:
-        check_stamped(key, "key")
+        offset = check_stamped(key, "key")
         self._check_write(key[:-4], value)
         self._mutations.append((_VS_KEY, key, value))
-        prefix = key[: int.from_bytes(key[-4:], "little")]
+        prefix = key[:offset]
         self._unreadable.append((prefix, prefix + b"\xff" * 11))
 
     def set_versionstamped_value(self, key: bytes, value: bytes) -> None:
