@@ -9,6 +9,7 @@ import time
 import pytest
 
 from upf_keyspace import SINCE_ALL, SINCE_LATEST, SINCE_NONE, Envelope, Settings, Since, keys, open_store
+from upf_keyspace.envelope import encode_envelope
 from upf_keyspace.msgid import decode_id, encode_id
 
 
@@ -265,6 +266,25 @@ async def test_publishes_waiting_for_one_commit_share_a_transaction_each_with_it
     assert [(encode_id(m.stamp), m.envelope.message) for m in await store.read_after("b", None)] == [
         (pubs[i].id, f"m{i}") for i in (1, 3, 5)
     ]
+
+
+async def test_a_groups_stats_are_summed_per_slot_and_count_every_publish(store):
+    """A group adds its stats once per slot (``publish_many``): the totals are still every message
+    and every stored byte, whichever slots the topics fall in."""
+    topics = [f"t{i}" for i in range(40)]  # more topics than slots: some share one, some do not
+    assert len({keys.shard_of(t, 16) for t in topics}) > 1
+    before = await store.stored_bytes()
+    with commits_held(store):
+        first = asyncio.create_task(store.publish("t", env("first")))
+        await asyncio.sleep(0.05)
+        rest = [asyncio.create_task(store.publish(t, env("x" * (i + 1)))) for i, t in enumerate(topics)]
+        await asyncio.sleep(0.05)
+    pubs = [await first, *await asyncio.gather(*rest)]
+    assert len({p.stamp[:10] for p in pubs[1:]}) == 1  # one grouped transaction
+    sizes = [len(encode_envelope(p.envelope)) for p in pubs]
+    assert (await store.stats())[0] == 41
+    assert await store.appends() == 41
+    assert await store.stored_bytes() - before == sum(sizes)
 
 
 async def test_a_publish_with_a_key_or_a_push_topic_keeps_its_own_transaction(store):

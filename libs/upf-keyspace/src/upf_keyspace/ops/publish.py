@@ -51,11 +51,15 @@ def add_tally(tr: Transaction, topic: str, messages: int, stored_bytes: int, *, 
     ``UPF_MAX_STORE_BYTES``): added by a publish, the bytes taken off by the janitor's expiry and by
     a Web Push Topic replacement; ``appended``: and count one entry into Q (``APPENDS``). Atomic adds:
     never a conflict. Messages stored before the byte count existed are not in it."""
-    slot = keys.shard_of(topic, STAT_SLOTS)
+    add_tally_slot(tr, keys.shard_of(topic, STAT_SLOTS), messages, stored_bytes, 1 if appended else 0)
+
+
+def add_tally_slot(tr: Transaction, slot: int, messages: int, stored_bytes: int, appended: int) -> None:
+    """``add_tally`` for one slot, with ``appended`` entries into Q (so a group's adds can be summed)."""
     param = ((stored_bytes << 64) + messages) % _TALLY_BITS
     tr.add(keys.stat_key(TALLY, slot), param.to_bytes(16, "little"))
     if appended:
-        tr.add(keys.stat_key(APPENDS, slot), keys.ONE)
+        tr.add(keys.stat_key(APPENDS, slot), appended.to_bytes(8, "little"))
 
 
 async def publish(
@@ -95,12 +99,18 @@ async def publish_many(tr: Transaction, items: Sequence[tuple[str, Envelope]], *
     Why: a transaction's fixed costs (its reads' version, the commit's hand-off and conflict check)
     are most of a small publish's; concurrent publishers share them (``Store.publish`` through
     ``Database.transact_grouped``, which also holds this function to reading before writing).
-    Every affinity range is read before anything is written, so no read merges with a write."""
+    Every affinity range is read before anything is written, so no read merges with a write. The
+    stats adds are summed per slot over the group: two adds per slot, not two per publish."""
     found = await tr.get_ranges([(*keys.affinity_range(topic), 0) for topic, _ in items])
     stamp = tr.get_versionstamp()
-    return [
-        _append(tr, topic, env, holders, shard_count, stamp) for (topic, env), holders in zip(items, found, strict=True)
+    tallies: dict[int, list[int]] = {}
+    out = [
+        _append(tr, topic, env, holders, shard_count, stamp, tallies=tallies)
+        for (topic, env), holders in zip(items, found, strict=True)
     ]
+    for slot, (messages, stored_bytes) in tallies.items():
+        add_tally_slot(tr, slot, messages, stored_bytes, messages)
+    return out
 
 
 def _append(
@@ -114,12 +124,19 @@ def _append(
     idem: str = "",
     origin: bytes = b"",
     count: bool = True,
+    tallies: dict[int, list[int]] | None = None,
 ) -> Pending:
-    """A publish's writes, once its reads are done."""
+    """A publish's writes, once its reads are done. ``tallies``: sum its stats into this (slot ->
+    [messages, bytes]) for the caller to add, rather than adding them itself."""
     uv = tr.next_user_version()
     value = encode_envelope(env)
     tr.set_versionstamped_key(keys.queue_key_incomplete(topic, uv), value)
-    add_tally(tr, topic, 1 if count else 0, len(value), appended=True)
+    if tallies is None:
+        add_tally(tr, topic, 1 if count else 0, len(value), appended=True)
+    else:
+        held = tallies.setdefault(keys.shard_of(topic, STAT_SLOTS), [0, 0])
+        held[0] += 1
+        held[1] += len(value)
     if env.push_topic:
         tr.set_versionstamped_key(keys.push_topic_key_incomplete(topic, env.push_topic, uv), b"")
     x_value = RELEASED_MARK + encode_id(origin).encode() if origin else idem.encode()

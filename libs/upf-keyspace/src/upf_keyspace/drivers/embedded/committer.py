@@ -297,9 +297,8 @@ class _Committer(_Watches):
             for g in group:
                 g.stamp = exc
             return order
-        stamped: list[bytes] = []
-        applier.apply(tr.mutations, stamp, stamped)
-        in_batch.add_all(stamped, tr.writes)
+        applier.apply(tr.mutations, stamp, tr.stamped)  # stamped already: nothing is appended
+        in_batch.add_all(tr.stamped, tr.writes)
         for g, result in zip(group, results, strict=True):
             g.stamp = stamp
             g.result = result

@@ -26,8 +26,6 @@ from .mutations import (
     _CLEAR,
     _CLEAR_RANGE,
     _SET,
-    _VS_KEY,
-    _VS_VALUE,
     check_sizes,
     check_stamped,
     check_user_version,
@@ -75,14 +73,15 @@ class _Known:
 class CommitTransaction:
     """The contract's transaction inside the committer's write transaction, for a grouped function."""
 
-    __slots__ = ("_db", "_txn", "_stamp", "mutations", "writes", "_user_version", "_size")
+    __slots__ = ("_db", "_txn", "_stamp", "mutations", "writes", "stamped", "_user_version", "_size")
 
     def __init__(self, db: _Reads, txn: lmdb.Transaction, stamp: bytes) -> None:
         self._db = db
         self._txn = txn
         self._stamp = stamp
         self.mutations: list[tuple[int, bytes, bytes]] = []
-        self.writes: list[tuple[bytes, bytes]] = []
+        self.writes: list[tuple[bytes, bytes]] = []  # what it wrote but stamped keys, as ranges
+        self.stamped: list[bytes] = []  # the keys it stamped
         self._user_version = 0
         self._size = 0
 
@@ -116,8 +115,8 @@ class CommitTransaction:
 
     # --- writes --------------------------------------------------------------------------------------
     def _check_write(self, key: bytes, value: bytes) -> None:
-        self._size += check_sizes(key, value)
-        if self._size > TRANSACTION_LIMIT:
+        size = self._size = self._size + check_sizes(key, value)
+        if size > TRANSACTION_LIMIT:
             raise errors.StoreError(errors.TRANSACTION_TOO_LARGE, f"{self._size} bytes")
 
     def set(self, key: bytes, value: bytes) -> None:
@@ -141,15 +140,20 @@ class CommitTransaction:
         self.mutations.append((_ADD, key, param))
         self.writes.append(point(key))
 
+    # The stamp is known here (the commit is under way), so a stamped write is stamped at once and
+    # kept as a plain set.
     def set_versionstamped_key(self, key: bytes, value: bytes) -> None:
-        check_stamped(key, "key")
-        self._check_write(key[:-4], value)
-        self.mutations.append((_VS_KEY, key, value))
+        off = check_stamped(key, "key")
+        key = key[:off] + self._stamp + key[off + 10 : -4]
+        self._check_write(key, value)
+        self.mutations.append((_SET, key, value))
+        self.stamped.append(key)
 
     def set_versionstamped_value(self, key: bytes, value: bytes) -> None:
-        check_stamped(value, "value")
-        self._check_write(key, value[:-4])
-        self.mutations.append((_VS_VALUE, key, value))
+        off = check_stamped(value, "value")
+        value = value[:off] + self._stamp + value[off + 10 : -4]
+        self._check_write(key, value)
+        self.mutations.append((_SET, key, value))
         self.writes.append(point(key))
 
     def next_user_version(self) -> int:

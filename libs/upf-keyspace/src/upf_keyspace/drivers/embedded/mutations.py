@@ -108,7 +108,11 @@ class _Applier:
         """Apply one transaction's mutations with its stamp, appending the keys it stamped to ``stamped``."""
         writes, pending = self.writes, self.pending
         for kind, a, b in mutations:
-            if kind == _VS_KEY:
+            if kind == _SET:  # first: a grouped transaction's stamped writes are sets too
+                if pending:
+                    pending.pop(a, None)
+                writes[a] = b
+            elif kind == _VS_KEY:
                 off = int.from_bytes(a[-4:], "little")
                 key = a[:off] + stamp + a[off + 10 : -4]
                 if pending:
@@ -117,10 +121,6 @@ class _Applier:
                 stamped.append(key)
             elif kind == _ADD:
                 self.add(a, b)
-            elif kind == _SET:
-                if pending:
-                    pending.pop(a, None)
-                writes[a] = b
             elif kind == _VS_VALUE:
                 if pending:
                     pending.pop(a, None)
