@@ -177,10 +177,11 @@ def pubdrive(
     topics: int,
     prefix: str = "upBENCH",
     authorization: str | None = None,
+    rate: float = 0.0,
 ) -> Drive:
     """Run bench/pubdrive.py pinned to the driver CPU; snapshot the server trees' CPU on its start and
     stop lines, so only the measured window counts. ``authorization``: a header value sent on every
-    publish (a server with auth configured)."""
+    publish (a server with auth configured). ``rate``: paced publishes/s (0: closed loop)."""
     argv = [
         PY,
         str(BENCH / "pubdrive.py"),
@@ -199,6 +200,8 @@ def pubdrive(
     ]
     if authorization:
         argv += ["--authorization", authorization]
+    if rate:
+        argv += ["--rate", str(rate)]
     p = spawn_pinned(argv, DRIVER_CPUS, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         assert p.stdout is not None

@@ -7,12 +7,19 @@ keep-alive connections, the same client code. Each connection sends its next req
 previous response is complete (no pipelining). Topics are taken round-robin from ``--topics``
 distinct names.
 
+With ``--rate R`` it paces instead: every millisecond it sends what is due at R requests/s, each on
+a connection that is not waiting for an answer (none is pipelined; a rate the server cannot answer
+shows as an ``ok_per_s`` below R). Why: a server's CPU per request at a moderate rate, where each
+request may wake its threads alone, is not its CPU per request when saturated (the ``pubdeliver``
+phase prices UPF at 2,000/s).
+
 The client is a bare ``asyncio.Protocol`` (no stream objects, no header dicts) so that the driver's
 own CPU stays small next to the server's. It still reports its own CPU: when it is near 100% of a
 core, the driver, not the server, may be the limit, and the server's CPU per request (measured by
 the caller from /proc) is the figure to compare.
 
     python bench/pubdrive.py --url http://127.0.0.1:8080 --connections 64 --duration 5 --topics 1000
+    python bench/pubdrive.py --url http://127.0.0.1:8080 --rate 2000
 """
 
 from __future__ import annotations
@@ -88,7 +95,12 @@ class _Conn(asyncio.Protocol):
             self.need = -1
             if not buf:
                 self.buf = b""
-                self.send_next()
+                if st.idle is None:
+                    self.send_next()
+                elif st.stopping:
+                    self.transport.close()
+                else:
+                    st.idle.append(self)  # paced: the pacer sends its next request
                 return
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -107,6 +119,20 @@ class _State:
         self.errors = 0
         self.stopping = False
         self.lat: list[int] = []
+        self.idle: list[_Conn] | None = None  # paced: the connections not waiting for an answer
+
+
+async def _pace(st: _State, rate: float) -> None:
+    """Send what is due at ``rate`` per second since the start, on idle connections, every millisecond."""
+    assert st.idle is not None
+    t0, sent = time.perf_counter(), 0
+    while not st.stopping:
+        due = int((time.perf_counter() - t0) * rate)
+        while sent < due and st.idle:
+            st.idle.pop().send_next()
+            sent += 1
+        sent = max(sent, due - int(rate))  # a backlog the server could not take is dropped, not sent late
+        await asyncio.sleep(0.001)
 
 
 def build_requests(
@@ -135,6 +161,7 @@ async def drive(
     warmup: float = 1.0,
     body_size: int = 100,
     authorization: str | None = None,
+    rate: float = 0.0,
 ) -> dict[str, object]:
     parts = urlsplit(url)
     host, port = parts.hostname or "127.0.0.1", parts.port or 80
@@ -144,8 +171,13 @@ async def drive(
     for _ in range(connections):
         _, proto = await loop.create_connection(lambda: _Conn(st), host, port)
         conns.append(proto)
-    for c in conns:
-        c.send_next()
+    pacer = None
+    if rate > 0:
+        st.idle = list(conns)
+        pacer = asyncio.create_task(_pace(st, rate))
+    else:
+        for c in conns:
+            c.send_next()
     await asyncio.sleep(warmup)
     ok0, n0, cpu0, t0 = st.ok, len(st.lat), _cpu(), time.perf_counter()
     print("start", flush=True)  # the caller snapshots the server's CPU on these two lines
@@ -153,6 +185,10 @@ async def drive(
     ok1, n1, cpu1, t1 = st.ok, len(st.lat), _cpu(), time.perf_counter()
     print("stop", flush=True)
     st.stopping = True
+    if pacer is not None:
+        await pacer
+        for c in st.idle or ():
+            c.transport.close()
     await asyncio.wait([c.lost for c in conns], timeout=10)
     lat = sorted(st.lat[n0:n1])
     pct = lambda q: round(lat[min(len(lat) - 1, int(q * len(lat)))] / 1e6, 3) if lat else 0.0  # noqa: E731
@@ -160,6 +196,7 @@ async def drive(
     return {
         "url": url,
         "connections": connections,
+        "rate": rate,
         "topics": len(topics),
         "body_size": body_size,
         "secs": round(wall, 3),
@@ -182,12 +219,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--topics", type=int, default=1000, help="distinct topics, published round-robin")
     ap.add_argument("--topic-prefix", default="upBENCH", help="topic names are <prefix><index, 7 digits>")
     ap.add_argument("--body-size", type=int, default=100)
+    ap.add_argument("--rate", type=float, default=0.0, help="requests/s, paced (default 0: closed loop)")
     ap.add_argument(
         "--authorization",
         default=None,
         help="an Authorization header value sent on every request (Basic or Bearer); default: none",
     )
     a = ap.parse_args(argv)
+    if a.rate < 0:
+        ap.error("--rate: requests per second, 0 or more")
     if a.authorization is not None and ("\r" in a.authorization or "\n" in a.authorization):
         ap.error("--authorization: a header value has no line breaks")
     topics = [f"{a.topic_prefix}{i:07d}" for i in range(a.topics)]
@@ -200,6 +240,7 @@ def main(argv: list[str] | None = None) -> int:
             warmup=a.warmup,
             body_size=a.body_size,
             authorization=a.authorization,
+            rate=a.rate,
         )
     )
     print(json.dumps(out), flush=True)

@@ -226,6 +226,7 @@ class Drive(Rec, kw_only=True):
 
     url: str
     connections: int
+    rate: float = 0.0  # paced requests/s; 0: closed loop
     topics: int
     body_size: int
     secs: float

@@ -22,6 +22,12 @@ threads (each thread's share of the whole drive, connecting included, applied to
 
     python3 -m uv run python bench/writer_layers.py                 # 3 rounds of 4 s
     python3 -m uv run python bench/writer_layers.py --rounds 5 --secs 6
+    python3 -m uv run python bench/writer_layers.py --rate 2000     # paced: each layer at 2,000/s
+
+With ``--rate`` every server takes the same paced load (bench/pubdrive.py's ``--rate``), so the
+figures are each layer's CPU per publish at that rate, where requests come apart and each may wake
+the server's threads alone: at 2,000/s that is the split shape's writer in the ``pubdeliver`` phase,
+and the ratios to ``bare`` are of CPU per publish (publishes/s is the rate).
 
 ``serve <layer>`` is how the driver starts ``edge`` and ``front`` (granian imports this module in its
 worker as ``writer_layers:<layer>``).
@@ -155,6 +161,7 @@ def main() -> None:
     serve.add_argument("layer", choices=("edge", "front"))
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--secs", type=float, default=4.0)
+    ap.add_argument("--rate", type=float, default=0.0, help="paced publishes/s (default 0: as fast as answered)")
     a = ap.parse_args()
     if a.cmd == "serve":
         _serve(a.layer)
@@ -171,7 +178,9 @@ def main() -> None:
                 p, port = _start(layer, work)
                 try:
                     before = _threads(p.pid)
-                    d = pubdrive(f"http://127.0.0.1:{port}", [p.pid], secs=a.secs, conns=_CONNS, topics=_TOPICS)
+                    d = pubdrive(
+                        f"http://127.0.0.1:{port}", [p.pid], secs=a.secs, conns=_CONNS, topics=_TOPICS, rate=a.rate
+                    )
                     after = _threads(p.pid)
                 finally:
                     p.stop()
@@ -187,13 +196,19 @@ def main() -> None:
     finally:
         procs.stop_all()
         shutil.rmtree(work, ignore_errors=True)
-    print(f"\nmedians of {a.rounds} rounds (server on CPU {min(SERVER_CPUS)}, {_CONNS} connections):")
+    load = f"paced at {a.rate:,.0f}/s" if a.rate else "as fast as answered"
+    print(f"\nmedians of {a.rounds} rounds (server on CPU {min(SERVER_CPUS)}, {_CONNS} connections, {load}):")
     print(f"| layer | publishes/s | vs bare | CPU us per publish | added by the layer | {' | '.join(_GROUPS)} |")
     print("|---|---|---|---|---|" + "---|" * len(_GROUPS))
     previous = None
     for layer in SERVERS:
         r, c = statistics.median(rate[layer]), statistics.median(cpu[layer])
-        ratio = "-" if layer == "bare" else f"{r / statistics.median(rate['bare']):.2f}"
+        if layer == "bare":
+            ratio = "-"
+        elif a.rate:  # every layer answers the same rate: the ratio is of CPU per publish
+            ratio = f"{statistics.median(cpu['bare']) / c:.2f}"
+        else:
+            ratio = f"{r / statistics.median(rate['bare']):.2f}"
         label = layer
         if layer == "allinone":  # a reference: the writer's front and store without granian
             label, added = "(allinone)", f"{c - previous:+.1f} (vs writer)" if previous is not None else "-"

@@ -1,11 +1,14 @@
-"""bench's authlimits phase: its typed result, its table, the driver's Authorization option, and the
-check that the "on" server really applies auth and limits (two real all-in-one servers)."""
+"""bench's authlimits phase: its typed result, its table, the driver's Authorization option (and its
+paced mode), and the check that the "on" server really applies auth and limits (two real all-in-one
+servers)."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import sys
+import time
 from pathlib import Path
 
 import msgspec
@@ -130,3 +133,48 @@ def test_the_on_server_applies_auth_and_limits_and_the_off_server_does_not(tmp_p
         for s in (off, on):
             if s is not None:
                 s.stop()
+
+
+async def _answering_server() -> tuple[asyncio.AbstractServer, int, list[int]]:
+    """A keep-alive HTTP/1.1 server answering every request at once; counts requests per connection."""
+    counts: list[int] = []
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        counts.append(0)
+        i = len(counts) - 1
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
+                await reader.readexactly(length)
+                counts[i] += 1
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}")
+        except (asyncio.IncompleteReadError, ConnectionError):
+            writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    return server, server.sockets[0].getsockname()[1], counts
+
+
+def test_pubdrive_paced_never_sends_ahead_of_its_rate_and_closed_loop_keeps_every_connection_busy():
+    async def run() -> None:
+        server, port, counts = await _answering_server()
+        try:
+            t0 = time.perf_counter()
+            paced = await pubdrive.drive(
+                f"http://127.0.0.1:{port}", topics=["t"], connections=8, duration=0.5, warmup=0.2, rate=100
+            )
+            elapsed = time.perf_counter() - t0
+            sent = sum(counts)
+            counts.clear()
+            closed = await pubdrive.drive(
+                f"http://127.0.0.1:{port}", topics=["t"], connections=8, duration=0.5, warmup=0.2
+            )
+        finally:
+            server.close()
+        # Paced: however slow the machine, nothing is sent before it is due (100/s since the start).
+        assert 0 < sent <= 100 * elapsed + 1 and paced["rate"] == 100 and paced["errors"] == 0
+        # Closed loop: every connection always has a request out, so each of them was used.
+        assert len(counts) == 8 and min(counts) > 0 and closed["rate"] == 0.0 and closed["errors"] == 0
+
+    asyncio.run(run())
