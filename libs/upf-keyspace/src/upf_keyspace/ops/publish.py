@@ -108,8 +108,8 @@ async def publish_many(tr: Transaction, items: Sequence[tuple[str, Envelope]], *
         _append(tr, topic, env, holders, shard_count, stamp, tallies=tallies)
         for (topic, env), holders in zip(items, found, strict=True)
     ]
-    for slot, (messages, stored_bytes) in tallies.items():
-        add_tally_slot(tr, slot, messages, stored_bytes, messages)
+    for slot, (messages, stored_bytes, appended) in tallies.items():
+        add_tally_slot(tr, slot, messages, stored_bytes, appended)
     return out
 
 
@@ -127,16 +127,17 @@ def _append(
     tallies: dict[int, list[int]] | None = None,
 ) -> Pending:
     """A publish's writes, once its reads are done. ``tallies``: sum its stats into this (slot ->
-    [messages, bytes]) for the caller to add, rather than adding them itself."""
+    [messages, bytes, entries into Q]) for the caller to add, rather than adding them itself."""
     uv = tr.next_user_version()
     value = encode_envelope(env)
     tr.set_versionstamped_key(keys.queue_key_incomplete(topic, uv), value)
     if tallies is None:
         add_tally(tr, topic, 1 if count else 0, len(value), appended=True)
     else:
-        held = tallies.setdefault(keys.shard_of(topic, STAT_SLOTS), [0, 0])
-        held[0] += 1
+        held = tallies.setdefault(keys.shard_of(topic, STAT_SLOTS), [0, 0, 0])
+        held[0] += 1 if count else 0
         held[1] += len(value)
+        held[2] += 1
     if env.push_topic:
         tr.set_versionstamped_key(keys.push_topic_key_incomplete(topic, env.push_topic, uv), b"")
     x_value = RELEASED_MARK + encode_id(origin).encode() if origin else idem.encode()
