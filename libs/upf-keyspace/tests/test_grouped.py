@@ -73,6 +73,53 @@ async def test_a_refused_item_fails_alone(db, prefix):
     assert await read(db, prefix + b"r2") is None
 
 
+async def stamp_all(tr, items, *, prefix):
+    """Each item is (name, how): a versionstamped key and a versionstamped value under its name, well
+    formed (``how`` "ok"), a key shorter than 14 bytes ("short"), a key with its offset past it
+    ("past"), or a value too short for a stamp ("value")."""
+    stamp = tr.get_versionstamp()
+    for name, how in items:
+        uv = tr.next_user_version().to_bytes(2, "big")
+        head = prefix + b"vs/" + name.encode() + b"\x00"
+        off = len(head) if how != "past" else len(head) + 5
+        key = b"short" if how == "short" else head + b"\xff" * 10 + uv + off.to_bytes(4, "little")
+        tr.set_versionstamped_key(key, b"by key")
+        value = b"short" if how == "value" else b"\xff" * 10 + uv + b"\x00\x00\x00\x00"
+        tr.set_versionstamped_value(prefix + b"vv/" + name.encode(), value)
+    return [(stamp, name) for name, _ in items]
+
+
+async def test_grouped_stamped_writes_carry_the_commit_stamp_and_a_malformed_one_fails_alone(db, prefix):
+    """A grouped transaction's versionstamped keys and values get its commit's 10 bytes and each
+    write's user version; a key or value too short for a stamp, or a key whose offset points past it,
+    is refused with 2000 before the commit, and only that item fails."""
+    got = await asyncio.gather(
+        *(
+            db.transact_grouped(stamp_all, (f"s{i}", how), prefix=prefix)
+            for i, how in enumerate(("ok", "short", "ok", "past", "value"))
+        ),
+        return_exceptions=True,
+    )
+    for i in (1, 3, 4):
+        assert isinstance(got[i], StoreError) and got[i].code == 2000
+
+    async def stored(i):
+        async def body(tr):
+            keyed = await tr.get_range(prefix + b"vs/s%d\x00" % i, prefix + b"vs/s%d\x01" % i)
+            return keyed, await tr.get(prefix + b"vv/s%d" % i)
+
+        return await db.transact(body)
+
+    for i in (0, 2):
+        stamp = await got[i][0]
+        keyed, value = await stored(i)
+        assert len(keyed) == 1 and keyed[0][1] == b"by key"
+        assert keyed[0][0][-12:-2] == stamp and value is not None and value[:10] == stamp
+        assert keyed[0][0][-2:] == value[10:12]  # one user version for the item's two writes
+    for i in (1, 3, 4):
+        assert await stored(i) == ([], None)  # nothing of a refused item is stored
+
+
 async def test_grouped_reads_see_what_committed_before(db, prefix):
     async def seed(tr):
         tr.set(prefix + b"src", b"seeded")
