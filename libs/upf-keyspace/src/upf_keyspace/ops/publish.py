@@ -90,7 +90,12 @@ async def publish(
     holders = await tr.get_range(*keys.affinity_range(topic))
     if env.push_topic:
         await replace_push_topic(tr, topic, env.push_topic)
-    return _append(tr, topic, env, holders, shard_count, tr.get_versionstamp(), idem=idem, origin=origin, count=count)
+    tallies: dict[int, list[int]] = {}
+    pending = _append(
+        tr, topic, env, holders, shard_count, tr.get_versionstamp(), tallies, idem=idem, origin=origin, count=count
+    )
+    _add_tallies(tr, tallies)
+    return pending
 
 
 async def publish_many(tr: Transaction, items: Sequence[tuple[str, Envelope]], *, shard_count: int) -> list[Pending]:
@@ -105,12 +110,17 @@ async def publish_many(tr: Transaction, items: Sequence[tuple[str, Envelope]], *
     stamp = tr.get_versionstamp()
     tallies: dict[int, list[int]] = {}
     out = [
-        _append(tr, topic, env, holders, shard_count, stamp, tallies=tallies)
+        _append(tr, topic, env, holders, shard_count, stamp, tallies)
         for (topic, env), holders in zip(items, found, strict=True)
     ]
+    _add_tallies(tr, tallies)
+    return out
+
+
+def _add_tallies(tr: Transaction, tallies: dict[int, list[int]]) -> None:
+    """The stats ``_append`` summed, two atomic adds per slot."""
     for slot, (messages, stored_bytes, appended) in tallies.items():
         add_tally_slot(tr, slot, messages, stored_bytes, appended)
-    return out
 
 
 def _append(
@@ -120,24 +130,21 @@ def _append(
     holders: Sequence[tuple[bytes, bytes]],
     shard_count: int,
     stamp: Awaitable[bytes],
+    tallies: dict[int, list[int]],
     *,
     idem: str = "",
     origin: bytes = b"",
     count: bool = True,
-    tallies: dict[int, list[int]] | None = None,
 ) -> Pending:
-    """A publish's writes, once its reads are done. ``tallies``: sum its stats into this (slot ->
-    [messages, bytes, entries into Q]) for the caller to add, rather than adding them itself."""
+    """A publish's writes, once its reads are done; its stats are summed into ``tallies`` (slot ->
+    [messages, bytes, entries into Q]) for the caller to add with ``_add_tallies``."""
     uv = tr.next_user_version()
     value = encode_envelope(env)
     tr.set_versionstamped_key(keys.queue_key_incomplete(topic, uv), value)
-    if tallies is None:
-        add_tally(tr, topic, 1 if count else 0, len(value), appended=True)
-    else:
-        held = tallies.setdefault(keys.shard_of(topic, STAT_SLOTS), [0, 0, 0])
-        held[0] += 1 if count else 0
-        held[1] += len(value)
-        held[2] += 1
+    held = tallies.setdefault(keys.shard_of(topic, STAT_SLOTS), [0, 0, 0])
+    held[0] += 1 if count else 0
+    held[1] += len(value)
+    held[2] += 1
     if env.push_topic:
         tr.set_versionstamped_key(keys.push_topic_key_incomplete(topic, env.push_topic, uv), b"")
     x_value = RELEASED_MARK + encode_id(origin).encode() if origin else idem.encode()

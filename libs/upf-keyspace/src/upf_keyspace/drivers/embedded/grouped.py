@@ -29,6 +29,7 @@ from .mutations import (
     check_sizes,
     check_stamped,
     check_user_version,
+    stamp_at,
 )
 
 if TYPE_CHECKING:
@@ -145,15 +146,13 @@ class CommitTransaction:
     # The stamp is known here (the commit is under way), so a stamped write is stamped at once and
     # kept as a plain set.
     def set_versionstamped_key(self, key: bytes, value: bytes) -> None:
-        off = check_stamped(key, "key")
-        key = key[:off] + self._stamp + key[off + 10 : -4]
+        key = stamp_at(key, check_stamped(key, "key"), self._stamp)
         self._check_write(key, value)
         self.mutations.append((_SET, key, value))
         self.stamped.append(key)
 
     def set_versionstamped_value(self, key: bytes, value: bytes) -> None:
-        off = check_stamped(value, "value")
-        value = value[:off] + self._stamp + value[off + 10 : -4]
+        value = stamp_at(value, check_stamped(value, "value"), self._stamp)
         self._check_write(key, value)
         self.mutations.append((_SET, key, value))
         self.writes.append(point(key))

@@ -48,9 +48,13 @@ def _add_le(base: bytes | None, param: bytes) -> bytes:
     return ((a + b) % (1 << (8 * n))).to_bytes(n, "little") if n else b""
 
 
+def stamp_at(raw: bytes, off: int, stamp10: bytes) -> bytes:
+    """A versionstamped key or value with its placeholder at ``off`` replaced and its offset dropped."""
+    return raw[:off] + stamp10 + raw[off + 10 : -4]
+
+
 def _stamp_key(raw: bytes, stamp10: bytes) -> bytes:
-    key, off = raw[:-4], int.from_bytes(raw[-4:], "little")
-    return key[:off] + stamp10 + key[off + 10 :]
+    return stamp_at(raw, int.from_bytes(raw[-4:], "little"), stamp10)
 
 
 class _Applier:
@@ -113,8 +117,7 @@ class _Applier:
                     pending.pop(a, None)
                 writes[a] = b
             elif kind == _VS_KEY:
-                off = int.from_bytes(a[-4:], "little")
-                key = a[:off] + stamp + a[off + 10 : -4]
+                key = _stamp_key(a, stamp)
                 if pending:
                     pending.pop(key, None)
                 writes[key] = b
