@@ -23,11 +23,15 @@ threads (each thread's share of the whole drive, connecting included, applied to
     python3 -m uv run python bench/writer_layers.py                 # 3 rounds of 4 s
     python3 -m uv run python bench/writer_layers.py --rounds 5 --secs 6
     python3 -m uv run python bench/writer_layers.py --rate 2000     # paced: each layer at 2,000/s
+    python3 -m uv run python bench/writer_layers.py --connections 2 # a small closed loop
 
 With ``--rate`` every server takes the same paced load (bench/pubdrive.py's ``--rate``), so the
 figures are each layer's CPU per publish at that rate, where requests come apart and each may wake
 the server's threads alone: at 2,000/s that is the split shape's writer in the ``pubdeliver`` phase,
 and the ratios to ``bare`` are of CPU per publish (publishes/s is the rate).
+
+With ``--connections N`` the closed loop has N connections instead of 64: clients that each await
+their answer, fewer than the group commit's target (32), are what its quiet rule is for.
 
 ``serve <layer>`` is how the driver starts ``edge`` and ``front`` (granian imports this module in its
 worker as ``writer_layers:<layer>``).
@@ -162,7 +166,10 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--secs", type=float, default=4.0)
     ap.add_argument("--rate", type=float, default=0.0, help="paced publishes/s (default 0: as fast as answered)")
+    ap.add_argument("--connections", type=int, default=_CONNS, help=f"keep-alive connections (default {_CONNS})")
     a = ap.parse_args()
+    if a.connections < 1:
+        ap.error("--connections must be at least 1")
     if a.cmd == "serve":
         _serve(a.layer)
         return
@@ -179,7 +186,12 @@ def main() -> None:
                 try:
                     before = _threads(p.pid)
                     d = pubdrive(
-                        f"http://127.0.0.1:{port}", [p.pid], secs=a.secs, conns=_CONNS, topics=_TOPICS, rate=a.rate
+                        f"http://127.0.0.1:{port}",
+                        [p.pid],
+                        secs=a.secs,
+                        conns=a.connections,
+                        topics=_TOPICS,
+                        rate=a.rate,
                     )
                     after = _threads(p.pid)
                 finally:
@@ -197,7 +209,7 @@ def main() -> None:
         procs.stop_all()
         shutil.rmtree(work, ignore_errors=True)
     load = f"paced at {a.rate:,.0f}/s" if a.rate else "as fast as answered"
-    print(f"\nmedians of {a.rounds} rounds (server on CPU {min(SERVER_CPUS)}, {_CONNS} connections, {load}):")
+    print(f"\nmedians of {a.rounds} rounds (server on CPU {min(SERVER_CPUS)}, {a.connections} connections, {load}):")
     print(f"| layer | publishes/s | vs bare | CPU us per publish | added by the layer | {' | '.join(_GROUPS)} |")
     print("|---|---|---|---|---|" + "---|" * len(_GROUPS))
     previous = None

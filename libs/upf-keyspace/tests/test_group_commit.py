@@ -1,6 +1,6 @@
 """The committer's gather: it sleeps for more transactions only while they stream in (some arrived
 during the last commit, or it carried several), never for a lone client that awaits each commit in
-turn."""
+turn, and not past the point where a closed loop of clients is all back and quiet."""
 
 from __future__ import annotations
 
@@ -159,6 +159,7 @@ async def test_a_gather_ends_once_enough_transactions_wait(tmp_path, monkeypatch
     """The gather's sleep ends when _GROUP_TARGET transactions are queued, not at its end: clients
     that each await their commit are not held for the whole window."""
     monkeypatch.setattr(committer, "_GROUP_WAIT_SECS", 30.0)
+    monkeypatch.setattr(committer, "_QUIET_MIN_SECS", 30.0)  # only the count ends this gather
     rec = _Recorder(monkeypatch)
     db = await open_embedded(str(tmp_path / "s.db"))
     try:
@@ -177,6 +178,7 @@ async def test_a_gather_ends_once_enough_mutations_wait_in_fewer_transactions(tm
     """A batch of publishes is one transaction of many mutations: the sleep also ends once
     _GROUP_MUTATIONS of them wait, though fewer than _GROUP_TARGET transactions do."""
     monkeypatch.setattr(committer, "_GROUP_WAIT_SECS", 30.0)
+    monkeypatch.setattr(committer, "_QUIET_MIN_SECS", 30.0)  # only the count ends this gather
     rec = _Recorder(monkeypatch)
     db = await open_embedded(str(tmp_path / "s.db"))
 
@@ -196,3 +198,139 @@ async def test_a_gather_ends_once_enough_mutations_wait_in_fewer_transactions(tm
         rec.release.set()
         await db.close()
     assert rec.sizes[-1] == 3 < committer._GROUP_TARGET
+
+
+def test_a_gather_ends_after_a_silence_of_twice_its_longest_gap_and_never_below_the_floor():
+    assert committer.quiet_secs(0.0) == committer._QUIET_MIN_SECS  # no gap seen: only the floor
+    assert committer.quiet_secs(0.00001) == committer._QUIET_MIN_SECS  # a burst's gaps: the floor
+    assert committer.quiet_secs(0.006) == pytest.approx(0.012)  # a stream that paused 6 ms while gathering
+
+
+async def test_clients_that_each_await_their_commit_are_not_held_for_the_window(tmp_path, monkeypatch):
+    """Two clients, each putting in turn (a closed loop): once both wait and the stream is quiet, the
+    gather ends; with a 30 s window they would otherwise wait 30 s a put."""
+    monkeypatch.setattr(committer, "_GROUP_WAIT_SECS", 30.0)
+    waits: list[float] = []
+    sizes: list[int] = []
+    real_gather = committer._Committer._gather
+
+    def gather(c, batch, wait):
+        waits.append(wait)
+        real_gather(c, batch, wait)
+        sizes.append(len(batch))
+
+    monkeypatch.setattr(committer._Committer, "_gather", gather)
+    db = await open_embedded(str(tmp_path / "s.db"))
+
+    async def client(name: bytes) -> None:
+        for i in range(10):
+            await _put(db, b"%s%d" % (name, i))
+
+    try:
+        await asyncio.wait_for(asyncio.gather(client(b"a"), client(b"b")), 10.0)  # far inside one window
+
+        async def count(tr):
+            return len(await tr.get_range(b"a", b"c"))
+
+        assert await db.transact(count) == 20
+    finally:
+        await db.close()
+    assert 30.0 in waits  # they gathered (a stream), and the quiet ended each gather
+    assert sizes.count(2) >= 5  # mostly both clients in one commit
+
+
+async def test_a_stream_that_keeps_arriving_within_the_quiet_keeps_gathering(tmp_path, monkeypatch):
+    """Transactions arriving 0.1 s apart for 1 s, with a quiet of 0.5 s: the gather takes them all
+    (the quiet counts from the last arrival, not from the gather's start), then ends about 0.6 s after
+    the last (six gaps), not at its 30 s window."""
+    monkeypatch.setattr(committer, "_GROUP_WAIT_SECS", 30.0)
+    monkeypatch.setattr(committer, "_QUIET_MIN_SECS", 0.5)
+    rec = _Recorder(monkeypatch)
+    db = await open_embedded(str(tmp_path / "s.db"))
+    try:
+        puts = await rec.queue_behind_held(db, b"held", b"first")  # the next batch is a stream's
+        rec.release.set()
+        assert await asyncio.to_thread(rec.sleeping.wait, 10)  # the committer took "first" and gathers
+        for i in range(10):
+            await asyncio.sleep(0.1)
+            puts.append(asyncio.create_task(_put(db, b"s%d" % i)))
+        await asyncio.wait_for(asyncio.gather(*puts), 10.0)
+    finally:
+        rec.release.set()
+        await db.close()
+    assert rec.sizes[-1] == 11  # "first" and the ten that followed it, in one commit
+
+
+async def test_a_quiet_does_not_end_a_gather_holding_fewer_than_the_last_commit(tmp_path, monkeypatch):
+    """After a commit of four, a lone transaction that follows is not committed on the quiet alone: an
+    open stream slower than its quiet still gathers (here until the 0.6 s window ends). Its commit of
+    one lowers the count the next quiet needs by 10% only."""
+    monkeypatch.setattr(committer, "_GROUP_WAIT_SECS", 0.6)
+    rec = _Recorder(monkeypatch)
+    db = await open_embedded(str(tmp_path / "s.db"))
+    try:
+        puts = await rec.queue_behind_held(db, b"held", b"b", b"c", b"d", b"e")
+        rec.release.set()
+        await asyncio.gather(*puts)
+        assert rec.sizes[-1] == 4  # the four queued behind the held commit, together
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+        await _put(db, b"lone")  # a stream still (the last batch had four): it gathers
+        took = loop.time() - began
+        bar = db._bar
+    finally:
+        rec.release.set()
+        await db.close()
+    assert rec.sizes[-1] == 1 and rec.waits[-1] == 0.6
+    assert took >= 0.5  # the window, not the 1 ms quiet
+    assert bar == pytest.approx(4 * committer._BAR_DECAY)  # the commit of one lowers the bar by 10%, not to 1
+
+
+async def test_the_arrival_that_completes_the_last_commits_count_wakes_the_gather(tmp_path, monkeypatch):
+    """After a commit of two, a gather holding one sleeps until a second arrives; that arrival wakes it
+    (the submit sets the event), and the quiet that follows ends it: both commit together well inside
+    the 30 s window."""
+    monkeypatch.setattr(committer, "_GROUP_WAIT_SECS", 30.0)
+    rec = _Recorder(monkeypatch)
+    db = await open_embedded(str(tmp_path / "s.db"))
+    try:
+        puts = await rec.queue_behind_held(db, b"held", b"b", b"c")
+        rec.release.set()
+        await asyncio.gather(*puts)
+        assert rec.sizes[-1] == 2  # the last commit carried two
+        rec.sleeping.clear()
+        first = asyncio.create_task(_put(db, b"x"))  # a stream still: it gathers, waiting for a second
+        assert await asyncio.to_thread(rec.sleeping.wait, 10)
+        await asyncio.sleep(0.1)
+        await asyncio.wait_for(asyncio.gather(first, _put(db, b"y")), 10.0)
+    finally:
+        rec.release.set()
+        await db.close()
+    assert rec.sizes[-1] == 2 and rec.waits[-1] == 30.0
+
+
+async def test_a_pause_seen_while_gathering_sets_the_quiet_above_it(tmp_path, monkeypatch):
+    """After a commit of two, "x" gathers; "y" comes 0.2 s later (a gap of 0.2 s seen while gathering:
+    the quiet becomes 0.4 s, not the 0.05 s floor), and "z" 0.25 s after "y" still joins them: a
+    stream that pauses between clumps is not taken for clients that are all back."""
+    monkeypatch.setattr(committer, "_GROUP_WAIT_SECS", 30.0)
+    monkeypatch.setattr(committer, "_QUIET_MIN_SECS", 0.05)
+    rec = _Recorder(monkeypatch)
+    db = await open_embedded(str(tmp_path / "s.db"))
+    try:
+        puts = await rec.queue_behind_held(db, b"held", b"b", b"c")
+        rec.release.set()
+        await asyncio.gather(*puts)
+        assert rec.sizes[-1] == 2  # the count a quiet needs is two now
+        rec.sleeping.clear()
+        tasks = [asyncio.create_task(_put(db, b"x"))]
+        assert await asyncio.to_thread(rec.sleeping.wait, 10)  # "x" gathers, waiting for a second
+        await asyncio.sleep(0.2)
+        tasks.append(asyncio.create_task(_put(db, b"y")))
+        await asyncio.sleep(0.25)
+        tasks.append(asyncio.create_task(_put(db, b"z")))
+        await asyncio.wait_for(asyncio.gather(*tasks), 10.0)
+    finally:
+        rec.release.set()
+        await db.close()
+    assert rec.sizes[-1] == 3

@@ -16,7 +16,8 @@ How it keeps FoundationDB's meaning:
   small range result read before is reused while no commit between its version and the snapshot wrote
   into the range.
 - Group commit: one committer thread per process takes every waiting transaction (while they stream
-  in, after sleeping up to ``UPF_EMBEDDED_COMMIT_WAIT_MS``, default 20 ms, for more), and applies them in
+  in, after sleeping up to ``UPF_EMBEDDED_COMMIT_WAIT_MS``, default 20 ms, for more, or less once as
+  many wait as recent commits carried and none has come for twice the longest gap seen while gathering), and applies them in
   one LMDB write transaction (processes serialise on LMDB's writer mutex, which a killed holder
   releases), each with its own batch order, then commits: a commit returns only once LMDB has synced
   the data pages and then the meta page. The 10-byte stamp is 8 bytes big-endian, kept in the file so

@@ -47,6 +47,9 @@ class EmbeddedDatabase(_Committer):
         self._enough = threading.Event()
         self._gathering = False
         self._submitted = self._taken = 0
+        self._arrived_at = self._gap_max = self._gap = 0.0
+        self._bar = 0.0
+        self._wake_at = 0
         self._closed = False
         self._check_scheduled = False
         self._watch_version = self._committed_version()
