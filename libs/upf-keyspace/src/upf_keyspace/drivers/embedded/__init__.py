@@ -17,13 +17,13 @@ How it keeps FoundationDB's meaning:
   into the range.
 - Group commit: one committer thread per process takes every waiting transaction (while they stream
   in, after sleeping up to ``UPF_EMBEDDED_COMMIT_WAIT_MS``, default 20 ms, for more, or less once as
-  many wait as recent commits carried and none has come for twice the longest gap seen while gathering), and applies them in
-  one LMDB write transaction (processes serialise on LMDB's writer mutex, which a killed holder
-  releases), each with its own batch order, then commits: a commit returns only once LMDB has synced
-  the data pages and then the meta page. The 10-byte stamp is 8 bytes big-endian, kept in the file so
-  strictly increasing across processes and at least the wall clock in microseconds (ids never go
-  backwards, even after the file lost its last commits), plus the 2-byte batch order. Read versions
-  and the write log use a separate dense commit counter.
+  many wait as recent commits carried and none has come for twice the longest gap seen while
+  gathering), and applies them in one LMDB write transaction (processes serialise on LMDB's writer
+  mutex, which a killed holder releases), each with its own batch order, then commits: a commit
+  returns only once LMDB has synced the data pages and then the meta page. The 10-byte stamp is 8
+  bytes big-endian, kept in the file so strictly increasing across processes and at least the wall
+  clock in microseconds (ids never go backwards, even after the file lost its last commits), plus the
+  2-byte batch order. Read versions and the write log use a separate dense commit counter.
 - Grouped transactions (``transact_grouped``, plain publishes) run in the committer thread inside the
   group commit's write transaction, after the batch's other transactions: LMDB's single writer means
   their reads see every commit before them, so they need no read version and no conflict check, and
