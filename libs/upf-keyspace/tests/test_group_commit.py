@@ -60,6 +60,14 @@ class _Recorder:
             await asyncio.sleep(0.001)
         return tasks
 
+    async def gathering_first(self, db) -> list[asyncio.Task[None]]:
+        """Put "first" behind a held commit (so the next batch is a stream's), release it, and return
+        the puts' tasks once the committer has taken "first" and gathers."""
+        puts = await self.queue_behind_held(db, b"held", b"first")
+        self.release.set()
+        assert await asyncio.to_thread(self.sleeping.wait, 10)
+        return puts
+
     async def gathering_after_a_commit_of_two(self, db) -> asyncio.Task[None]:
         """Commit two transactions together (the count a quiet needs is two then), then put "x",
         which gathers (the stream goes on), and return its task once it sleeps."""
@@ -175,9 +183,7 @@ async def test_a_gather_ends_once_enough_transactions_wait(tmp_path, monkeypatch
     rec = _Recorder(monkeypatch)
     db = await open_embedded(str(tmp_path / "s.db"))
     try:
-        puts = await rec.queue_behind_held(db, b"held", b"first")  # the next batch is a stream's
-        rec.release.set()
-        assert await asyncio.to_thread(rec.sleeping.wait, 10)  # the committer took "first" and sleeps
+        puts = await rec.gathering_first(db)
         more = (_put(db, b"m%d" % i) for i in range(committer._GROUP_TARGET))
         await asyncio.wait_for(asyncio.gather(*puts, *more), 15.0)  # well inside the 30 s window
     finally:
@@ -202,9 +208,7 @@ async def test_a_gather_ends_once_enough_mutations_wait_in_fewer_transactions(tm
         await db.transact(body)
 
     try:
-        puts = await rec.queue_behind_held(db, b"held", b"first")  # the next batch is a stream's
-        rec.release.set()
-        assert await asyncio.to_thread(rec.sleeping.wait, 10)  # the committer took "first" and sleeps
+        puts = await rec.gathering_first(db)
         await asyncio.wait_for(asyncio.gather(*puts, big(1), big(2)), 15.0)  # well inside the 30 s window
     finally:
         rec.release.set()
@@ -260,9 +264,7 @@ async def test_a_stream_that_keeps_arriving_within_the_quiet_keeps_gathering(tmp
     rec = _Recorder(monkeypatch)
     db = await open_embedded(str(tmp_path / "s.db"))
     try:
-        puts = await rec.queue_behind_held(db, b"held", b"first")  # the next batch is a stream's
-        rec.release.set()
-        assert await asyncio.to_thread(rec.sleeping.wait, 10)  # the committer took "first" and gathers
+        puts = await rec.gathering_first(db)
         for i in range(10):
             await asyncio.sleep(0.1)
             puts.append(asyncio.create_task(_put(db, b"s%d" % i)))
