@@ -70,6 +70,18 @@ STORED_REFRESH_SECS = 1.0
 _SHARED: weakref.WeakKeyDictionary[Store, RequestLimiter] = weakref.WeakKeyDictionary()
 
 
+async def _wait_counted(pending: asyncio.Future[None], waiting: dict[str, int], visitor: str) -> None:
+    """Wait for ``visitor``'s lease in flight, counted in ``waiting`` meanwhile."""
+    waiting[visitor] = waiting.get(visitor, 0) + 1
+    try:
+        await asyncio.shield(pending)
+    finally:
+        if waiting[visitor] <= 1:
+            del waiting[visitor]
+        else:
+            waiting[visitor] -= 1
+
+
 def presents_credentials(authorization: str | None, auth_param: str | None) -> bool:
     """Whether a request tries to log in (ntfy charges failures, and refuses with 42909, only then):
     ``?auth=``, or a Basic or Bearer Authorization (``vapid``/``WebPush`` are anonymous)."""
@@ -99,6 +111,8 @@ class RequestLimiter:
         "_messages",
         "_no_messages",
         "_message_pending",
+        "_message_leased",
+        "_message_waiting",
         "_tasks",
         "_rates",
         "_rates_set",
@@ -126,6 +140,8 @@ class RequestLimiter:
         self._messages: dict[str, list[int]] = {}  # visitor -> [daily messages leased and unspent, day]
         self._no_messages: dict[str, float] = {}  # visitor -> when its daily quota is back (42908)
         self._message_pending: dict[str, asyncio.Future[None]] = {}  # visitor -> its message lease in flight
+        self._message_leased: dict[str, tuple[int, float]] = {}  # visitor -> (its last message lease, when)
+        self._message_waiting: dict[str, int] = {}  # visitor -> publishes waiting on that lease
         self._tasks: set[asyncio.Task[None]] = set()
         self._rates: dict[str, tuple[str | None, float]] = {}  # topic -> (its rate visitor, when read)
         self._rates_set: dict[str, tuple[str, float]] = {}  # topic -> (rate visitor this node wrote, when)
@@ -201,15 +217,7 @@ class RequestLimiter:
             pending = self._pending.get(visitor)
             if pending is None:
                 break
-            waiting = self._waiting
-            waiting[visitor] = waiting.get(visitor, 0) + 1
-            try:
-                await asyncio.shield(pending)
-            finally:
-                if waiting[visitor] <= 1:
-                    del waiting[visitor]
-                else:
-                    waiting[visitor] -= 1
+            await _wait_counted(pending, self._waiting, visitor)
             if self.take_local(visitor):
                 return
         if now - self._swept > IDLE_SECS:
@@ -251,6 +259,7 @@ class RequestLimiter:
         day = day_of(now)
         for v in [v for v, (_, d) in self._messages.items() if d != day]:
             del self._messages[v]
+            self._message_leased.pop(v, None)
         for v in [v for v, until in self._no_messages.items() if until <= now]:
             del self._no_messages[v]
         for t in [t for t, (_, at) in self._rates.items() if now - at >= RATE_CACHE_SECS]:
@@ -318,11 +327,12 @@ class RequestLimiter:
 
     # --- daily messages (ntfy's 42908) --------------------------------------------------------------------
     async def message(self, visitor: str | None) -> None:
-        """Spend one of ``visitor``'s messages of the UTC day or raise 42908 (leased like requests: a
-        hundredth of the quota at a time, so a process holds at most that many unspent). Concurrent
-        publishes of one visitor wait for one lease, as :meth:`lease` does: else each would take a
-        lease of its own, spend one message of it and drop the rest (a transaction per publish, and
-        the fleet's quota drawn many times faster than it is used)."""
+        """Spend one of ``visitor``'s messages of the UTC day or raise 42908. Leased like requests: sized
+        by ``LimitConfig.message_want``, at most a hundredth of the quota, so a process holds at most
+        that many unspent. Concurrent publishes of one visitor wait for one lease, as :meth:`lease`
+        does, and the next lease takes one more for each of them: else each would take a lease of its
+        own, spend one message of it and drop the rest (a transaction per publish, and the fleet's
+        quota drawn many times faster than it is used)."""
         if visitor is None:
             return
         while True:
@@ -338,7 +348,7 @@ class RequestLimiter:
             pending = self._message_pending.get(visitor)
             if pending is None:
                 break
-            await asyncio.shield(pending)
+            await _wait_counted(pending, self._message_waiting, visitor)
         done = self._message_pending[visitor] = asyncio.get_running_loop().create_future()
         try:
             await self._lease_messages(visitor, now, day)
@@ -356,8 +366,11 @@ class RequestLimiter:
 
     async def _lease_messages(self, visitor: str, now: float, day: int) -> None:
         config = self.config
+        last = self._message_leased.get(visitor)
+        want = config.message_lease if last is None else config.message_want(last[0], now - last[1])
+        want += self._message_waiting.get(visitor, 0)  # spent as soon as it lands: no one's slack
         try:
-            granted = await self.store.lease_messages(visitor, day, config.message_lease, config.message_limit)
+            granted = await self.store.lease_messages(visitor, day, want, config.message_limit)
         except Exception:
             log.warning("daily message lease failed", exc_info=True)
             raise NtfyError(STORE_UNAVAILABLE) from None
@@ -366,6 +379,7 @@ class RequestLimiter:
             self._no_messages[visitor] = now + wait
             raise limited(TOO_MANY_MESSAGES, wait)
         self._messages[visitor] = [granted - 1, day]
+        self._message_leased[visitor] = (granted, self.clock())  # timed from its grant, not its ask
 
     # --- open subscriptions (ntfy's 42903) ----------------------------------------------------------------
     async def open_subscription(self, visitor: str | None, node: str) -> None:

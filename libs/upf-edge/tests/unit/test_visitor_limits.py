@@ -167,7 +167,7 @@ async def test_concurrent_publishes_share_one_message_lease():
     lim = RequestLimiter(store, LimitConfig(messages_daily=5000), clock)  # type: ignore[arg-type]  # leases of 50
     await asyncio.gather(*(lim.message("ip:192.0.2.1") for _ in range(64)))
     assert store.calls == 2  # one lease, then one for the 14 it did not cover
-    assert sum(store.days.values()) == 100  # the fleet's count: what was leased, 36 of it unspent here
+    assert sum(store.days.values()) == 113  # the fleet's count: 50, then 50 more and 13 for the waiting, 49 unspent
 
 
 async def test_concurrent_publishes_get_the_daily_quota_exactly():
@@ -177,6 +177,64 @@ async def test_concurrent_publishes_get_the_daily_quota_exactly():
     refused = [r for r in results if isinstance(r, NtfyError)]
     assert len(results) - len(refused) == 250
     assert all(r.problem == TOO_MANY_MESSAGES for r in refused) and len(refused) == 50
+
+
+class TimedStore(FakeStore):
+    """A store that records each message lease's ask and whose lease takes ``commit_secs`` of the clock."""
+
+    def __init__(self, clock: Clock, commit_secs: float = 0.0) -> None:
+        super().__init__()
+        self.clock = clock
+        self.commit_secs = commit_secs
+        self.wants: list[int] = []
+
+    async def lease_messages(self, visitor: str, day: int, want: int, limit: int) -> int:
+        self.wants.append(want)
+        self.clock.now += self.commit_secs
+        return await super().lease_messages(visitor, day, want, limit)
+
+
+async def spend(lim: RequestLimiter, clock: Clock, count: int, secs: float) -> None:
+    """``count`` publishes of one visitor, then ``secs`` of the clock (binary fractions: exact sums)."""
+    for _ in range(count):
+        await lim.message("ip:192.0.2.1")
+    clock.now += secs
+
+
+async def test_a_fast_visitors_message_lease_lasts_about_a_second_at_its_pace():
+    clock = Clock()
+    store = TimedStore(clock, commit_secs=1 / 64)  # each lease commits in ~16 ms
+    lim = RequestLimiter(store, LimitConfig(messages_daily=1_000_000), clock)  # type: ignore[arg-type]  # 50 to 10,000
+    await spend(lim, clock, 50, 1 / 64)  # the first lease: 50, gone 1/64 s after it landed
+    await spend(lim, clock, 3200, 8)  # timed from the grant, not the ask: 3,200/s, not 1,600/s
+    await spend(lim, clock, 400, 1024)  # those 3,200 lasted 8 s: 400/s
+    await spend(lim, clock, 1, 0)  # 400 over 1,024 s is slow: back to 50
+    assert store.wants == [50, 3200, 400, 50]
+
+
+async def test_a_message_lease_is_at_most_a_hundredth_of_the_daily_quota():
+    clock = Clock()
+    store = TimedStore(clock)
+    lim = RequestLimiter(store, LimitConfig(messages_daily=100_000), clock)  # type: ignore[arg-type]
+    await spend(lim, clock, 1051, 0.0)  # every lease spent at once
+    assert store.wants == [50, 1000, 1000]
+    assert LimitConfig().message_want(50, 0.0) == 172  # ntfy's default quota, 17,280 a day
+    assert LimitConfig(messages_daily=5).message_want(1, 0.0) == 1
+
+
+async def test_growing_message_leases_of_two_processes_give_the_daily_quota_exactly():
+    store, clock = SlowStore(), Clock()
+    config = LimitConfig(messages_daily=20_000)  # leases of 50 to 200
+    a, b = (RequestLimiter(store, config, clock) for _ in range(2))  # type: ignore[arg-type]
+    results = await asyncio.gather(
+        *(lim.message("ip:192.0.2.1") for _ in range(12_000) for lim in (a, b)), return_exceptions=True
+    )
+    refused = [r for r in results if isinstance(r, NtfyError)]
+    assert all(r.problem == TOO_MANY_MESSAGES for r in refused)
+    assert sum(store.days.values()) == 20_000  # the fleet never leases past the quota
+    admitted = len(results) - len(refused)  # short of it by what the other process holds unspent
+    assert 20_000 - config.message_lease_max <= admitted <= 20_000
+    assert store.calls < 200  # leases grew past 50 (400 calls at 50 each)
 
 
 def test_ntfys_default_daily_quota_is_a_day_of_request_refills():
