@@ -47,7 +47,7 @@ class EmbeddedDatabase(_Committer):
         self._enough = threading.Event()
         self._gathering = False
         self._submitted = self._taken = 0
-        self._arrived_at = self._gap_max = self._gap = 0.0
+        self._arrived_at = self._gap_max = self._gap = self._gather_began = 0.0
         self._bar = 0.0
         self._wake_at = 0
         self._closed = False
