@@ -1,20 +1,22 @@
-"""The pusher's instructions per delivered message at one ws subscriber per topic, under callgrind.
+"""The pusher's instructions per delivered message at one ws subscriber per topic (or ``--subs``),
+under callgrind.
 
 Wall-clock and CPU-time figures are noise on a shared machine; instruction counts are not. This starts
 a pusher (``upf_pusher``) on a fresh embedded store under ``valgrind --tool=callgrind`` with
-instrumentation off, connects ``--topics`` ws subscribers (one per topic) from this process, turns
-instrumentation on (SIGUSR1 to a small wrapper that calls callgrind's client requests through a tiny C
-library built here with gcc), publishes ``--messages`` messages round-robin over the topics straight
-into the store (this process is the writer: it is not measured), ``--burst`` at a time, waiting after
-each burst until every subscriber got its frames, then turns instrumentation off (SIGUSR2, which dumps)
-and prints the pusher's instructions (callgrind Ir) per delivered message. It checks every frame:
-no loss, no duplicate, no reordering per topic.
+instrumentation off, connects ``--subs`` ws subscribers (default 1) to each of ``--topics`` topics
+from this process, turns instrumentation on (SIGUSR1 to a small wrapper that calls callgrind's client
+requests through a tiny C library built here with gcc), publishes ``--messages`` messages round-robin
+over the topics straight into the store (this process is the writer: it is not measured), ``--burst``
+at a time, waiting after each burst until every subscriber got its frames, then turns instrumentation
+off (SIGUSR2, which dumps) and prints the pusher's instructions (callgrind Ir) per delivered message. It checks every frame:
+no loss, no duplicate, no reordering per subscriber.
 
     python3 -m uv run --locked python bench/instr_delivery.py                 # 200 topics, 2,000 msgs
     python3 -m uv run --locked python bench/instr_delivery.py --burst 1       # one message per wake-up
     python3 -m uv run --locked python bench/instr_delivery.py --role upf      # the all-in-one's delivery side
     python3 -m uv run --locked python bench/instr_delivery.py --cprofile /tmp/p.prof  # where it goes
     python3 -m uv run --locked python bench/instr_delivery.py --cpu --burst 50      # user / system CPU
+    python3 -m uv run --locked python bench/instr_delivery.py --topics 10 --subs 100 --burst 2 --cpu  # fan-out
     python3 -m uv run --locked python bench/instr_delivery.py --burst 50 --shards 8  # the cost per rung shard
 
 With ``--role upf`` the publishes still go straight into the store (not through its HTTP front door),
@@ -155,10 +157,11 @@ async def _measure(args: argparse.Namespace, work: Path) -> dict[str, float]:
             sys.stderr.write((work / "role.log").read_text()[-3000:])
             raise
         topics = [f"instr{i:04d}" for i in range(args.topics)]
-        got: dict[str, list[str]] = {t: [] for t in topics}
+        held = [t for t in topics for _ in range(args.subs)]  # each topic's subscribers, side by side
+        got: list[list[str]] = [[] for _ in held]
         conns = []
-        for i in range(0, len(topics), 50):
-            chunk = topics[i : i + 50]
+        for i in range(0, len(held), 50):
+            chunk = held[i : i + 50]
             opened = await asyncio.gather(*(connect(f"ws://127.0.0.1:{port}/{t}/ws", open_timeout=120) for t in chunk))
             conns += opened
         for ws in conns:  # the open event
@@ -167,17 +170,17 @@ async def _measure(args: argparse.Namespace, work: Path) -> dict[str, float]:
         expected = 0
         count = 0
 
-        async def reader(topic: str, ws: Any) -> None:
+        async def reader(seen: list[str], ws: Any) -> None:
             nonlocal count
             async for raw in ws:
                 m = json.loads(raw)
                 if m.get("event") == "message":
-                    got[topic].append(m["message"])
+                    seen.append(m["message"])
                     count += 1
                     if count >= expected:
                         delivered.set()
 
-        readers = [asyncio.create_task(reader(t, ws)) for t, ws in zip(topics, conns, strict=True)]
+        readers = [asyncio.create_task(reader(seen, ws)) for seen, ws in zip(got, conns, strict=True)]
         await asyncio.sleep(1.0)
         os.kill(proc.pid, signal.SIGUSR1)
         await asyncio.sleep(1.0)
@@ -186,7 +189,7 @@ async def _measure(args: argparse.Namespace, work: Path) -> dict[str, float]:
         t0 = time.monotonic()
         while sent < args.messages:
             n = min(args.burst, args.messages - sent)
-            expected += n
+            expected += n * args.subs
             delivered.clear()
             await asyncio.gather(
                 *(
@@ -207,9 +210,9 @@ async def _measure(args: argparse.Namespace, work: Path) -> dict[str, float]:
         for ws in conns:
             await ws.close()
         violations = 0
-        for i, t in enumerate(topics):
-            want = [f"m{k}" for k in range(i, args.messages, len(topics))]
-            if got[t] != want:
+        for i, seen in enumerate(got):  # per subscriber: no loss, no duplicate, no reordering
+            want = [f"m{k}" for k in range(i // args.subs, args.messages, len(topics))]
+            if seen != want:
                 violations += 1
         ir = 0
         if args.cpu:
@@ -235,12 +238,25 @@ async def _measure(args: argparse.Namespace, work: Path) -> dict[str, float]:
         await store.close()
 
 
+def _positive(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError("must be at least 1")
+    return n
+
+
 def main() -> None:
     if len(sys.argv) == 4 and sys.argv[1] == "--child":
         _child(sys.argv[2], sys.argv[3])
         return
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--topics", type=int, default=200)
+    ap.add_argument("--topics", type=_positive, default=200)
+    ap.add_argument(
+        "--subs", type=_positive, default=1, help="ws subscribers per topic (fan-out: each message goes to all)"
+    )
     ap.add_argument("--messages", type=int, default=2000)
     ap.add_argument("--burst", type=int, default=10, help="messages published together before waiting for delivery")
     ap.add_argument("--role", choices=("pusher", "upf"), default="pusher")
@@ -256,13 +272,13 @@ def main() -> None:
     if args.cpu:
         n = max(1, r["delivered"])
         print(
-            f"role={args.role} topics={args.topics} messages={args.messages} burst={args.burst} shards={args.shards or 64}: "
+            f"role={args.role} topics={args.topics} subs={args.subs} messages={args.messages} burst={args.burst} shards={args.shards or 64}: "
             f"delivered {r['delivered']}, violations {r['violations']}, per delivery "
             f"{r['user_s'] * 1e6 / n:.1f} us user + {r['sys_s'] * 1e6 / n:.1f} us system ({r['wall_s']:.1f} s)"
         )
         return
     print(
-        f"role={args.role} topics={args.topics} messages={args.messages} burst={args.burst} shards={args.shards or 64}: "
+        f"role={args.role} topics={args.topics} subs={args.subs} messages={args.messages} burst={args.burst} shards={args.shards or 64}: "
         f"delivered {r['delivered']}, violations {r['violations']}, "
         f"{r['ir'] / max(1, r['delivered']):,.0f} Ir per delivery (total {r['ir']:,}, {r['wall_s']:.1f} s under callgrind)"
     )
