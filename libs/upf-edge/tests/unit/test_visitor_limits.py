@@ -12,7 +12,7 @@ import ipaddress
 import pytest
 
 from upf_edge.access import UNAUTHORIZED, hash_password
-from upf_edge.errors import NtfyError
+from upf_edge.errors import STORE_UNAVAILABLE, NtfyError
 from upf_edge.gate import AccessGate
 from upf_edge.limiter import RequestLimiter, presents_credentials
 from upf_edge.limits import (
@@ -235,6 +235,29 @@ async def test_growing_message_leases_of_two_processes_give_the_daily_quota_exac
     admitted = len(results) - len(refused)  # short of it by what the other process holds unspent
     assert 20_000 - config.message_lease_max <= admitted <= 20_000
     assert store.calls < 200  # leases grew past 50 (400 calls at 50 each)
+
+
+class FailingStore(SlowStore):
+    """A store whose message leases fail until ``fail`` is cleared."""
+
+    fail = True
+
+    async def lease_messages(self, visitor: str, day: int, want: int, limit: int) -> int:
+        if self.fail:
+            await asyncio.sleep(0)
+            raise OSError("store down")
+        return await super().lease_messages(visitor, day, want, limit)
+
+
+async def test_a_failed_message_lease_is_a_503_for_its_waiters_too_and_the_next_publish_asks_again():
+    store, clock = FailingStore(), Clock()
+    lim = RequestLimiter(store, LimitConfig(messages_daily=1_000_000), clock)  # type: ignore[arg-type]
+    results = await asyncio.gather(*(lim.message("ip:192.0.2.1") for _ in range(5)), return_exceptions=True)
+    assert all(isinstance(r, NtfyError) and r.problem == STORE_UNAVAILABLE for r in results)
+    assert not lim._message_pending and not lim._message_waiting  # nothing left in flight or counted
+    store.fail = False
+    await lim.message("ip:192.0.2.1")
+    assert sum(store.days.values()) == 50  # a fresh lease of the base size: failures set no pace
 
 
 def test_ntfys_default_daily_quota_is_a_day_of_request_refills():
