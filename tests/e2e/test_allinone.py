@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 import socket
 
 import httpx
@@ -106,6 +107,23 @@ async def test_poll_returns_and_closes(upf):
         assert (await s.next()).message == "p"
         with pytest.raises(EOFError):
             await s.next(5)
+
+
+async def test_a_poll_keeps_its_connection_for_the_next_request(upf):
+    """As ntfy's server does: after a poll's reply, the client's connection serves its next request,
+    so a client that polls topic after topic and publishes between them holds one connection."""
+    local_ports = set()
+    async with httpx.AsyncClient(base_url=upf.base, limits=httpx.Limits(max_connections=1)) as c:
+        for topic in ("keptA", "keptB", "keptA"):
+            r = await c.post(f"/{topic}", content=f"to {topic}")
+            assert r.status_code == 200
+            local_ports.add(r.extensions["network_stream"].get_extra_info("client_addr")[1])
+            r = await c.get(f"/{topic}/json", params={"poll": "1", "since": "all"})
+            assert r.status_code == 200 and "connection" not in r.headers
+            lines = r.text.splitlines()
+            assert lines and all(json.loads(line)["message"] == f"to {topic}" for line in lines)
+            local_ports.add(r.extensions["network_stream"].get_extra_info("client_addr")[1])
+    assert len(local_ports) == 1
 
 
 # --- bad input: a clear error, and nothing stored is lost ------------------------------------------

@@ -2,7 +2,8 @@
 
 - ``GET /{topics}/ws|json|sse|raw``: a subscribe. The connection is handed to a transport adapter
   (``transport.set_protocol``) and the hub; this object is dropped, so an idle subscriber carries
-  nothing of the request parsing.
+  nothing of the request parsing. A poll on a keep-alive connection hands it back when its reply has
+  ended (``Pusher.take_back``): a fresh one of these parses the next request.
 - ``GET /v1/health``, ``/__lbheartbeat__``, ``/__heartbeat__``, ``/__version__``, ``/metrics``
   (Prometheus text: every metric of this process, so in the all-in-one program every role's): the ops
   routes every role shares (``upf_edge.ops``), served like the handler below.
@@ -21,6 +22,7 @@ Error replies are ntfy's JSON.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import socket
 import time
@@ -54,7 +56,7 @@ from .asgi_bridge import INTERNAL_ERROR, MAX_BODY, ASGIApp, Cycle, Lifespan
 from .hub import Hub
 from .query import Subscribe, match_subscribe_path, parse_subscribe
 from .session import Session
-from .transports import StreamSubscriber, Subscriber, WsSubscriber, ws_handshake
+from .transports import KeptAlive, StreamSubscriber, Subscriber, WsSubscriber, ws_handshake
 
 __all__ = ["Pusher", "serve", "HEAD_TIMEOUT", "IDLE_TIMEOUT"]
 
@@ -410,6 +412,8 @@ class HttpProtocol(asyncio.Protocol):
             sub = WsSubscriber(p.hub, session, self.transport, accept)
         else:
             sub = StreamSubscriber(p.hub, session, self.transport, transport_name, chunked=head.version == "1.1")
+            if req.poll and keep and sub.chunked:
+                sub.kept = KeptAlive(functools.partial(p.take_back, self.client))
         rest, self.buf = self.buf, b""
         self._handover()
         if self.admitted:
@@ -424,6 +428,23 @@ class HttpProtocol(asyncio.Protocol):
         self.gone = True
         self._disarm()
         self.pusher._http.discard(self)
+
+    def adopt(self, transport: asyncio.Transport, client: str, pipelined: bytes) -> None:
+        """Serve the next requests of a connection a keep-alive poll gave back. It was counted against
+        its address's cap when it was accepted, and this protocol releases that count."""
+        self.transport = transport
+        self.client = client
+        self.buf = pipelined
+        transport.set_protocol(self)
+        p = self.pusher
+        p._http.add(self)
+        if p.closing:
+            transport.close()
+            return
+        if p._sweeper is None:
+            p._arm_sweeper()
+        self._arm(IDLE_TIMEOUT)
+        self._process()
 
     # --- fallback cycles ----------------------------------------------------------------------------
     def spawn(self, coro: Any) -> asyncio.Task[Any]:
@@ -501,6 +522,10 @@ class Pusher:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return task
+
+    def take_back(self, client: str, transport: asyncio.Transport, pipelined: bytes) -> None:
+        """A keep-alive poll's reply has ended: its connection is an HTTP connection again."""
+        HttpProtocol(self).adopt(transport, client, pipelined)
 
     def _arm_sweeper(self) -> None:
         """Sweep while an unrouted connection exists, not forever: an idle node takes no timer wake-ups."""

@@ -40,6 +40,7 @@ import logging
 import socket
 import struct
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from websockets.datastructures import Headers, MultipleValuesError
@@ -60,7 +61,16 @@ from .session import Session
 if TYPE_CHECKING:
     from .hub import Hub
 
-__all__ = ["WRITE_HIGH", "WRITE_LOW", "WS_MAX_FRAME", "Subscriber", "StreamSubscriber", "WsSubscriber", "ws_handshake"]
+__all__ = [
+    "WRITE_HIGH",
+    "WRITE_LOW",
+    "WS_MAX_FRAME",
+    "KeptAlive",
+    "Subscriber",
+    "StreamSubscriber",
+    "WsSubscriber",
+    "ws_handshake",
+]
 
 WRITE_HIGH = 64 * 1024
 WRITE_LOW = 16 * 1024
@@ -98,6 +108,21 @@ def reset(transport: asyncio.Transport) -> None:
         with contextlib.suppress(OSError):
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER_RESET)
     transport.abort()
+
+
+_PENDING_MAX = 64 * 1024
+"""Bytes a keep-alive poll keeps of the requests pipelined behind it before it stops reading."""
+
+
+class KeptAlive:
+    """A poll on a keep-alive connection: the requests pipelined behind it, and where the connection
+    goes when the poll's reply has ended (``take(transport, pipelined)``, the front door's parser)."""
+
+    __slots__ = ("take", "pipelined")
+
+    def __init__(self, take: Callable[[asyncio.Transport, bytes], None]) -> None:
+        self.take = take
+        self.pipelined = b""
 
 
 _STREAM_KINDS = {
@@ -183,9 +208,13 @@ class Subscriber(asyncio.Protocol, abc.ABC):
 
 
 class StreamSubscriber(Subscriber):
-    """/json, /sse and /raw: a chunked HTTP/1.1 response that never ends (or ends after a poll)."""
+    """/json, /sse and /raw: a chunked HTTP/1.1 response that never ends (or ends after a poll).
 
-    __slots__ = ("frame_kind", "chunked", "transport_name", "accepted")
+    A poll on an HTTP/1.1 keep-alive connection (``kept``) ends its reply with the last chunk and gives
+    the connection back to the front door for the next request, as ntfy does: a client polling topic
+    after topic (the ntfy app's poll worker) does not pay a connection per poll."""
+
+    __slots__ = ("frame_kind", "chunked", "transport_name", "accepted", "kept")
 
     def __init__(self, hub: Hub, session: Session, transport: asyncio.Transport, name: str, *, chunked: bool) -> None:
         super().__init__(hub, session, transport)
@@ -193,19 +222,21 @@ class StreamSubscriber(Subscriber):
         self.frame_kind = _STREAM_KINDS[name, chunked]  # a shared string, not one per connection
         self.chunked = chunked
         self.accepted = False
+        self.kept: KeptAlive | None = None
+        """Set by the front door for a chunked poll whose client keeps the connection (None otherwise)."""
 
     def accept(self) -> None:
         self.accepted = True
-        headers = [
-            (b"Content-Type", framing.CONTENT_TYPES[self.transport_name]),
-            (b"Cache-Control", b"no-cache"),
-            (b"Access-Control-Allow-Origin", b"*"),
-            (b"X-Accel-Buffering", b"no"),
-            (b"Connection", b"close"),
-        ]
-        if self.chunked:
-            headers.append((b"Transfer-Encoding", b"chunked"))
-        self.transport.write(response_head(200, headers))
+        head = _POLL_HEAD if self.kept is not None else _STREAM_HEAD if self.chunked else _STREAM_HEAD_10
+        self.transport.write(head[self.transport_name])
+
+    def data_received(self, data: bytes) -> None:
+        kept = self.kept
+        if kept is None:
+            return  # a streaming client has nothing more to say
+        kept.pipelined += data  # the next requests: parsed once the poll's reply has ended
+        if len(kept.pipelined) > _PENDING_MAX:
+            self.transport.pause_reading()
 
     def frame(self, msg: Message) -> bytes:
         data = framing.ENCODERS[self.transport_name](msg)
@@ -222,7 +253,42 @@ class StreamSubscriber(Subscriber):
             return
         if self.chunked and self.accepted:
             self.transport.write(LAST_CHUNK)
+        if reason == "done" and self.kept is not None:
+            # Not from inside the hub's round that finished the poll: on the loop's next turn.
+            asyncio.get_running_loop().call_soon(self._hand_back)
+            return
         self.transport.close()
+
+    def _hand_back(self) -> None:
+        kept, self.kept = self.kept, None
+        if kept is None or self.transport.is_closing():
+            return  # closed meanwhile (shutdown, or the peer left): connection_lost forgets it
+        self.hub.detach(self)
+        self.peers = None  # the connection's count against its address's cap goes with it
+        self.transport.resume_reading()
+        kept.take(self.transport, kept.pipelined)
+
+
+def _stream_heads(*extra: tuple[bytes, bytes]) -> dict[str, bytes]:
+    return {
+        name: response_head(
+            200,
+            [
+                (b"Content-Type", framing.CONTENT_TYPES[name]),
+                (b"Cache-Control", b"no-cache"),
+                (b"Access-Control-Allow-Origin", b"*"),
+                (b"X-Accel-Buffering", b"no"),
+                *extra,
+            ],
+        )
+        for name in framing.CONTENT_TYPES
+    }
+
+
+_STREAM_HEAD = _stream_heads((b"Connection", b"close"), (b"Transfer-Encoding", b"chunked"))
+_STREAM_HEAD_10 = _stream_heads((b"Connection", b"close"))
+_POLL_HEAD = _stream_heads((b"Transfer-Encoding", b"chunked"))
+"""A keep-alive poll's head: no ``Connection: close``."""
 
 
 class WsSubscriber(Subscriber):
