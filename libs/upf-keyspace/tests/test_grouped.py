@@ -9,7 +9,7 @@ import contextlib
 
 import pytest
 
-from upf_keyspace import StoreError
+from upf_keyspace import StoreError, errors
 from upf_keyspace.drivers._turns import TURN_MAX, TurnGroups
 from upf_keyspace.drivers.embedded import open_embedded
 
@@ -238,6 +238,7 @@ async def test_watches_see_grouped_writes_in_this_process_and_another(tmp_path):
 async def test_a_failed_commit_fails_its_grouped_items(tmp_path, monkeypatch):
     """The store refusing the commit (full) fails every grouped item of it, with STORAGE_FULL."""
     monkeypatch.setenv("UPF_EMBEDDED_MAX_BYTES", str(256 << 10))
+    monkeypatch.setattr(errors, "STORAGE", errors.StorageHealth())  # not this process's health for 10 s
     db = await open_embedded(str(tmp_path / "store.db"))
     try:
         with pytest.raises(StoreError) as err:

@@ -287,9 +287,10 @@ async def test_a_groups_stats_are_summed_per_slot_and_count_every_publish(store)
     assert await store.stored_bytes() - before == sum(sizes)
 
 
-async def test_a_publish_with_a_key_or_a_push_topic_keeps_its_own_transaction(store):
-    """An idempotency key or a Web Push Topic reads what another publish of a group could write
-    (a marker), so those publishes are never grouped: the duplicate is still found."""
+async def test_a_publish_with_a_push_topic_keeps_its_own_transaction_a_keyed_one_is_grouped(store):
+    """A Web Push Topic clears what another publish of a group could be writing (the message the
+    topic named), so that publish is never grouped; one with an idempotency key is, and its
+    duplicate is still found."""
     with commits_held(store):
         first = asyncio.create_task(store.publish("t", env("first")))
         await asyncio.sleep(0.05)
@@ -301,10 +302,47 @@ async def test_a_publish_with_a_key_or_a_push_topic_keeps_its_own_transaction(st
         )
         await asyncio.sleep(0.05)
     pubs = [await first, *await rest]
-    assert pubs[1].stamp[:10] == pubs[4].stamp[:10]  # the plain ones: one transaction
-    assert len({p.stamp[:10] for p in pubs[1:4]}) == 3  # the others: one each
+    assert pubs[1].stamp[:10] == pubs[3].stamp[:10] == pubs[4].stamp[:10]  # one grouped transaction
+    assert pubs[2].stamp[:10] != pubs[1].stamp[:10]  # the push topic's own
     again = await store.publish("t", env("again"), idem="k1")
-    assert again.duplicate and again.id == pubs[3].id
+    assert again.duplicate and again.id == pubs[3].id and again.envelope.message == "keyed"
+
+
+async def test_keyed_publishes_in_one_group_store_each_key_once(store):
+    """In one grouped transaction: a key twice stores the first and answers the second with it; a key
+    an earlier commit stored answers with that message; a key whose marker outlived its message
+    publishes anew. Only what was stored is counted."""
+    stored = await store.publish("t", env("stored"), idem="old")
+    gone = await store.publish("t", env("gone"), idem="expired")
+
+    async def drop_message(tr):  # its Q entry only: the marker is left behind, stale
+        tr.clear(keys.queue_key("t", gone.stamp))
+
+    await store.db.transact(drop_message)
+    count = (await store.stats())[0]
+    with commits_held(store):
+        first = asyncio.create_task(store.publish("u", env("first")))
+        await asyncio.sleep(0.05)
+        rest = asyncio.gather(
+            store.publish("t", env("a"), idem="new"),
+            store.publish("t", env("b"), idem="old"),
+            store.publish("t", env("c"), idem="new"),
+            store.publish("other", env("d"), idem="new"),  # a key is per topic
+            store.publish("t", env("e"), idem="expired"),
+            store.publish("t", env("f")),
+        )
+        await asyncio.sleep(0.05)
+    await first
+    a, b, c, d, e, f = await rest
+    assert len({p.stamp[:10] for p in (a, d, e, f)}) == 1  # what was stored: one grouped transaction
+    assert not a.duplicate and c.duplicate and (c.id, c.envelope.message) == (a.id, "a")
+    assert b.duplicate and (b.id, b.envelope.message) == (stored.id, "stored")
+    assert not d.duplicate and d.id != a.id
+    assert not e.duplicate and not f.duplicate
+    assert [m.envelope.message for m in await store.read_after("t", None)] == ["stored", "a", "e", "f"]
+    assert (await store.stats())[0] == count + 5  # first, a, d, e, f
+    assert (await store.publish("t", env("g"), idem="expired")).id == e.id  # its new marker holds
+    assert (await store.publish("t", env("h"), idem="new")).id == a.id
 
 
 async def test_a_group_is_bounded_and_one_bad_publish_fails_alone(store):

@@ -79,21 +79,22 @@ class Store:
         return await self.db.transact(body)
 
     async def publish(self, topic: str, envelope: Envelope, *, idem: str = "") -> Published:
-        """One publish: a plain one shares a transaction with the others the driver groups with it
-        (``Database.transact_grouped``), one with an idempotency key or a Web Push ``Topic`` has its
-        own (it reads what another publish of a group may write)."""
-        if idem or envelope.push_topic:
+        """One publish: it shares a transaction with the others the driver groups with it
+        (``Database.transact_grouped``); one with a Web Push ``Topic`` has its own (it clears the
+        message the topic named, which another publish of a group may be writing)."""
+        if envelope.push_topic:
             pending = await self.db.transact(
                 ops.publish.publish, topic, envelope, shard_count=self.shard_count, idem=idem
             )
-            if pending.duplicate_of is not None:
-                return Published(pending.duplicate_of, pending.envelope, True)
         else:
             pending = await self.db.transact_grouped(
-                ops.publish.publish_many, (topic, envelope), shard_count=self.shard_count
+                ops.publish.publish_many, (topic, envelope, idem), shard_count=self.shard_count
             )
+        if pending.duplicate_of is not None:
+            return Published(pending.duplicate_of, pending.envelope, True)
         assert pending.commit_stamp is not None
-        return _published(await pending.commit_stamp, pending)
+        published = _published(await pending.commit_stamp, pending)
+        return Published(published.stamp, published.envelope, True) if pending.repeat else published
 
     async def vapid_admit(self, topic: str, key: str | None, *, bind: bool) -> bool:
         """Whether a publish with the verified VAPID ``key`` may go to ``topic`` (see ops.vapid.admit)."""

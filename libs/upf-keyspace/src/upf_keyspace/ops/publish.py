@@ -3,6 +3,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Sequence
 
 import msgspec
+from msgspec.structs import replace
 
 from .. import keys
 from ..contract import Transaction
@@ -17,7 +18,10 @@ class Pending(msgspec.Struct):
     user_version: int = 0
     commit_stamp: Awaitable[bytes] | None = None
     duplicate_of: bytes | None = None
+    """The stamp of the message an earlier commit stored under the same idempotency key."""
     poked: int = 0
+    repeat: bool = False
+    """The same idempotency key as an earlier publish of its group: this is that publish's answer."""
 
 
 STAT_SLOTS = 16
@@ -98,21 +102,52 @@ async def publish(
     return pending
 
 
-async def publish_many(tr: Transaction, items: Sequence[tuple[str, Envelope]], *, shard_count: int) -> list[Pending]:
-    """Plain publishes (no idempotency key, no Web Push ``Topic``: neither reads what another one of
-    them may write) in one transaction, each with its own user version under the one commit stamp.
+async def publish_many(
+    tr: Transaction, items: Sequence[tuple[str, Envelope, str]], *, shard_count: int
+) -> list[Pending]:
+    """Publishes without a Web Push ``Topic`` (it clears what another one of them may write), each
+    ``(topic, envelope, idempotency key or "")``, in one transaction, each with its own user version
+    under the one commit stamp.
     Why: a transaction's fixed costs (its reads' version, the commit's hand-off and conflict check)
     are most of a small publish's; concurrent publishers share them (``Store.publish`` through
     ``Database.transact_grouped``, which also holds this function to reading before writing).
-    Every affinity range is read before anything is written, so no read merges with a write. The
-    stats adds are summed per slot over the group: two adds per slot, not two per publish."""
-    found = await tr.get_ranges([(*keys.affinity_range(topic), 0) for topic, _ in items])
+    Every affinity range and key marker is read before anything is written, so no read merges with
+    a write. A key stored by an earlier commit answers with that message (``duplicate_of``); a key
+    twice in the group, its second and later items with the first's (``repeat``). The stats adds are
+    summed per slot over the group: two adds per slot, not two per publish."""
+    ranges = [(*keys.affinity_range(topic), 0) for topic, _, _ in items]
+    keyed = [i for i, item in enumerate(items) if item[2]]
+    ranges += [(*keys.idem_range(items[i][0], items[i][2]), 1) for i in keyed]
+    found = await tr.get_ranges(ranges)
+    stored: dict[int, Pending] = {}
+    stale: list[bytes] = []
+    for i, marker in zip(keyed, found[len(items) :], strict=True):
+        if marker:
+            _, _, original = keys.unpack_idem_key(marker[0][0])
+            raw = await tr.get(keys.queue_key(items[i][0], original))
+            if raw is not None:
+                stored[i] = Pending(envelope=decode_envelope(raw), duplicate_of=original)
+            else:
+                stale.append(marker[0][0])  # the original expired: publish anew
+    for key in stale:
+        tr.clear(key)
     stamp = tr.get_versionstamp()
     tallies: dict[int, list[int]] = {}
-    out = [
-        _append(tr, topic, env, holders, shard_count, stamp, tallies)
-        for (topic, env), holders in zip(items, found, strict=True)
-    ]
+    firsts: dict[tuple[str, str], Pending] = {}
+    out: list[Pending] = []
+    for i, ((topic, env, idem), holders) in enumerate(zip(items, found[: len(items)], strict=True)):
+        if idem:
+            if i in stored:
+                out.append(stored[i])
+                continue
+            first = firsts.get((topic, idem))
+            if first is not None:
+                out.append(replace(first, poked=0, repeat=True))
+                continue
+        pending = _append(tr, topic, env, holders, shard_count, stamp, tallies, idem=idem)
+        if idem:
+            firsts[topic, idem] = pending
+        out.append(pending)
     _add_tallies(tr, tallies)
     return out
 

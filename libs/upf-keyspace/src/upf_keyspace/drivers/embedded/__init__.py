@@ -24,7 +24,7 @@ How it keeps FoundationDB's meaning:
   bytes big-endian, kept in the file so strictly increasing across processes and at least the wall
   clock in microseconds (ids never go backwards, even after the file lost its last commits), plus the
   2-byte batch order. Read versions and the write log use a separate dense commit counter.
-- Grouped transactions (``transact_grouped``, plain publishes) run in the committer thread inside the
+- Grouped transactions (``transact_grouped``, publishes) run in the committer thread inside the
   group commit's write transaction, after the batch's other transactions: LMDB's single writer means
   their reads see every commit before them, so they need no read version and no conflict check, and
   every item waiting for a commit shares one transaction (``grouped``).
