@@ -178,6 +178,19 @@ def test_pushed_metrics_carry_the_histogram_cells_through_the_public_reader_inte
         t.shutdown()
 
 
+def test_a_weighted_observation_is_that_many_observations() -> None:
+    """``record_many(v, n)`` (one message delivered to n connections) leaves the cell as n ``record(v)``."""
+    reg = tm.Registry()
+    one = reg.histogram("upf.test.a", "a", unit="s", bounds=tm.LATENCY_BUCKETS).cell()
+    many = reg.histogram("upf.test.b", "b", unit="s", bounds=tm.LATENCY_BUCKETS).cell()
+    for v, n in ((0.003, 5), (0.2, 1), (0.0001, 3)):
+        for _ in range(n):
+            one.record(v)
+        many.record_many(v, n)
+    assert (many.counts, many.min, many.max, many.count) == (one.counts, one.min, one.max, 9)
+    assert abs(many.sum - one.sum) < 1e-12
+
+
 def test_a_plain_sdk_reader_gets_the_counters_not_the_histograms() -> None:
     """Histograms reach only the cell readers. They ride on a collection of the SDK's own metrics: with no
     counter or gauge in the registry at all the SDK hands a reader nothing (every role has counters)."""

@@ -72,9 +72,20 @@ _Wanted = dict[tuple[str, bytes | None, int], list[tuple["Subscriber", str]]]
 _Outbox = dict["Subscriber", list[tuple[Send, str]]]
 
 
-_FrameCache = dict[tuple[bytes, str], bytes]
+_FrameCache = dict[tuple[bytes, str], list[Any]]
 """A read round's framed messages, by (stamp, frame kind): stamps are unique across topics, and each
-message is framed at most once per kind however many connections it goes to."""
+message is framed at most once per kind however many connections it goes to. Each entry is
+``[frame, deliveries, published_ms, latency cell]``: the latency is recorded once per entry when the
+round's writes are done (``_record_latency``), weighted by its deliveries, not once per connection."""
+
+
+def _record_latency(frames: _FrameCache, now_ms: float) -> None:
+    """Each framed message's publish-to-delivery latency, once per message and frame kind, weighted
+    by the connections it was written to."""
+    for _, deliveries, published_ms, latency in frames.values():
+        if published_ms and deliveries:
+            latency.record_many(max(0.0, now_ms - published_ms) / 1000.0, deliveries)
+
 
 # What started the read chain a delivery came from (a span attribute; safety-poll deliveries are counted).
 SUBSCRIBE, BELL, SAFETY, RESUME = "subscribe", "bell", "safety", "resume"
@@ -357,14 +368,16 @@ class Hub:
         self, sub: Subscriber, sends: list[tuple[Send, str]], frames: _FrameCache, now_ms: float | None = None
     ) -> None:
         """Write ``sends`` to ``sub`` in one call: events framed for this connection, queued messages
-        framed once per frame kind through ``frames`` (shared by a round). Counts what was delivered,
-        records latency from ``published_ms`` and, when tracing, wraps the write in one ``deliver``
-        span linked to each message's publish span (its ``traceparent`` from the envelope)."""
+        framed once per frame kind through ``frames`` (shared by a round, which records their latency
+        when its writes are done; a write of its own, ``now_ms`` None, records at once). Counts what
+        was delivered and, when tracing, wraps the write in one ``deliver`` span linked to each
+        message's publish span (its ``traceparent`` from the envelope)."""
         if not sub.writable():
             return  # the transport drops the write: nothing is delivered
         kind = sub.frame_kind
         parts: list[bytes] = []
         queued = 0
+        cells = self.metrics.transports[sub.transport_name]
         for cmd, _ in sends:
             for ev in cmd.events:
                 parts.append(sub.frame(ev))
@@ -373,15 +386,15 @@ class Hub:
                 continue
             queued += len(rows)
             for topic, row in zip(cmd.topics, rows, strict=True):
-                data = frames.get((row.stamp, kind))
-                if data is None:
-                    data = frames[row.stamp, kind] = sub.frame(message_from_envelope(row.stamp, topic, row.envelope))
-                parts.append(data)
+                entry = frames.get((row.stamp, kind))
+                if entry is None:
+                    data = sub.frame(message_from_envelope(row.stamp, topic, row.envelope))
+                    entry = frames[row.stamp, kind] = [data, 0, row.envelope.published_ms, cells.latency]
+                entry[1] += 1
+                parts.append(entry[0])
         if not queued:
             sub.write(parts)
             return
-        if now_ms is None:
-            now_ms = time.time() * 1000.0
         if self.telemetry.tracing:
             span = self._deliver_span(sub, sends)
             try:
@@ -390,16 +403,12 @@ class Hub:
                 span.end()
         else:
             sub.write(parts)
-        cells = self.metrics.transports[sub.transport_name]
         cells.deliveries.add(queued)
-        latency = cells.latency
         for cmd, trigger in sends:
             if trigger is SAFETY and cmd.rows:
                 self.metrics.safety.add(len(cmd.rows))
-            for row in cmd.rows:
-                published = row.envelope.published_ms
-                if published:
-                    latency.record(max(0.0, now_ms - published) / 1000.0)
+        if now_ms is None:  # a write of its own, not a round's: its latencies now
+            _record_latency(frames, time.time() * 1000.0)
 
     def _deliver_span(self, sub: Subscriber, sends: list[tuple[Send, str]]) -> Any:
         from opentelemetry.trace import SpanKind
@@ -486,6 +495,7 @@ class Hub:
                 self._write(sub, sends, frames, now_ms)
             except Exception:
                 log.warning("delivery failed", exc_info=True)
+        _record_latency(frames, now_ms)
 
     async def _round_done(self) -> None:
         """Wait for the read round that will carry the reads wanted so far (not the ones they lead to)."""

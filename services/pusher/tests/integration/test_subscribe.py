@@ -5,11 +5,12 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+import time
 
 import pytest
 from upf_pusher_testkit import MS, TRANSPORTS, eventually, publish, raw_request
 
-from upf_keyspace import Store
+from upf_keyspace import Envelope, Store
 from upf_pusher.hub import READ_BATCH
 from upf_pusher.server import Pusher
 from upf_pusher.transports import WRITE_HIGH
@@ -308,3 +309,28 @@ def assert_error(raw: bytes, http: int, code: int) -> None:
     assert head.startswith(b"HTTP/1.1 %d " % http), head
     assert b"Content-Type: application/json" in head
     assert json.loads(body) == {"code": code, "http": http, "error": json.loads(body)["error"]}
+
+
+async def test_latency_is_recorded_once_per_delivery_however_many_share_a_frame(
+    transport: str, pusher: Pusher, store: Store, clients
+) -> None:
+    """Fan-out records each message's latency once per frame kind with its deliveries as the weight:
+    the histogram still counts one observation per delivered message, per transport."""
+    subs = [await clients(pusher.port, t, path("lat", t)) for t in (transport, transport, transport, "ws")]
+    for s in subs:
+        await s.next()
+    latency = {t: pusher.hub.metrics.transports[t].latency for t in TRANSPORTS}
+    before = {t: (h.count, h.sum) for t, h in latency.items()}
+    now = time.time()
+    for text in ("one", "two"):
+        env = Envelope(time=int(now), expires=int(now) + 600, message=text, published_ms=int(now * 1000) - 50)
+        await store.publish("lat", env)
+    for s in subs:
+        assert [m["message"] for m in await s.messages(2)] == ["one", "two"]
+    want = {t: 0 for t in TRANSPORTS}
+    want[transport] += 6
+    want["ws"] += 2
+    for t, h in latency.items():
+        assert h.count - before[t][0] == want[t]
+        if want[t]:  # each observation at least the 50 ms the publish was backdated by
+            assert h.sum - before[t][1] >= want[t] * 0.05 and h.max >= 0.05

@@ -65,6 +65,15 @@ class Histogram:
         if value > self.max:
             self.max = value
 
+    def record_many(self, value: float, n: int) -> None:
+        """``n`` observations of one value (a message delivered to ``n`` connections at once)."""
+        self.counts[bisect_left(self.bounds, value)] += n
+        self.sum += value * n
+        if value < self.min:
+            self.min = value
+        if value > self.max:
+            self.max = value
+
     @property
     def count(self) -> int:
         return sum(self.counts)
