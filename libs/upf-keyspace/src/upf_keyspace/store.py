@@ -80,15 +80,22 @@ class Store:
 
     async def publish(self, topic: str, envelope: Envelope, *, idem: str = "") -> Published:
         """One publish: it shares a transaction with the others the driver groups with it
-        (``Database.transact_grouped``); one with a Web Push ``Topic`` has its own (it clears the
-        message the topic named, which another publish of a group may be writing)."""
+        (``Database.transact_grouped``; those with an idempotency key in a group of their own); one
+        with a Web Push ``Topic`` has its own (it clears the message the topic named, which another
+        publish of a group may be writing)."""
+        if not idem and not envelope.push_topic:
+            pending = await self.db.transact_grouped(
+                ops.publish.publish_many, (topic, envelope), shard_count=self.shard_count
+            )
+            assert pending.commit_stamp is not None
+            return _published(await pending.commit_stamp, pending)
         if envelope.push_topic:
             pending = await self.db.transact(
                 ops.publish.publish, topic, envelope, shard_count=self.shard_count, idem=idem
             )
         else:
             pending = await self.db.transact_grouped(
-                ops.publish.publish_many, (topic, envelope, idem), shard_count=self.shard_count
+                ops.publish.publish_keyed, (topic, envelope, idem), shard_count=self.shard_count
             )
         if pending.duplicate_of is not None:
             return Published(pending.duplicate_of, pending.envelope, True)

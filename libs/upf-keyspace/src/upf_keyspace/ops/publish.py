@@ -102,51 +102,64 @@ async def publish(
     return pending
 
 
-async def publish_many(
-    tr: Transaction, items: Sequence[tuple[str, Envelope, str]], *, shard_count: int
-) -> list[Pending]:
-    """Publishes without a Web Push ``Topic`` (it clears what another one of them may write), each
-    ``(topic, envelope, idempotency key or "")``, in one transaction, each with its own user version
-    under the one commit stamp.
+async def publish_many(tr: Transaction, items: Sequence[tuple[str, Envelope]], *, shard_count: int) -> list[Pending]:
+    """Plain publishes (no idempotency key, no Web Push ``Topic``) in one transaction, each with its
+    own user version under the one commit stamp.
     Why: a transaction's fixed costs (its reads' version, the commit's hand-off and conflict check)
     are most of a small publish's; concurrent publishers share them (``Store.publish`` through
     ``Database.transact_grouped``, which also holds this function to reading before writing).
-    Every affinity range and key marker is read before anything is written, so no read merges with
-    a write. A key stored by an earlier commit answers with that message (``duplicate_of``); a key
-    twice in the group, its second and later items with the first's (``repeat``). The stats adds are
-    summed per slot over the group: two adds per slot, not two per publish."""
-    ranges = [(*keys.affinity_range(topic), 0) for topic, _, _ in items]
-    keyed = [i for i, item in enumerate(items) if item[2]]
-    ranges += [(*keys.idem_range(items[i][0], items[i][2]), 1) for i in keyed]
-    found = await tr.get_ranges(ranges)
+    Every affinity range is read before anything is written, so no read merges with a write. The
+    stats adds are summed per slot over the group: two adds per slot, not two per publish."""
+    found = await tr.get_ranges([(*keys.affinity_range(topic), 0) for topic, _ in items])
+    stamp = tr.get_versionstamp()
+    tallies: dict[int, list[int]] = {}
+    out = [
+        _append(tr, topic, env, holders, shard_count, stamp, tallies)
+        for (topic, env), holders in zip(items, found, strict=True)
+    ]
+    _add_tallies(tr, tallies)
+    return out
+
+
+async def publish_keyed(
+    tr: Transaction, items: Sequence[tuple[str, Envelope, str]], *, shard_count: int
+) -> list[Pending]:
+    """Publishes with an idempotency key, ``(topic, envelope, key)``, grouped as ``publish_many``
+    groups plain ones (a group of their own: plain publishes pay nothing for keys). Each key's
+    marker is read with the affinity ranges, before any write. A key an earlier commit stored
+    answers with that message (``duplicate_of``); a key twice in the group, its later items with the
+    first's (``repeat``); a marker whose message is gone is cleared and the publish stored anew."""
+    n = len(items)
+    found = await tr.get_ranges(
+        [(*keys.affinity_range(topic), 0) for topic, _, _ in items]
+        + [(*keys.idem_range(topic, idem), 1) for topic, _, idem in items]
+    )
     stored: dict[int, Pending] = {}
     stale: list[bytes] = []
-    for i, marker in zip(keyed, found[len(items) :], strict=True):
+    for i, (topic, _, _) in enumerate(items):
+        marker = found[n + i]
         if marker:
             _, _, original = keys.unpack_idem_key(marker[0][0])
-            raw = await tr.get(keys.queue_key(items[i][0], original))
+            raw = await tr.get(keys.queue_key(topic, original))
             if raw is not None:
                 stored[i] = Pending(envelope=decode_envelope(raw), duplicate_of=original)
             else:
-                stale.append(marker[0][0])  # the original expired: publish anew
+                stale.append(marker[0][0])
     for key in stale:
         tr.clear(key)
     stamp = tr.get_versionstamp()
     tallies: dict[int, list[int]] = {}
     firsts: dict[tuple[str, str], Pending] = {}
     out: list[Pending] = []
-    for i, ((topic, env, idem), holders) in enumerate(zip(items, found[: len(items)], strict=True)):
-        if idem:
-            if i in stored:
-                out.append(stored[i])
-                continue
-            first = firsts.get((topic, idem))
-            if first is not None:
-                out.append(replace(first, poked=0, repeat=True))
-                continue
-        pending = _append(tr, topic, env, holders, shard_count, stamp, tallies, idem=idem)
-        if idem:
-            firsts[topic, idem] = pending
+    for i, (topic, env, idem) in enumerate(items):
+        if i in stored:
+            out.append(stored[i])
+            continue
+        first = firsts.get((topic, idem))
+        if first is not None:
+            out.append(replace(first, poked=0, repeat=True))
+            continue
+        pending = firsts[topic, idem] = _append(tr, topic, env, found[i], shard_count, stamp, tallies, idem=idem)
         out.append(pending)
     _add_tallies(tr, tallies)
     return out
