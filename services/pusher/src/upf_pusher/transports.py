@@ -253,6 +253,7 @@ class StreamSubscriber(Subscriber):
             return
         if self.chunked and self.accepted:
             self.transport.write(LAST_CHUNK)
+            self.accepted = False  # the reply has ended: a second close must not end it again
         if reason == "done" and self.kept is not None:
             # Not from inside the hub's round that finished the poll: on the loop's next turn.
             asyncio.get_running_loop().call_soon(self._hand_back)
