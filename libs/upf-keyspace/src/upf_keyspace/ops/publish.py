@@ -82,13 +82,11 @@ async def publish(
     entry so the janitor can clear the SR entry that maps it to this Q stamp. ``count``: add to the
     stats' message count (a release was counted when it was scheduled)."""
     if idem:
-        marker = await tr.get_range(*keys.idem_range(topic, idem), limit=1)
-        if marker:
-            _, _, stamp = keys.unpack_idem_key(marker[0][0])
-            raw = await tr.get(keys.queue_key(topic, stamp))
-            if raw is not None:
-                return Pending(envelope=decode_envelope(raw), duplicate_of=stamp)
-            tr.clear(marker[0][0])  # the original expired: publish anew
+        original = await _original(tr, topic, await tr.get_range(*keys.idem_range(topic, idem), limit=1))
+        if isinstance(original, Pending):
+            return original
+        if original is not None:
+            tr.clear(original)  # the original expired: publish anew
     # Read before writing: a read that none of the transaction's own writes can touch needs no merge
     # with them (the embedded driver then reads its snapshot directly: 4% of a publish's instructions).
     holders = await tr.get_range(*keys.affinity_range(topic))
@@ -137,15 +135,12 @@ async def publish_keyed(
     stored: dict[int, Pending] = {}
     stale: list[bytes] = []
     for i, (topic, _, _) in enumerate(items):
-        marker = found[n + i]
-        if marker:
-            _, _, original = keys.unpack_idem_key(marker[0][0])
-            raw = await tr.get(keys.queue_key(topic, original))
-            if raw is not None:
-                stored[i] = Pending(envelope=decode_envelope(raw), duplicate_of=original)
-            else:
-                stale.append(marker[0][0])
-    for key in stale:
+        original = await _original(tr, topic, found[n + i])
+        if isinstance(original, Pending):
+            stored[i] = original
+        elif original is not None:
+            stale.append(original)
+    for key in stale:  # after every read: cleared, and the publish stored anew
         tr.clear(key)
     stamp = tr.get_versionstamp()
     tallies: dict[int, list[int]] = {}
@@ -163,6 +158,19 @@ async def publish_keyed(
         out.append(pending)
     _add_tallies(tr, tallies)
     return out
+
+
+async def _original(tr: Transaction, topic: str, marker: Sequence[tuple[bytes, bytes]]) -> Pending | bytes | None:
+    """What an idempotency key's marker (its range, read with limit 1) means: the earlier publish's
+    answer while its message is stored, else the marker's key, stale, for the caller to clear (None:
+    no marker)."""
+    if not marker:
+        return None
+    _, _, stamp = keys.unpack_idem_key(marker[0][0])
+    raw = await tr.get(keys.queue_key(topic, stamp))
+    if raw is None:
+        return marker[0][0]
+    return Pending(envelope=decode_envelope(raw), duplicate_of=stamp)
 
 
 def _add_tallies(tr: Transaction, tallies: dict[int, list[int]]) -> None:
