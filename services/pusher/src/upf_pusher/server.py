@@ -154,10 +154,18 @@ class HandlerCycle:
             self.owner.cycle_done(self, self.keep_alive and finished)
 
 
+def _keeps(head: RequestHead) -> bool:
+    """Whether the connection serves another request after this one, for a request whose body is
+    never read (a subscribe, a preflight): not if it has one, whose bytes would otherwise be parsed
+    as the next request (a request hidden in a GET's body, as ntfy's server, which discards unread
+    bodies, never runs it)."""
+    return head.keep_alive and not head.content_length and not head.chunked
+
+
 class HttpProtocol(asyncio.Protocol):
     """A connection until it is routed: parses heads, answers ops and errors, runs handler and fallback cycles."""
 
-    __slots__ = ("pusher", "transport", "client", "buf", "busy", "deadline", "cycle", "gone", "admitted")
+    __slots__ = ("pusher", "transport", "client", "buf", "busy", "deadline", "cycle", "gone", "admitted", "paused")
 
     def __init__(self, pusher: Pusher) -> None:
         self.pusher = pusher
@@ -171,6 +179,10 @@ class HttpProtocol(asyncio.Protocol):
         self.gone = False
         self.admitted = True
         """Counted against its address's connection cap (False: over it, its first request gets 429)."""
+        self.paused = False
+        """The peer is not reading our replies (above the write buffer's high mark): the next request
+        waits. asyncio tells a transport's protocol once, so this also goes to whichever protocol
+        takes the connection next."""
 
     # --- asyncio callbacks --------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -206,11 +218,20 @@ class HttpProtocol(asyncio.Protocol):
                 self.buf = rest
             return
         self.buf += data
-        if self.busy:
+        if self.busy or self.paused:
             if len(self.buf) > _MAX_PENDING:
                 self.transport.pause_reading()
             return
         self._process()
+
+    def pause_writing(self) -> None:
+        self.paused = True
+
+    def resume_writing(self) -> None:
+        self.paused = False
+        if not self.busy and not self.gone and not self.transport.is_closing():
+            self.transport.resume_reading()
+            self._process()
 
     # --- timers -------------------------------------------------------------------------------------
     # A deadline, not a loop timer: arming and cancelling a TimerHandle on every request of a keep-alive
@@ -237,7 +258,7 @@ class HttpProtocol(asyncio.Protocol):
             self.transport.close()
 
     def _process(self) -> None:
-        while not self.busy and not self.gone and not self.transport.is_closing():
+        while not self.busy and not self.paused and not self.gone and not self.transport.is_closing():
             try:
                 end = find_head_end(self.buf)
                 if end < 0:
@@ -270,7 +291,7 @@ class HttpProtocol(asyncio.Protocol):
             if match is not None:
                 return self._subscribe(head, *match)
         elif head.method == "OPTIONS":  # a CORS preflight, answered on every path as ntfy does
-            keep = keep and not head.content_length and not head.chunked  # a body is never read: close
+            keep = _keeps(head)  # a body is never read: close
             self._reply(head, reply_response(PREFLIGHT, keep_alive=keep), keep)
             return False
         if p.ops.wants(head.method, head.path):
@@ -301,7 +322,7 @@ class HttpProtocol(asyncio.Protocol):
 
     def _subscribe(self, head: RequestHead, topics_raw: str, transport_name: str) -> bool:
         p = self.pusher
-        keep = head.keep_alive
+        keep = _keeps(head)
         try:
             headers, query = head.header_map(), head.query()
             req = parse_subscribe(
@@ -338,7 +359,7 @@ class HttpProtocol(asyncio.Protocol):
         after too many failures), the request limit (42901), the ACL (403), then the visitor's open
         subscriptions across the fleet (42903; a poll holds none)."""
         p = self.pusher
-        keep = head.keep_alive
+        keep = _keeps(head)
         limiter = p.limiter
         visitor: str | None = None
         try:
@@ -394,7 +415,7 @@ class HttpProtocol(asyncio.Protocol):
     def _attach_sub(self, head: RequestHead, req: Subscribe, transport_name: str, on_close: Any) -> tuple[bool, bool]:
         """``_attach``'s body: (its answer, whether the hub took the subscriber)."""
         p = self.pusher
-        keep = head.keep_alive
+        keep = _keeps(head)
         session = Session(req.topics, req.topics_raw, p.hub.config, poll=req.poll)
         sub: Subscriber
         if transport_name == "ws":
@@ -420,6 +441,8 @@ class HttpProtocol(asyncio.Protocol):
             sub.peers, sub.peer = p.peers, self.client  # the subscriber releases the count when it goes
         self.transport.set_protocol(sub)
         p.hub.attach(sub, req.since, on_close)
+        if self.paused:  # asyncio will not say so again: the subscriber starts paused
+            sub.pause_writing()
         if rest:
             sub.data_received(rest)
         return True, True
@@ -429,12 +452,15 @@ class HttpProtocol(asyncio.Protocol):
         self._disarm()
         self.pusher._http.discard(self)
 
-    def adopt(self, transport: asyncio.Transport, client: str, pipelined: bytes) -> None:
+    def adopt(self, transport: asyncio.Transport, client: str, pipelined: bytes, paused: bool) -> None:
         """Serve the next requests of a connection a keep-alive poll gave back. It was counted against
-        its address's cap when it was accepted, and this protocol releases that count."""
+        its address's cap when it was accepted, and this protocol releases that count. ``paused``:
+        the poll's reply is still above the write buffer's high mark, so the next request waits for
+        ``resume_writing``, which asyncio now calls on this protocol."""
         self.transport = transport
         self.client = client
         self.buf = pipelined
+        self.paused = paused
         transport.set_protocol(self)
         p = self.pusher
         p._http.add(self)
@@ -523,9 +549,9 @@ class Pusher:
         task.add_done_callback(self._tasks.discard)
         return task
 
-    def take_back(self, client: str, transport: asyncio.Transport, pipelined: bytes) -> None:
+    def take_back(self, client: str, transport: asyncio.Transport, pipelined: bytes, paused: bool) -> None:
         """A keep-alive poll's reply has ended: its connection is an HTTP connection again."""
-        HttpProtocol(self).adopt(transport, client, pipelined)
+        HttpProtocol(self).adopt(transport, client, pipelined, paused)
 
     def _arm_sweeper(self) -> None:
         """Sweep while an unrouted connection exists, not forever: an idle node takes no timer wake-ups."""

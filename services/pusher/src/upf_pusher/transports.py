@@ -115,14 +115,16 @@ _PENDING_MAX = 64 * 1024
 
 
 class KeptAlive:
-    """A poll on a keep-alive connection: the requests pipelined behind it, and where the connection
-    goes when the poll's reply has ended (``take(transport, pipelined)``, the front door's parser)."""
+    """A poll on a keep-alive connection: the requests pipelined behind it, whether the peer reads
+    the reply (``paused``: above the write buffer's high mark), and where the connection goes when
+    the poll's reply has ended (``take(transport, pipelined, paused)``, the front door's parser)."""
 
-    __slots__ = ("take", "pipelined")
+    __slots__ = ("take", "pipelined", "paused")
 
-    def __init__(self, take: Callable[[asyncio.Transport, bytes], None]) -> None:
+    def __init__(self, take: Callable[[asyncio.Transport, bytes, bool], None]) -> None:
         self.take = take
         self.pipelined = b""
+        self.paused = False
 
 
 _STREAM_KINDS = {
@@ -230,6 +232,16 @@ class StreamSubscriber(Subscriber):
         head = _POLL_HEAD if self.kept is not None else _STREAM_HEAD if self.chunked else _STREAM_HEAD_10
         self.transport.write(head[self.transport_name])
 
+    def pause_writing(self) -> None:
+        if self.kept is not None:
+            self.kept.paused = True
+        super().pause_writing()
+
+    def resume_writing(self) -> None:
+        if self.kept is not None:
+            self.kept.paused = False
+        super().resume_writing()
+
     def data_received(self, data: bytes) -> None:
         kept = self.kept
         if kept is None:
@@ -267,7 +279,7 @@ class StreamSubscriber(Subscriber):
         self.hub.detach(self)
         self.peers = None  # the connection's count against its address's cap goes with it
         self.transport.resume_reading()
-        kept.take(self.transport, kept.pipelined)
+        kept.take(self.transport, kept.pipelined, kept.paused)
 
 
 def _stream_heads(*extra: tuple[bytes, bytes]) -> dict[str, bytes]:

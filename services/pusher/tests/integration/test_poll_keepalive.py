@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 
 import pytest
 from upf_pusher_testkit import MS, eventually, publish, raw_request
 
 from upf_keyspace import Store
 from upf_pusher.server import Pusher
+from upf_pusher.transports import WRITE_HIGH, StreamSubscriber
 
 POLL = b"GET /%s/%s?poll=1&since=all HTTP/1.1\r\nHost: x\r\n\r\n"
 
@@ -155,3 +157,103 @@ async def test_more_than_a_buffer_of_requests_pipelined_behind_a_poll(pusher: Pu
     finally:
         writer.close()
     assert b'"m"' in out and out.count(b"HTTP/1.1 404 ") == n + 1 and out.endswith(b'"page not found"}\n')
+
+
+def _unread_socket(port: int) -> socket.socket:
+    """A client that reads nothing until told: a small receive buffer, so the server's fills."""
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    s.connect(("127.0.0.1", port))
+    s.setblocking(False)
+    return s
+
+
+async def _drain(s: socket.socket, until: bytes, secs: float = 5.0) -> bytes:
+    """Read ``s`` until ``until`` has arrived (the reply that ends the test's exchange)."""
+    loop = asyncio.get_running_loop()
+    out = b""
+    deadline = loop.time() + secs
+    while until not in out:
+        assert loop.time() < deadline, f"no {until!r} in {len(out)} bytes"
+        try:
+            data = s.recv(65536)
+        except BlockingIOError:
+            await asyncio.sleep(0.005)
+            continue
+        assert data, "closed early"
+        out += data
+    return out
+
+
+async def test_a_stream_behind_an_unread_poll_waits_and_then_keeps_its_backpressure(start_pusher, store: Store) -> None:
+    """A poll whose reply the client does not read ends above the write buffer's high mark; asyncio
+    says so only once, to the poll. The stream subscribe pipelined behind it must not start until the
+    reply drains, and then it is paused and cut as slow like any stream whose client does not read
+    (before the fix it started unpaused and its buffer grew without bound)."""
+    p = await start_pusher(slow_subscriber_timeout_secs=0.5, subscriber_send_buffer_bytes=4096)
+    for i in range(30):  # ~120 KB in one read batch: the poll's last write crosses WRITE_HIGH
+        await publish(store, "kbp", f"{i}-" + "x" * 4000)
+    s = _unread_socket(p.port)
+    try:
+        s.send(POLL % (b"kbp", b"json") + b"GET /kbp/json HTTP/1.1\r\nHost: x\r\n\r\n")
+        await eventually(lambda: not p.hub.subs)  # the poll ended and gave the connection back
+        await asyncio.sleep(0.3)
+        assert not p.hub.subs, "the stream started while the poll's reply was still unread"
+        out = await _drain(s, b'"event":"open"')  # reading drains the reply; then the stream starts
+        assert out.count(b'"event":"message"') == 30
+        await eventually(lambda: len(p.hub.subs) == 1)
+        (sub,) = p.hub.subs
+        assert isinstance(sub, StreamSubscriber) and not sub.session.poll
+        for i in range(300):  # live messages the client no longer reads
+            await publish(store, "kbp", f"live{i}-" + "x" * 1000)
+        await eventually(lambda: sub not in p.hub.subs, timeout_ms=5000)  # paused, then cut as slow
+        assert sub.transport.get_write_buffer_size() <= 4 * WRITE_HIGH
+    finally:
+        s.close()
+
+
+async def test_pipelined_polls_a_client_does_not_read_are_not_all_answered_into_memory(
+    start_pusher, store: Store
+) -> None:
+    """20 polls of ~80 KB each sent at once by a client that reads nothing: the front door answers
+    the next one only once the previous reply has drained, so the server holds about one reply, not
+    twenty (before the fix, ~1.6 MB and growing with every request sent). Read, they are all
+    answered, in order."""
+    p = await start_pusher(subscriber_send_buffer_bytes=4096)
+    for i in range(20):
+        await publish(store, "kamp", f"{i}-" + "x" * 4000)
+    s = _unread_socket(p.port)
+    last = b"GET /kamp/json?poll=1&since=all HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    try:
+        s.send(POLL % (b"kamp", b"json") * 19 + last)
+        await asyncio.sleep(0.5)
+        held = [h.transport.get_write_buffer_size() for h in p._http]
+        held += [sub.transport.get_write_buffer_size() for sub in p.hub.subs]
+        assert max(held) < 2 * WRITE_HIGH, held
+        out = b""
+        while data := await asyncio.get_running_loop().run_in_executor(None, _recv_blocking, s):
+            out += data
+    finally:
+        s.close()
+    assert out.count(b"HTTP/1.1 200 OK") == 20 and out.count(b'"event":"message"') == 400
+
+
+def _recv_blocking(s: socket.socket) -> bytes:
+    s.settimeout(10)
+    return s.recv(1 << 20)
+
+
+@pytest.mark.parametrize("path", [b"/ksm/json?poll=1&since=all", b"/ksm/sse?poll=1", b"/k$bad/json"])
+async def test_a_subscribe_with_a_body_never_runs_the_body_as_a_request(
+    path: bytes, pusher: Pusher, store: Store
+) -> None:
+    """A GET subscribe declaring a body (here a whole second request, as a request smuggled through a
+    proxy would be): the subscribe is answered, its connection closes, and the body is never parsed
+    as the next request (before the fix the hidden request was answered, a publish stored)."""
+    await publish(store, "ksm", "m")
+    hidden = b"GET /v1/health HTTP/1.1\r\nHost: x\r\n\r\n"
+    for framing in (b"Content-Length: %d\r\n" % len(hidden), b"Transfer-Encoding: chunked\r\n"):
+        body = hidden if framing.startswith(b"Content") else b"%x\r\n%s\r\n0\r\n\r\n" % (len(hidden), hidden)
+        out = await raw_request(pusher.port, b"GET %s HTTP/1.1\r\nHost: x\r\n%s\r\n%s" % (path, framing, body))
+        assert out.count(b"HTTP/1.1 ") == 1 and b"healthy" not in out, out
+        assert (b" 200 OK" in out) == (b"$" not in path)

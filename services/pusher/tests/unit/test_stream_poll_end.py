@@ -15,9 +15,9 @@ LAST_CHUNK = b"0\r\n\r\n"
 
 def make() -> tuple[StreamSubscriber, FakeTransport, FakeHub, list[tuple[object, bytes]]]:
     t, hub = FakeTransport(), FakeHub()
-    taken: list[tuple[object, bytes]] = []
+    taken: list[tuple[object, bytes, bool]] = []
     sub = StreamSubscriber(hub, Session(("a",), "a", SessionConfig(), poll=True), t, "json", chunked=True)  # type: ignore[arg-type]
-    sub.kept = KeptAlive(lambda transport, pipelined: taken.append((transport, pipelined)))
+    sub.kept = KeptAlive(lambda transport, pipelined, paused: taken.append((transport, pipelined, paused)))
     sub.accept()
     return sub, t, hub, taken
 
@@ -30,7 +30,7 @@ async def test_a_finished_poll_ends_its_reply_once_then_hands_the_connection_bac
     sub.close("done")
     await asyncio.sleep(0)
     assert t.data.count(LAST_CHUNK) == 1 and not t.closed
-    assert taken == [(t, b"GET /v1/health HTTP/1.1\r\n")] and hub.detached == 1
+    assert taken == [(t, b"GET /v1/health HTTP/1.1\r\n", False)] and hub.detached == 1
 
 
 async def test_a_shutdown_before_the_hand_back_closes_without_a_second_last_chunk() -> None:
