@@ -62,6 +62,9 @@ HOLD_CHUNK = 256
 _MAX_BELL_WAIT = 60.0
 INBOX_CLEAR_SECS = 1.0
 """How often a shard's already-read pokes are cleared (a write), at most."""
+POLL_RETRY_SECS = 0.5
+"""A poll's failed read is tried again after this: no bell or safety pass reaches a poll (it holds
+no topic), so without it the poll would wait forever behind its sent head."""
 TRANSPORTS = ("ws", "json", "sse", "raw")
 MAX_LINKS = 128
 """Links on one ``deliver`` span (the SDK's default limit): a catch-up batch may carry more messages."""
@@ -479,6 +482,8 @@ class Hub:
                     self.drain_errors += 1
                     self.metrics.drain_errors.add()
                     self.run(sub, sub.session.read_failed(key[0]), trigger)
+                    if sub.session.poll:
+                        asyncio.get_running_loop().call_later(POLL_RETRY_SECS, self._retry_poll, sub, key[0])
             return
         out: _Outbox = {}
         for key, rows in zip(keys, answers, strict=True):
@@ -496,6 +501,10 @@ class Hub:
             except Exception:
                 log.warning("delivery failed", exc_info=True)
         _record_latency(frames, now_ms)
+
+    def _retry_poll(self, sub: Subscriber, topic: str) -> None:
+        if sub in self.subs and not self._closing:
+            self.run(sub, sub.session.poke(topic), RESUME)
 
     async def _round_done(self) -> None:
         """Wait for the read round that will carry the reads wanted so far (not the ones they lead to)."""

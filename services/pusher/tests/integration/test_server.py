@@ -297,6 +297,32 @@ async def test_a_failed_drain_keeps_the_next_safety_pass_full(start_pusher: Any,
     assert p.hub.metrics.safety_skips.value == skips + 3
 
 
+async def test_a_poll_whose_read_fails_retries_and_finishes(start_pusher: Any, store: Store) -> None:
+    """A poll holds no topic, so no bell and no safety pass reaches it: a failed read is retried on a
+    timer of its own, and the poll answers its message and ends (before the fix it waited forever
+    after its head, and so did every request pipelined behind it)."""
+    p = await start_pusher(safety_poll_secs=3600)
+    await publish(store, "prf", "hello")
+    real = p.store.read_many
+    calls = 0
+
+    async def flaky(wants: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        if calls <= 2:
+            raise RuntimeError("store hiccup")
+        return await real(wants)
+
+    p.store.read_many = flaky  # type: ignore[method-assign]
+    try:
+        poll = b"GET /prf/json?poll=1&since=all HTTP/1.1\r\nHost: x\r\n"
+        out = await raw_request(p.port, poll + b"\r\n" + poll + b"Connection: close\r\n\r\n")
+    finally:
+        p.store.read_many = real  # type: ignore[method-assign]
+    assert calls == 4 and out.count(b"HTTP/1.1 200 OK") == 2 and out.count(b'"hello"') == 2
+    assert out.endswith(b"0\r\n\r\n") and not p.hub.subs
+
+
 async def test_store_errors_during_a_drain_are_survived(
     start_pusher: Any, store: Store, clients: Any, caplog: Any
 ) -> None:
