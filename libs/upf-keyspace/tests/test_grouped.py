@@ -208,6 +208,54 @@ async def test_a_read_after_a_write_or_a_suspension_is_refused_and_fails_only_it
     assert await read(edb, b"p/w") is None
 
 
+async def put_or_raise(tr, items, *, prefix):
+    """``put_all`` for (name, value) items, but a value None is a bug: it raises ValueError."""
+    out = []
+    for name, value in items:
+        if value is None:
+            raise ValueError("one item's bug")
+        tr.set(prefix + name.encode(), value)
+        out.append(name)
+    return out
+
+
+async def test_one_items_bug_fails_that_item_not_the_others_grouped_with_it(edb):
+    """A grouped function raising something other than a refusal (a bug on one item's input) ran
+    before the commit, so nothing of it was applied: each item runs alone, and only the bad one fails
+    (before, every item of the group got the bug's exception and none was stored)."""
+    with commits_held(edb):
+        first = asyncio.create_task(edb.transact_grouped(put_all, ("first", b"1"), prefix=b"g/"))
+        await asyncio.sleep(0.05)
+        got = asyncio.gather(
+            *(edb.transact_grouped(put_or_raise, (f"n{i}", None if i == 2 else b"v"), prefix=b"g/") for i in range(5)),
+            return_exceptions=True,
+        )
+        await asyncio.sleep(0.05)
+    await first
+    answers = await got
+    assert isinstance(answers[2], ValueError) and [a for i, a in enumerate(answers) if i != 2] == [
+        "n0",
+        "n1",
+        "n3",
+        "n4",
+    ]
+    assert [await read(edb, b"g/n%d" % i) for i in range(5)] == [b"v", b"v", None, b"v", b"v"]
+
+
+async def test_a_commit_after_close_began_is_refused_not_left_waiting(tmp_path):
+    """``close`` stops the committer behind a marker: a transaction that commits after it began (one
+    backing off, say) is refused at once (before, it waited forever)."""
+    db = await open_embedded(str(tmp_path / "store.db"))
+    tr = db.create_transaction()
+    tr.set(b"k", b"v")
+    closing = asyncio.create_task(db.close())
+    await asyncio.sleep(0)  # close has begun: it awaits the committer's exit
+    with pytest.raises(StoreError) as err:
+        await asyncio.wait_for(tr.commit(), 2.0)
+    assert err.value.code == errors.CLIENT_INVALID_OPERATION
+    await closing
+
+
 async def test_unhashable_arguments_fail_at_the_caller_not_in_the_group_commit(edb):
     """The arguments name the group: a list cannot, and the caller learns it before anything is
     handed over; the next grouped call still commits."""
@@ -241,12 +289,18 @@ async def test_a_failed_commit_fails_its_grouped_items(tmp_path, monkeypatch):
     monkeypatch.setattr(errors, "STORAGE", errors.StorageHealth())  # not this process's health for 10 s
     db = await open_embedded(str(tmp_path / "store.db"))
     try:
-        with pytest.raises(StoreError) as err:
-            for i in range(200):
-                await asyncio.gather(
-                    *(db.transact_grouped(put_all, (f"f{i}-{j}", b"z" * 4000), prefix=b"p/") for j in range(8))
-                )
-        assert err.value.storage_full
+        failed: list[tuple[str, BaseException]] = []
+        for i in range(200):
+            names = [f"f{i}-{j}" for j in range(8)]
+            got = await asyncio.gather(
+                *(db.transact_grouped(put_all, (n, b"z" * 4000), prefix=b"p/") for n in names),
+                return_exceptions=True,
+            )
+            failed = [(n, a) for n, a in zip(names, got, strict=True) if isinstance(a, BaseException)]
+            if failed:
+                break
+        assert failed and all(isinstance(a, StoreError) and a.storage_full for _, a in failed)
+        assert [await read(db, b"p/" + n.encode()) for n, _ in failed] == [None] * len(failed)
     finally:
         await db.close()
 
@@ -280,6 +334,17 @@ async def test_a_turn_group_is_bounded_and_a_refused_item_fails_alone(turns):
         return_exceptions=True,
     )
     assert isinstance(bad[2], StoreError) and [type(r) for i, r in enumerate(bad) if i != 2] == [tuple] * 3
+
+
+async def test_one_items_bug_in_a_turn_group_fails_that_item_alone(turns, edb):
+    """As in the group commit: a bug on one item's input fails that item, the others of its turn are
+    run alone and stored."""
+    got = await asyncio.gather(
+        *(turns.run(put_or_raise, (f"u{i}", None if i == 3 else b"v"), {"prefix": b"u/"}) for i in range(5)),
+        return_exceptions=True,
+    )
+    assert isinstance(got[3], ValueError) and [g for i, g in enumerate(got) if i != 3] == ["u0", "u1", "u2", "u4"]
+    assert [await read(edb, b"u/u%d" % i) for i in range(5)] == [b"v", b"v", b"v", None, b"v"]
 
 
 async def test_a_leader_cancelled_while_it_gathers_leaves_the_others_to_commit(turns, edb):

@@ -75,15 +75,18 @@ class TurnGroups:
         self, fn: Callable[..., Awaitable[list[Any]]], group: list[_Item], kwargs: dict[str, Any]
     ) -> None:
         """Run a group and answer each caller (one that went away is skipped; its item runs all the
-        same). Refused before its commit, each item runs alone, so the failure is the one item's."""
+        same). Refused before its commit, or failed in the function (which runs before the commit),
+        each item runs alone, so the failure is the one item's."""
         results: list[Any]
         try:
             self._in_flight += 1
             try:
                 results = await self._transact(fn, [item for item, _ in group], **kwargs)
-            except errors.StoreError as exc:
-                if exc.code not in errors.REFUSED_BEFORE_COMMIT:
+            except Exception as exc:
+                if isinstance(exc, errors.StoreError) and exc.code not in errors.REFUSED_BEFORE_COMMIT:
                     raise  # the commit's own failure (it may even have committed): every item's
+                if len(group) == 1:
+                    raise
                 results = await asyncio.gather(
                     *(self._alone_one(fn, item, kwargs) for item, _ in group), return_exceptions=True
                 )

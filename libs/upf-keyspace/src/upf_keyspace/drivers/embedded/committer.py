@@ -330,8 +330,9 @@ class _Committer(_Watches):
         prefix: bytes,
         order: int,
     ) -> int:
-        """One grouped transaction. Refused before its commit (a value too large, say), each item is
-        run alone, so that failure is the one item's own."""
+        """One grouped transaction. Refused before its commit (a value too large, say), or failed in
+        the function (nothing of it applied), each item is run alone, so that failure is the one
+        item's own."""
         applier.flush()  # its reads see the batch so far
         stamp = prefix + order.to_bytes(2, "big")
         tr = CommitTransaction(self, txn, stamp)
@@ -349,6 +350,10 @@ class _Committer(_Watches):
                 g.stamp = exc
             return order
         except Exception as exc:  # a bug in the function fails its items, not the batch
+            if len(group) > 1:  # nor the items of others it was grouped with
+                for g in group:
+                    order = self._run_group(txn, applier, in_batch, [g], prefix, order)
+                return order
             log.exception("embedded grouped transaction failed")
             for g in group:
                 g.stamp = exc

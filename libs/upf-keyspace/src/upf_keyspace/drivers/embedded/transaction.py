@@ -292,6 +292,8 @@ class EmbeddedTransaction:
     # --- commit ------------------------------------------------------------------------------------
     async def commit(self) -> None:
         self._check_alive()
+        if self._db._closed:  # the committer stops at close's marker: behind it, nothing would answer
+            raise errors.StoreError(errors.CLIENT_INVALID_OPERATION, "database closed")
         if self._size > TRANSACTION_LIMIT:
             raise errors.StoreError(errors.TRANSACTION_TOO_LARGE, f"{self._size} bytes")
         watches = self._watches
