@@ -10,7 +10,9 @@ ntfy's rules (ntfy-auth-and-limits.md), kept exactly:
   topic are ordered (the user's own first, then the longer pattern, then the one granting write) and
   the first decides; with none, the default access does.
 UPF's choices where ntfy is quirky: an undecodable ``?auth=`` is 400 40094 (a UPF-only code)
-(ntfy answers 500), and a credential over 4 KB is refused without being parsed.
+(ntfy answers 500), and a credential over 4 KB is refused without being parsed. "Undecodable" is
+what ntfy's ``base64.RawURLEncoding`` refuses (padding, a character outside the URL alphabet, a
+length of 4n+1), and a value that is not UTF-8.
 """
 
 from __future__ import annotations
@@ -46,12 +48,14 @@ __all__ = [
     "Authorizer",
 ]
 
-UNAUTHORIZED = Problem(40101, 401, "unauthorized")
-FORBIDDEN = Problem(40301, 403, "forbidden")
+_AUTH_DOCS = "https://ntfy.sh/docs/publish/#authentication"
+UNAUTHORIZED = Problem(40101, 401, "unauthorized", _AUTH_DOCS)
+FORBIDDEN = Problem(40301, 403, "forbidden", _AUTH_DOCS)
 BAD_AUTH_PARAM = Problem(40094, 400, "invalid request: auth parameter is not base64url")
 
 MAX_CREDENTIAL_CHARS = 4096
 _TOKEN = re.compile(r"tk_[a-z0-9]{29}")
+_RAW_URL_B64 = re.compile(r"[A-Za-z0-9_-]*")
 _PATTERN = re.compile(r"[-_A-Za-z0-9*]{1,64}")
 _PERMISSIONS = {
     "read-write": Permission.READ_WRITE,
@@ -133,16 +137,28 @@ class Credentials(NamedTuple):
 _NONE = Credentials()
 
 
+def _decode_auth_param(param: str) -> str:
+    """ntfy's ``base64.RawURLEncoding.DecodeString``: the URL alphabet only, no padding, CR and LF
+    anywhere ignored, a length of 4n+1 refused (non-zero spare bits are accepted, as Go does). What
+    it refuses, or what is not UTF-8, is 400 40094 (ntfy: 500)."""
+    param = param.replace("\r", "").replace("\n", "")
+    if _RAW_URL_B64.fullmatch(param) is None or len(param) % 4 == 1:
+        raise NtfyError(BAD_AUTH_PARAM)
+    try:
+        return base64.urlsafe_b64decode(param + "=" * (-len(param) % 4)).decode("utf-8")
+    except (binascii.Error, ValueError):
+        raise NtfyError(BAD_AUTH_PARAM) from None
+
+
 def parse_credentials(header: str | None, auth_param: str | None) -> Credentials:
     """The credentials of a request (``auth_param`` is ``?auth=``/``?authorization=``, which wins).
     Raises :class:`NtfyError`: 400 for an undecodable ``?auth=``, 401 for a malformed credential."""
     if auth_param is not None and auth_param != "":
         if len(auth_param) > MAX_CREDENTIAL_CHARS:
             raise NtfyError(UNAUTHORIZED)
-        try:
-            header = base64.urlsafe_b64decode(auth_param + "=" * (-len(auth_param) % 4)).decode("utf-8")
-        except (binascii.Error, ValueError):
-            raise NtfyError(BAD_AUTH_PARAM) from None
+        param = auth_param.strip()  # ntfy's readQueryParam trims; a blank value is no value
+        if param:
+            header = _decode_auth_param(param)
     if not header:
         return _NONE
     if len(header) > MAX_CREDENTIAL_CHARS:

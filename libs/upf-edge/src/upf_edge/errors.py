@@ -1,8 +1,10 @@
 """ntfy's error replies: one error type for every role, and the one builder of its JSON body.
 
 ntfy answers every refused request with ``{"code":40009,"http":400,"error":"..."}`` plus a newline
-(server/errors.go). Writer and pusher raise :class:`NtfyError` with a :class:`Problem` (a static
-message: variables never go into it) and their front doors answer with :func:`error_body`.
+(server/errors.go), and for some codes a ``"link"`` to the page of its docs that explains them
+(e.g. 40101, 42901): a :class:`Problem` for such a code carries ntfy's link verbatim. Writer and
+pusher raise :class:`NtfyError` with a :class:`Problem` (a static message: variables never go into
+it) and their front doors answer with :func:`error_body`.
 """
 
 from __future__ import annotations
@@ -15,7 +17,8 @@ __all__ = ["ErrorBody", "NtfyError", "Problem", "NOT_FOUND", "STORE_UNAVAILABLE"
 
 
 class ErrorBody(msgspec.Struct, frozen=True, omit_defaults=True):
-    """ntfy's error JSON: ``{"code":40009,"http":400,"error":"invalid request: topic invalid"}``."""
+    """ntfy's error JSON: ``{"code":40009,"http":400,"error":"invalid request: topic invalid"}``, plus
+    ``"link"`` when there is one (ntfy's ``omitempty``)."""
 
     code: int
     http: int
@@ -24,11 +27,13 @@ class ErrorBody(msgspec.Struct, frozen=True, omit_defaults=True):
 
 
 class Problem(NamedTuple):
-    """One documented error: ntfy's ``code``, the HTTP status and a static message."""
+    """One documented error: ntfy's ``code``, the HTTP status, a static message and, where ntfy's
+    errors.go gives this code one, its docs ``link`` (empty: none, and the body has no ``link``)."""
 
     code: int
     http: int
     error: str
+    link: str = ""
 
     def body(self) -> bytes:
         """The JSON reply body (cached: a role has a few dozen problems, each encoded once)."""
@@ -65,7 +70,7 @@ def error_body(problem: Problem) -> bytes:
     """ntfy's error body for ``problem``: the JSON object and the newline ntfy writes after it."""
     body = _BODIES.get(problem)
     if body is None:
-        body = _encoder.encode(ErrorBody(problem.code, problem.http, problem.error)) + b"\n"
+        body = _encoder.encode(ErrorBody(problem.code, problem.http, problem.error, problem.link)) + b"\n"
         if len(_BODIES) < 1024:  # problems are static; the bound only guards against a misuse
             _BODIES[problem] = body
     return body

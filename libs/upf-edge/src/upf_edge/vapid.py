@@ -122,8 +122,12 @@ def parse_credentials(authorization: str | None, crypto_key: str | None) -> Cred
 
 
 def origin_of(url: str) -> str:
-    """``scheme://host[:port]`` of ``url``, lower-cased, without a default port (RFC 6454)."""
-    parts = urlsplit(url.strip())
+    """``scheme://host[:port]`` of ``url``, lower-cased, without a default port (RFC 6454); "" when
+    ``url`` has none (``urlsplit`` refuses an unclosed or invalid ``[...]`` host; a port not a number)."""
+    try:
+        parts = urlsplit(url.strip())
+    except ValueError:
+        return ""
     scheme = parts.scheme.lower()
     host = (parts.hostname or "").lower()
     if ":" in host:
@@ -162,11 +166,11 @@ def _check(creds: Credentials) -> _Checked:
         public = ec.EllipticCurvePublicKey.from_encoded_point(ec.SECP256R1(), raw_key)
     except (binascii.Error, ValueError):
         return _Checked("bad_key")
-    try:
+    try:  # RecursionError: JSON nested deeper than msgspec follows (a 4 KB token holds ~1,500 levels)
         header = _header_decoder.decode(_b64url(head64))
         claims = _claims_decoder.decode(_b64url(body64))
         signature = _b64url(sig64)
-    except (binascii.Error, ValueError, msgspec.DecodeError):
+    except (binascii.Error, ValueError, msgspec.DecodeError, RecursionError):
         return _Checked("malformed")
     if header.alg != "ES256":
         return _Checked("malformed")
@@ -181,12 +185,20 @@ def _check(creds: Credentials) -> _Checked:
         return _Checked("no_exp")
     if claims.aud is None:
         return _Checked("no_aud")
-    return _Checked("", _aud_origin(claims.aud), float(claims.exp))
+    try:
+        exp = float(claims.exp)
+    except OverflowError:  # an integer no float holds, as msgspec refuses 1e400 itself
+        return _Checked("malformed")
+    return _Checked("", _aud_origin(claims.aud), exp)
 
 
 def _aud_origin(aud: str) -> str:
-    """The origin an ``aud`` claim names; "" when it is more than an origin (a path or a query)."""
-    parts = urlsplit(aud)
+    """The origin an ``aud`` claim names; "" (no origin matches it) when it is more than an origin (a
+    path or a query) or no URL ``urlsplit`` reads."""
+    try:
+        parts = urlsplit(aud)
+    except ValueError:
+        return ""
     if parts.path not in ("", "/") or parts.query or parts.fragment or parts.username is not None:
         return ""
     return origin_of(aud)

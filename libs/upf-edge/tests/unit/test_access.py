@@ -272,3 +272,51 @@ def test_remembered_decisions_match_fresh_ones() -> None:
         first = [authz.permission(who, t) for t in topics]
         assert first == [Authorizer(state(entries), default=Permission.DENY).permission(who, t) for t in topics]
         assert first == [authz.permission(who, t) for t in topics]
+
+
+# --- ?auth= decoded as strictly as ntfy's base64.RawURLEncoding ------------------------------------
+
+
+@pytest.mark.parametrize(
+    "param",
+    [
+        "!!!!",  # nothing of the alphabet (a lenient decoder drops it all: anonymous)
+        "QmVh!cmVy",  # one stray character
+        auth_param(basic("phil", "s:cret")) + "=",  # padded: RawURLEncoding has no padding
+        base64.urlsafe_b64encode(basic("ben", "some pass").encode()).decode(),  # "==", as Python pads it
+        "QQ=",
+        base64.b64encode(b"Bearer ???>>>").decode().rstrip("="),  # "+" and "/": not the URL alphabet
+        "QUJDR",  # length 1 more than a multiple of 4
+        "QmVh cmVy",  # whitespace inside the value (ntfy trims only the ends)
+        "__4",  # unpadded, decodes, but not UTF-8
+    ],
+)
+def test_auth_param_that_raw_url_encoding_refuses_is_400(param: str) -> None:
+    assert refused(None, param) == (400, 40094)
+
+
+def test_auth_param_accepted_as_ntfy_accepts_it() -> None:
+    """Unpadded base64url, its ends trimmed (readQueryParam) and CR/LF inside ignored (Go's decoder)."""
+    phil = Credentials(user="phil", password="s:cret")
+    encoded = auth_param(basic("phil", "s:cret"))
+    assert len(encoded) % 4 != 0  # the case padding would have filled
+    assert parse_credentials(None, encoded) == phil
+    assert parse_credentials(None, f" {encoded}\n") == phil
+    assert parse_credentials(None, encoded[:8] + "\r\n" + encoded[8:]) == phil
+    assert parse_credentials(basic("a", "b"), "  ") == Credentials(user="a", password="b")  # blank: no param
+
+
+def test_unauthorized_and_forbidden_bodies_carry_ntfys_link() -> None:
+    """errHTTPUnauthorized and errHTTPForbidden (ntfy server/errors.go) both link the auth docs."""
+    import json
+
+    link = "https://ntfy.sh/docs/publish/#authentication"
+    with pytest.raises(NtfyError) as err:
+        parse_credentials("Bearer tk_short", None)
+    assert json.loads(err.value.problem.body()) == {"code": 40101, "http": 401, "error": "unauthorized", "link": link}
+    with pytest.raises(NtfyError) as err:
+        Authorizer(state([(EVERYONE, "secret", Permission.DENY)])).check(ANONYMOUS, ("secret",), write=False)
+    assert json.loads(err.value.problem.body()) == {"code": 40301, "http": 403, "error": "forbidden", "link": link}
+    with pytest.raises(NtfyError) as err:
+        parse_credentials(None, "!!!!")
+    assert "link" not in json.loads(err.value.problem.body())  # UPF's own code: no ntfy page to link

@@ -177,3 +177,43 @@ def test_verification_never_raises(token, key):
 def test_header_parsing_never_raises(authorization, crypto_key):
     creds = parse_credentials(authorization, crypto_key)
     assert creds is None or isinstance(creds, Credentials)
+
+
+# --- malformed claims from a correctly signed token: an outcome, never an exception ----------------
+
+
+def signed(private: ec.EllipticCurvePrivateKey, header: bytes, claims: bytes) -> str:
+    """A token over raw JSON text (what ``json.dumps`` cannot or will not write)."""
+    head, body = b64url(header), b64url(claims)
+    r, s = decode_dss_signature(private.sign(f"{head}.{body}".encode(), ec.ECDSA(hashes.SHA256())))
+    return f"{head}.{body}.{b64url(r.to_bytes(32, 'big') + s.to_bytes(32, 'big'))}"
+
+
+HEADER = b'{"typ":"JWT","alg":"ES256"}'
+
+
+@pytest.mark.parametrize("aud", ["http://[::1", "http://[zz]", "https://[push.example.com]", "http://[::1]:x"])
+def test_an_audience_urlsplit_refuses_is_a_mismatch(signer, aud):
+    assert VapidVerifier(ORIGIN).verify(good(signer, aud=aud), NOW) == "aud_mismatch"
+
+
+@pytest.mark.parametrize("exp", [10**399, -(10**399)])
+def test_an_exp_no_float_holds_is_malformed(signer, exp):
+    """A 400-digit NumericDate, as msgspec already refuses ``1e400``."""
+    assert VapidVerifier(ORIGIN).verify(good(signer, exp=exp), NOW) == "malformed"
+
+
+@pytest.mark.parametrize("part", ["header", "claims"])
+def test_deeply_nested_json_is_malformed(signer, part):
+    private, key = signer
+    deep = b'"x":' + b"[" * 1100 + b"]" * 1100
+    claims = b'{"aud":"%s","exp":%d,%s}' % (ORIGIN.encode(), NOW + 3600, deep if part == "claims" else b'"y":1')
+    header = HEADER[:-1] + b"," + deep + b"}" if part == "header" else HEADER
+    token = signed(private, header, claims)
+    assert len(token) <= 4096
+    assert VapidVerifier(ORIGIN).verify(Credentials(token, key), NOW) == "malformed"
+
+
+def test_a_public_url_urlsplit_refuses_refuses_every_audience(signer):
+    assert origin_of("http://[::1") == "" and origin_of("http://[zz]") == ""
+    assert VapidVerifier("http://[::1").verify(good(signer), NOW) == "aud_mismatch"
