@@ -165,8 +165,8 @@ class WriterFront:
             forwarded = headers.get(self._forwarded)
             who = await ctx.identify(headers.get("authorization"), auth_param(params), client, forwarded)  # 401/42909
             await ctx.admit(who.user, client, forwarded)
+            gate.authorize(who, (ingest.validate_topic(topic),), write=True)  # 403 before the sequence id's 400
             ingested = ingest.ingest_action(topic, sequence_id, event, now=ctx.clock(), limits=ctx.limits)
-            gate.authorize(who, (topic,), write=True)
             payload, _ = await publish_one(ctx, ingested, headers, 0, start_ns, route)
         except Exception as exc:
             return self._refused(exc, route)
@@ -191,7 +191,10 @@ class WriterFront:
         """One publish: ``topic`` "" is ntfy's JSON publish on ``/`` (the topic is in the body).
         ``body`` is ``None`` when the front door found it over ``body_limit``; ``sequence_id`` is the
         path's (``/{topic}/{sid}``). Bad input stores nothing;
-        so does a refusal (401, then the request limit's 429, then 403, as ntfy orders them)."""
+        so does a refusal (401, then the request limit's 429, then 403, as ntfy orders them). The 403
+        comes before any parameter is read (ntfy's ``authorizeTopicWrite`` wraps ``handlePublish``) and
+        before a path publish's 413 (ntfy's comes from the body); a JSON publish's body is read first, up
+        to its topic (ntfy's ``transformBodyJSON`` wraps the ACL), so its 413, 40024 and 40009 precede."""
         ctx = self.ctx
         start_ns = time.time_ns() if self._tracing else 0
         route = "topic" if topic else "json"
@@ -204,7 +207,7 @@ class WriterFront:
                 headers.get("authorization"), auth_param(params), client, forwarded, topic
             )
             if topic:
-                ingest.validate_topic(topic)
+                gate.authorize(who, (ingest.validate_topic(topic),), write=True)
                 limit, too_large = self._max, ingest.MESSAGE_TOO_LARGE
             else:
                 limit, too_large = self._json_max, ingest.JSON_TOO_LARGE
@@ -216,8 +219,11 @@ class WriterFront:
                     topic, headers, params, body, now=ctx.clock(), limits=ctx.limits, sequence_id=sequence_id
                 )
             else:
-                ingested = ingest.ingest_json(headers, params, body, now=ctx.clock(), limits=ctx.limits)
-            gate.authorize(who, (ingested.topic,), write=True)  # a JSON publish names its topic in the body
+                json_topic, doc = ingest.decode_json(body, ctx.limits)
+                gate.authorize(who, (json_topic,), write=True)
+                ingested = ingest.ingest_decoded_json(
+                    json_topic, doc, headers, params, now=ctx.clock(), limits=ctx.limits
+                )
             if ingested.webpush or self._webpush.restrict:  # VAPID: 401 after the ACL's 403
                 await self._webpush.admit(ctx.require_store(), ingested, headers, ctx.clock())
             limiter = ctx.limiter

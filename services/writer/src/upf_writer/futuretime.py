@@ -17,11 +17,15 @@ import re
 __all__ = ["parse_future_time", "go_parse_duration"]
 
 _INT64_MAX = (1 << 63) - 1
+# Go's regexp \d and \s, and strconv, are ASCII-only: Python's Unicode \d would read "١٠m" as ten
+# minutes (and int() would take it), so every digit here is [0-9] and every space Go's [\t\n\f\r ].
 _GO_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "μs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
-_GO_PART = re.compile(r"(\d*)(?:\.(\d*))?([^\d.]*)")
-_NTFY_DURATION = re.compile(r"(\d+)\s*(d|days?|h|hours?|m|mins?|minutes?|s|secs?|seconds?)", re.IGNORECASE)
+_GO_PART = re.compile(r"([0-9]*)(?:\.([0-9]*))?([^0-9.]*)")
+_NTFY_DURATION = re.compile(r"([0-9]+)[\t\n\f\r ]*(d|days?|h|hours?|m|mins?|minutes?|s|secs?|seconds?)", re.IGNORECASE)
 _NTFY_UNIT = {"d": 86400, "h": 3600, "m": 60, "s": 1}
-_GO_INT = re.compile(r"[+-]?\d+")
+_GO_INT = re.compile(r"[+-]?[0-9]+")
+_GO_SPACE = "\t\n\v\f\r \x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009\u200a\u2028\u2029\u202f\u205f\u3000"
+"""Go's unicode.IsSpace, what strings.TrimSpace trims (as ``ingest.go_trim``; str.strip() also strips \\x1c-\\x1f)."""
 
 
 def go_parse_duration(text: str) -> float | None:
@@ -56,19 +60,22 @@ def _ntfy_duration(text: str) -> int | None:
     m = _NTFY_DURATION.fullmatch(text)
     if m is None or len(m.group(1)) > 18:
         return None
-    return int(m.group(1)) * _NTFY_UNIT[m.group(2)[0].lower()]
+    unit = _NTFY_UNIT.get(m.group(2)[0].lower())  # None: (?i) folded "ſ" to s, and ntfy's switch on
+    return None if unit is None else int(m.group(1)) * unit  # the first byte knows no such unit
 
 
 # --- the natural subset -------------------------------------------------------------------------------
 _WORDS = {"a": 1, "an": 1, "one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6, "seven": 7,
           "eight": 8, "nine": 9, "ten": 10}  # fmt: skip
 _DEADLINE = re.compile(
-    r"(?:in|within)\s+(\d{1,9}|a|an|one|two|three|four|five|six|seven|eight|nine|ten)\s*"
-    r"(seconds?|secs?|minutes?|mins?|hours?|days?|weeks?)"
+    r"(?:in|within)\s+([0-9]{1,9}|a|an|one|two|three|four|five|six|seven|eight|nine|ten)\s*"
+    r"(seconds?|secs?|minutes?|mins?|hours?|days?|weeks?)",
+    re.ASCII,
 )
 _DEADLINE_UNIT = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
-_CLOCK = r"(?:(noon|midnight)|(\d{1,2}):(\d{2})\s*(am|pm|a\.m\.|p\.m\.)?|(\d{1,2})\s*(am|pm|a\.m\.|p\.m\.))"
-_NATURAL = re.compile(rf"(?:(today|tomorrow)(?:\s*,)?\s*)?(?:(?:at\s+)?{_CLOCK})?")
+_CLOCK = r"(?:(noon|midnight)|([0-9]{1,2}):([0-9]{2})\s*(am|pm|a\.m\.|p\.m\.)?|([0-9]{1,2})\s*(am|pm|a\.m\.|p\.m\.))"
+_NATURAL = re.compile(rf"(?:(today|tomorrow)(?:\s*,)?\s*)?(?:(?:at\s+)?{_CLOCK})?", re.ASCII)
+_SPACES = re.compile(r"\s+", re.ASCII)
 
 
 def _clock(m: re.Match[str]) -> tuple[int, int] | None:
@@ -94,7 +101,7 @@ def _clock(m: re.Match[str]) -> tuple[int, int] | None:
 
 
 def _natural(text: str, now: int) -> int | None:
-    s = re.sub(r"\s+", " ", text.lower())
+    s = _SPACES.sub(" ", text.lower())
     m = _DEADLINE.fullmatch(s)
     if m is not None:
         n = _WORDS.get(m.group(1)) or int(m.group(1))
@@ -120,11 +127,13 @@ def _natural(text: str, now: int) -> int | None:
 
 def parse_future_time(text: str, now: int) -> int | None:
     """The unix time ``text`` names, relative to ``now``; None when ntfy could not parse it either."""
-    s = text.strip()
-    if _GO_INT.fullmatch(s):
-        value = int(s)
-        if value <= _INT64_MAX and value >= now:
-            return value
+    s = text.strip(_GO_SPACE)
+    if _GO_INT.fullmatch(s) and s[0] != "-":  # strconv.Atoi's form; a negative time is in the past
+        digits = s.lstrip("+0")
+        if len(digits) <= 19:  # more overflows Go's int64 (and past 4,300 digits Python's int() raises)
+            value = int(digits or "0")
+            if value <= _INT64_MAX and value >= now:
+                return value
     secs = go_parse_duration(s)
     if secs is not None:
         return math.floor(now + secs)

@@ -70,6 +70,8 @@ __all__ = [
     "build_envelope",
     "ingest_publish",
     "ingest_json",
+    "decode_json",
+    "ingest_decoded_json",
     "ingest_matrix",
     "ingest_action",
     "validate_sequence_id",
@@ -760,7 +762,14 @@ def ingest_publish(
         validate_sequence_id(sequence_id)
     params = parse_params(headers, query, limits, {"x-sequence-id": sequence_id} if sequence_id else None, now=now)
     envelope = build_envelope(params, body, now=now, limits=limits)
-    return Ingested(topic, envelope, params.idem, due=params.due, webpush=params.webpush)
+    return _ingested(topic, params, envelope)
+
+
+def _ingested(topic: str, params: Params, envelope: Envelope) -> Ingested:
+    """A poll request is never scheduled: ntfy reads and checks its delay like any publish's, then
+    replaces the message with ``newPollRequestMessage``, whose time is now."""
+    due = 0 if params.poll_id else params.due
+    return Ingested(topic, envelope, params.idem, due=due, webpush=params.webpush)
 
 
 def ingest_action(topic: str, sequence_id: str, event: str, *, now: int, limits: Limits) -> Ingested:
@@ -787,19 +796,38 @@ def ingest_json(
     headers: Mapping[str, str], query: Mapping[str, str], body: bytes, *, now: int, limits: Limits
 ) -> Ingested:
     """``POST``/``PUT /`` with ntfy's JSON body: its fields act as headers that win over the request's,
-    its message acts as the body (so it is trimmed unless the request asked for UnifiedPush mode)."""
+    its message acts as the body (so it is trimmed unless the request asked for UnifiedPush mode).
+    :func:`decode_json` then :func:`ingest_decoded_json`, for a caller with no ACL between them."""
+    topic, m = decode_json(body, limits)
+    return ingest_decoded_json(topic, m, headers, query, now=now, limits=limits)
+
+
+def decode_json(body: bytes, limits: Limits) -> tuple[str, JsonPublish]:
+    """A JSON publish's topic and fields, checked as far as ntfy's ``transformBodyJSON`` checks them
+    before the topic's ACL: the size (413 41303), the JSON and its field types, actions' too (400 40024),
+    then the topic (40009/40010). The fields' values are :func:`ingest_decoded_json`'s, after the ACL."""
     if len(body) > json_body_limit(limits):
         raise NtfyError(JSON_TOO_LARGE)
     try:
         m = _json_publish_decoder.decode(body)
-    except msgspec.DecodeError:
+    except (msgspec.DecodeError, RecursionError):
+        # RecursionError: nested deeper than msgspec follows (~1,000 levels; Go's decoder takes 10,000).
+        # Refused as invalid JSON, not a 500: no publish needs such nesting.
         raise NtfyError(JSON_INVALID) from None
-    topic = validate_topic(m.topic or "")
+    _check_json_actions(m)
+    return validate_topic(m.topic or ""), m
+
+
+def ingest_decoded_json(
+    topic: str, m: JsonPublish, headers: Mapping[str, str], query: Mapping[str, str], *, now: int, limits: Limits
+) -> Ingested:
+    """The rest of a JSON publish, from :func:`decode_json`'s result: every field as the header ntfy
+    sets from it, read with the request's parameters as a path publish's are."""
     overrides: dict[str, str] = {}
     if m.title:
         overrides["x-title"] = m.title
-    if m.priority is not None and m.priority > 0:
-        overrides["x-priority"] = str(m.priority) if m.priority <= 5 else "invalid"
+    if m.priority:  # ntfy: any nonzero priority goes to ParsePriority, which takes only 1..5 (else 40007)
+        overrides["x-priority"] = str(m.priority) if 1 <= m.priority <= 5 else "invalid"
     if m.tags:
         overrides["x-tags"] = ",".join(m.tags)
     if m.click:
@@ -819,21 +847,30 @@ def ingest_json(
     # ntfy makes an empty JSON message "triggered" before anything else reads it (so no attachment text)
     message = (m.message or TRIGGERED).encode("utf-8", "surrogatepass")
     envelope = build_envelope(params, message, now=now, limits=limits)
-    return Ingested(topic, envelope, params.idem, due=params.due, webpush=params.webpush)
+    return _ingested(topic, params, envelope)
+
+
+def _check_json_actions(m: JsonPublish) -> None:
+    """ntfy decodes ``actions`` into its Go type with the rest of the body, so a wrong type there is
+    40024 (before the ACL), not 40018; ``null`` or no action at all leaves ``m.actions`` empty."""
+    if not m.actions:
+        return
+    text = bytes(m.actions).decode("utf-8", "surrogatepass").strip()
+    if text != "null":
+        try:
+            if count_json_actions(text):  # types only: the header's validation follows (40018)
+                return
+        except ActionsError:
+            raise NtfyError(JSON_INVALID) from None
+    m.actions = msgspec.Raw()
 
 
 def _json_extras(m: JsonPublish) -> dict[str, str]:
-    """A JSON publish's ``actions``, ``attach``, ``filename`` and ``email`` as the headers ntfy turns them
-    into. ntfy decodes ``actions`` into its Go type first, so a wrong type there is 40024, not 40018."""
+    """A JSON publish's ``actions`` (as :func:`_check_json_actions` left them), ``attach``, ``filename``
+    and ``email`` as the headers ntfy turns them into."""
     out: dict[str, str] = {}
-    text = bytes(m.actions).decode("utf-8", "surrogatepass").strip()
-    if text and text != "null":
-        try:
-            count = count_json_actions(text)  # types only: the header's validation follows (40018)
-        except ActionsError:
-            raise NtfyError(JSON_INVALID) from None
-        if count:
-            out["x-actions"] = text
+    if m.actions:
+        out["x-actions"] = bytes(m.actions).decode("utf-8", "surrogatepass").strip()
     if m.attach:
         out["x-attach"] = m.attach
     if m.filename:
@@ -869,7 +906,7 @@ def ingest_matrix(body: bytes, *, now: int, limits: Limits) -> MatrixOutcome:
         raise NtfyError(MATRIX_TOO_LARGE)
     try:
         m = _matrix_decoder.decode(body)
-    except msgspec.DecodeError:
+    except (msgspec.DecodeError, RecursionError):  # too deep for msgspec (Go takes 10,000 levels): invalid
         raise NtfyError(MATRIX_INVALID) from None
     devices = m.notification.devices if m.notification is not None else None
     device = devices[0] if devices else None

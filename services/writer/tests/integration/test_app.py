@@ -13,7 +13,7 @@ import pytest
 from httpx import AsyncClient as AsyncTestClient
 
 from upf_keyspace import Settings, Store, StoreError, decode_id, open_store
-from upf_keyspace.auth import AuthState
+from upf_keyspace.auth import AuthState, Permission
 from upf_writer.app import create_app
 
 from ..conftest import PUBLIC_URL, in_process
@@ -329,3 +329,31 @@ async def test_get_publish_needs_write_access(settings: Settings, store: Store) 
     async with in_process(create_app(ro, store)) as c:
         assert_ntfy_error(await c.get("/ro/publish?message=x"), 403, 40301)
     assert await stored(store, "ro") == []
+
+
+async def test_write_access_is_checked_before_any_parameter(settings: Settings, store: Store) -> None:
+    """ntfy's authorizeTopicWrite runs before handlePublish reads a parameter or the body: a topic the
+    caller may not write is 403 40301 whatever else is wrong, and an oversized body there too (ntfy's
+    413 comes from the body, after the ACL). A JSON publish's body is read first (transformBodyJSON
+    wraps the ACL): invalid JSON or field types (40024), a bad topic or a body over the limit (41303)
+    come before the 403; its other fields after."""
+    await store.set_access("*", "priv*", Permission.READ_ONLY)
+    async with in_process(create_app(settings, store)) as c:
+        for r in (await c.post("/priv1", content=b"x", headers={"priority": "9"}),
+                  await c.post("/priv1?delay=banana&icon=ftp://x", content=b"x"),
+                  await c.post("/priv1", content=b"a" * 4097),
+                  await c.put("/priv1/bad!sid", content=b"x"),
+                  await c.delete("/priv1/bad!sid"),
+                  await c.put("/priv1/bad!sid/clear"),
+                  await c.get("/priv1/publish?priority=9"),
+                  await c.post("/", content=b'{"topic":"priv1","priority":9}'),
+                  await c.post("/", content=b'{"topic":"priv1","priority":-1,"delay":"banana"}'),
+                  await c.post("/", content=b'{"topic":"priv1","actions":[{"action":"junk"}]}')):  # fmt: skip
+            assert_ntfy_error(r, 403, 40301)
+        assert_ntfy_error(await c.post("/", content=b'{"topic":"priv1","priority":"9"}'), 400, 40024)
+        assert_ntfy_error(await c.post("/", content=b'{"topic":"priv1","actions":"junk"}'), 400, 40024)
+        assert_ntfy_error(await c.post("/", content=b'{"topic":"priv1!"}'), 400, 40009)
+        assert_ntfy_error(await c.post("/", content=b'{"topic":"priv1"}' + b" " * 8192), 413, 41303)
+        assert_ntfy_error(await c.post("/open1", content=b"x", headers={"priority": "9"}), 400, 40007)
+        assert_ntfy_error(await c.post("/", content=b'{"topic":"open1","priority":9}'), 400, 40007)
+    assert await stored(store, "priv1") == []

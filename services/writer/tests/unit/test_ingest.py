@@ -340,10 +340,9 @@ def test_json_publish_fields() -> None:
 
 
 def test_json_publish_defaults_and_nulls() -> None:
-    """Missing or null fields are unset; an empty message is "triggered"; priority <= 0 is unset."""
+    """Missing or null fields are unset; an empty message is "triggered"; priority 0 is unset."""
     env = publish_json({"topic": "t1", "title": None, "priority": 0, "message": None}).envelope
     assert (env.message, env.title, env.priority) == ("triggered", "", 0)
-    assert publish_json({"topic": "t1", "priority": -3}).envelope.priority == 0
 
 
 def test_json_fields_win_over_request_params() -> None:
@@ -376,6 +375,37 @@ def test_invalid_json_is_400_40024(raw: bytes) -> None:
 
 def test_json_priority_over_5_is_40007() -> None:
     rejected(ingest.PRIORITY_INVALID, publish_json, {"topic": "t", "priority": 6})
+
+
+def test_json_decode_stops_at_the_topic() -> None:
+    """decode_json is what ntfy's transformBodyJSON checks before the ACL: JSON and field types (actions'
+    too, so before the topic), then the topic; the fields' values wait for ingest_decoded_json."""
+    rejected(ingest.JSON_INVALID, ingest.decode_json, b'{"topic":"a.b","actions":"junk"}', LIMITS)
+    rejected(ingest.TOPIC_INVALID, ingest.decode_json, b'{"topic":"a.b","priority":9}', LIMITS)
+    topic, doc = ingest.decode_json(b'{"topic":"t","priority":9,"delay":"banana","actions":[]}', LIMITS)
+    assert topic == "t" and not doc.actions
+    rejected(ingest.PRIORITY_INVALID, ingest.ingest_decoded_json, topic, doc, {}, {}, now=NOW, limits=LIMITS)
+
+
+@pytest.mark.parametrize("priority", [-1, -3, -(1 << 63)])
+def test_json_negative_priority_is_40007(priority: int) -> None:
+    """ntfy's transformBodyJSON passes any nonzero priority to ParsePriority, which knows only 1..5."""
+    rejected(ingest.PRIORITY_INVALID, publish_json, {"topic": "t", "priority": priority})
+
+
+DEEP = b"[" * 1000 + b"]" * 1000
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [b'{"topic":"t","x":' + DEEP + b"}", b'{"topic":"t","actions":' + DEEP + b"}",
+     b'{"topic":"t","actions":[{"action":"view","label":"l","url":"https://u","extras":'
+     + b'{"a":' * 1000 + b"1" + b"}" * 1000 + b"}]}"],
+)  # fmt: skip
+def test_deeply_nested_json_is_40024_not_a_crash(raw: bytes) -> None:
+    """Nesting deeper than msgspec follows is refused as invalid JSON (ntfy's Go decoder takes 10,000
+    levels; UPF refuses earlier), never a RecursionError's 500."""
+    rejected(ingest.JSON_INVALID, publish_json, raw)
 
 
 def test_json_limits() -> None:
@@ -442,6 +472,11 @@ def test_matrix_topic_ends_at_slash_query_or_fragment() -> None:
 )  # fmt: skip
 def test_matrix_invalid_is_400_40019(doc: object) -> None:
     rejected(ingest.MATRIX_INVALID, matrix, doc)
+
+
+def test_deeply_nested_matrix_is_40019_not_a_crash() -> None:
+    """As a JSON publish's: too deep for msgspec is the Matrix path's invalid JSON, never a 500."""
+    rejected(ingest.MATRIX_INVALID, matrix, b'{"x":' + b"[" * 1500 + b"]" * 1500 + b"}")
 
 
 def test_matrix_size_limit() -> None:

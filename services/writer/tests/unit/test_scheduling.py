@@ -100,6 +100,35 @@ def test_bad_delays_get_ntfys_codes(value, problem) -> None:
     rejected(problem, publish, {"x-delay": value})
 
 
+@pytest.mark.parametrize("value", ["1" * 4301, "+" + "9" * 5000, "1" * 5000 + "s", "1" * 5000 + " days"])
+def test_overlong_numbers_are_unparsable_not_a_crash(value) -> None:
+    """Past Python's 4,300-digit int limit too: ntfy's strconv.Atoi fails on anything over int64, so 40004."""
+    rejected(ingest.DELAY_CANNOT_PARSE, publish, {"x-delay": value})
+    rejected(ingest.DELAY_CANNOT_PARSE, publish, query={"delay": value})
+    body = json.dumps({"topic": "t1", "delay": value}).encode()
+    rejected(ingest.DELAY_CANNOT_PARSE, ingest.ingest_json, {}, {}, body, now=NOW, limits=LIMITS)
+
+
+@pytest.mark.parametrize(
+    "value",
+    ["\u0661\u0660m", "\u0661\u0660 minutes", "\u0663" + "\u0660" * 10, "\uff11\uff10m", "1.\u0665h",
+     "in \u0661\u0660 minutes", "\u0661\u0660am", "10:\u0663\u0660", "10\u017f"],
+)  # fmt: skip
+def test_only_ascii_digits_are_digits(value) -> None:
+    """Go's regexp ``\\d`` and strconv know only 0-9: Arabic-Indic or fullwidth digits are 40004 (not, as
+    Python's Unicode ``\\d`` read them, ten minutes); so is a unit Go's case folding matches but ntfy's
+    switch on its first byte does not know (``10\u017f``, a long s)."""
+    assert parse_future_time(value, NOW) is None
+    rejected(ingest.DELAY_CANNOT_PARSE, publish, {"x-delay": value})
+
+
+def test_only_gos_spaces_are_trimmed() -> None:
+    """ntfy's strings.TrimSpace keeps \\x1c-\\x1f, which Python's str.strip() would drop."""
+    assert parse_future_time("\u3000 10m\u2028", NOW) == NOW + 600
+    assert parse_future_time("10m\x1c", NOW) is None
+    rejected(ingest.DELAY_CANNOT_PARSE, publish, {"x-delay": "\x1f10m"})
+
+
 def test_bounds_are_inclusive() -> None:
     assert publish({"x-delay": "10s"}).due == NOW + 10
     assert publish({"x-delay": "3d"}).due == NOW + 259_200

@@ -134,6 +134,35 @@ def test_poll_request(headers: dict[str, str], query: dict[str, str]) -> None:
     }
 
 
+@pytest.mark.parametrize(
+    ("headers", "query"),
+    [({"x-poll-id": "p1", "x-delay": "1h"}, {}), ({}, {"poll_id": "p1", "delay": "1h"}),
+     ({"x-poll-id": "p1"}, {"in": "30m"})],
+)  # fmt: skip
+def test_poll_request_is_sent_at_once_despite_a_delay(headers: dict[str, str], query: dict[str, str]) -> None:
+    """ntfy reads (and validates) the delay, then replaces the message with newPollRequestMessage, whose
+    time is now: the poll request is published at once, not scheduled."""
+    got = publish(b"x", headers, query)
+    assert got.due == 0 and (got.envelope.event, got.envelope.time) == ("poll_request", NOW)
+
+
+def test_poll_request_from_a_json_publish_is_sent_at_once() -> None:
+    got = ingest.ingest_json({"x-poll-id": "p1"}, {}, b'{"topic":"t","delay":"1h"}', now=NOW, limits=LIMITS)
+    assert got.due == 0 and got.envelope.event == "poll_request"
+
+
+@pytest.mark.parametrize(
+    ("headers", "problem"),
+    [({"x-delay": "banana"}, ingest.DELAY_CANNOT_PARSE), ({"x-delay": "1s"}, ingest.DELAY_TOO_SMALL),
+     ({"x-delay": "1h", "x-cache": "no"}, ingest.DELAY_NO_CACHE)],
+)  # fmt: skip
+def test_poll_request_still_validates_its_delay(headers: dict[str, str], problem: ingest.Problem) -> None:
+    """ntfy's parsePublishParams checks the delay before it looks at the poll id."""
+    with pytest.raises(NtfyError) as info:
+        publish(b"x", {"x-poll-id": "p1", **headers})
+    assert info.value.problem == problem
+
+
 def test_poll_request_in_unifiedpush_mode_is_still_a_poll_request() -> None:
     env = publish(b"\xff\x00", {"x-poll-id": "p1"}, {"up": "1"}).envelope
     assert (env.event, env.message, env.encoding) == ("poll_request", "New message", "")

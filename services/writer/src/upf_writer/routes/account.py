@@ -82,7 +82,7 @@ def parse_token_request(body: bytes) -> TokenRequest:
         return TokenRequest()
     try:
         req = _decoder.decode(body)
-    except msgspec.DecodeError:
+    except (msgspec.DecodeError, RecursionError):  # nested deeper than msgspec follows: invalid, not a 500
         raise NtfyError(JSON_BODY_INVALID) from None
     if req.expires is not None and not -(1 << 63) <= req.expires < 1 << 63:
         raise NtfyError(JSON_BODY_INVALID)
