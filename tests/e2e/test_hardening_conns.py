@@ -84,7 +84,7 @@ def test_connections_per_address_are_capped_with_429(fleet) -> None:
     refused = _stream(upf.port, "upCAP99999")
     status, body = _first_response(refused)
     assert status == 429 and json.loads(body.split(b"\n")[0]) == {
-        "code": 42903, "http": 429, "error": "limit reached: too many open connections",
+        "code": 42903, "http": 429, "error": "limit reached: too many open connections", "link": "https://ntfy.sh/docs/publish/#limitations",
     }  # fmt: skip
     assert refused.recv(4096) == b""  # and closed
     refused.close()

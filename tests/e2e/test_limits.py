@@ -23,7 +23,12 @@ def client(base: str, source: str = "127.0.0.1") -> httpx.Client:
 def assert_limited(r: httpx.Response, burst: int, window: int) -> int:
     """ntfy's 429 body plus the headers it lacks; returns Retry-After."""
     assert r.status_code == 429, r.text
-    assert error_body(r) == {"code": 42901, "http": 429, "error": "limit reached: too many requests"}
+    assert error_body(r) == {
+        "code": 42901,
+        "http": 429,
+        "error": "limit reached: too many requests",
+        "link": "https://ntfy.sh/docs/publish/#limitations",
+    }
     wait = int(r.headers["retry-after"])
     assert wait >= 1
     assert r.headers["ratelimit-policy"] == f"{burst};w={window}"

@@ -55,7 +55,12 @@ def test_a_brute_force_run_reaches_42909_and_the_block_holds_across_processes(fl
         ):
             r = c.post("/upBrute0001", content="x", headers=headers)  # even the right password now
             assert r.status_code == 429, r.text
-            assert error_body(r) == {"code": 42909, "http": 429, "error": "limit reached: too many auth failures"}
+            assert error_body(r) == {
+                "code": 42909,
+                "http": 429,
+                "error": "limit reached: too many auth failures",
+                "link": "https://ntfy.sh/docs/publish/#limitations",
+            }
             assert 1 <= int(r.headers["retry-after"]) <= 60
         r = c.get("/upBrute0001/json", params={"poll": "1"}, headers=basic("phil", "right-pass"))
         assert r.status_code == 429 and error_body(r)["code"] == 42909  # the subscribe path too
@@ -86,6 +91,7 @@ def test_the_daily_quota_is_shared_by_two_processes_and_stores_nothing_past_it(f
                     "code": 42908,
                     "http": 429,
                     "error": "limit reached: daily message quota reached",
+                    "link": "https://ntfy.sh/docs/publish/#limitations",
                 }
                 left = 86_400 - int(time.time()) % 86_400
                 assert left - 5 <= int(r.headers["retry-after"]) <= left + 1  # until the next UTC midnight
@@ -152,6 +158,7 @@ def test_open_subscriptions_are_limited_across_pushers_and_a_killed_pushers_are_
                     "code": 42903,
                     "http": 429,
                     "error": "limit reached: too many active subscriptions",
+                    "link": "https://ntfy.sh/docs/publish/#limitations",
                 }
         with pytest.raises(websockets.sync.client.InvalidStatus) as err:  # the ntfy app's /ws: at the handshake
             with websockets.sync.client.connect(a.base.replace("http://", "ws://") + "/upSubs000004/ws"):
@@ -227,6 +234,7 @@ def test_the_fleets_total_topics_cap_refuses_a_new_topic_with_42904_and_keeps_th
                 "code": 42904,
                 "http": 429,
                 "error": "limit reached: the total number of topics on the server has been reached, please contact the admin",
+                "link": "https://ntfy.sh/docs/publish/#limitations",
             }
         assert w.post("/upTopicCap01", content="y").status_code == 200  # a known topic, on the other process
         assert c.post("/upTopicCap03", content="z").status_code == 200

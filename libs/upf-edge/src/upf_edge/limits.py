@@ -22,6 +22,7 @@ from upf_keyspace import Settings
 from .errors import NtfyError, Problem
 
 __all__ = [
+    "LIMITS_DOCS",
     "TOO_MANY_REQUESTS",
     "TOO_MANY_SUBSCRIPTIONS",
     "TOO_MANY_TOPICS",
@@ -40,13 +41,18 @@ __all__ = [
     "limited",
 ]
 
-TOO_MANY_REQUESTS = Problem(42901, 429, "limit reached: too many requests")
-TOO_MANY_SUBSCRIPTIONS = Problem(42903, 429, "limit reached: too many active subscriptions")
+LIMITS_DOCS = "https://ntfy.sh/docs/publish/#limitations"
+"""ntfy's link on its 429s (errors.go)."""
+TOO_MANY_REQUESTS = Problem(42901, 429, "limit reached: too many requests", LIMITS_DOCS)
+TOO_MANY_SUBSCRIPTIONS = Problem(42903, 429, "limit reached: too many active subscriptions", LIMITS_DOCS)
 TOO_MANY_TOPICS = Problem(
-    42904, 429, "limit reached: the total number of topics on the server has been reached, please contact the admin"
+    42904,
+    429,
+    "limit reached: the total number of topics on the server has been reached, please contact the admin",
+    LIMITS_DOCS,
 )
-TOO_MANY_MESSAGES = Problem(42908, 429, "limit reached: daily message quota reached")
-TOO_MANY_AUTH_FAILURES = Problem(42909, 429, "limit reached: too many auth failures")
+TOO_MANY_MESSAGES = Problem(42908, 429, "limit reached: daily message quota reached", LIMITS_DOCS)
+TOO_MANY_AUTH_FAILURES = Problem(42909, 429, "limit reached: too many auth failures", LIMITS_DOCS)
 NO_SUBSCRIBER = Problem(50701, 507, "cannot publish to UnifiedPush topic without previously active subscriber")
 """ntfy's 5xx for a UnifiedPush publish nobody subscribed to: Mastodon drops a subscription on most 4xx."""
 

@@ -70,7 +70,8 @@ def test_a_forwarded_header_counts_only_from_a_trusted_proxy():
 def test_the_refusal_is_ntfys_body_with_an_honest_wait_and_the_drafts_headers():
     err = refusal(LimitConfig(burst=60, refill_secs=5.0), 0)
     assert err.problem == TOO_MANY_REQUESTS and err.problem.body() == (
-        b'{"code":42901,"http":429,"error":"limit reached: too many requests"}\n'
+        b'{"code":42901,"http":429,"error":"limit reached: too many requests",'
+        b'"link":"https://ntfy.sh/docs/publish/#limitations"}\n'
     )
     assert dict(err.headers) == {
         b"retry-after": b"1",  # never 0 for a refusal

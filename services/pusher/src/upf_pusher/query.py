@@ -42,7 +42,9 @@ _DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|μs|ms|s|m|h|d)")
 _UNIT_SECS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "μs": 1e-6, "ms": 1e-3, "s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
-SINCE_INVALID = Problem(40008, 400, "invalid request: since parameter invalid")
+SINCE_INVALID = Problem(
+    40008, 400, "invalid since parameter", "https://ntfy.sh/docs/subscribe/api/#fetch-cached-messages"
+)
 TOPIC_INVALID = Problem(40009, 400, "invalid request: topic invalid")
 TOO_MANY_TOPICS = Problem(40093, 400, "invalid request: too many topics")
 """UPF's code (ntfy has no per-subscribe cap): the first code after the writer's 40091/40092."""

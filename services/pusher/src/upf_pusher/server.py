@@ -46,6 +46,7 @@ from upf_edge.http11 import (
     reply_response,
 )
 from upf_edge.limiter import RequestLimiter
+from upf_edge.limits import LIMITS_DOCS
 from upf_edge.limits_os import Acceptor, PeerCounter
 from upf_edge.ops import OpsRoutes
 from upf_keyspace import Settings, Store
@@ -70,9 +71,14 @@ _monotonic = time.monotonic
 _MAX_PENDING = 64 * 1024
 REFUSED_HEAD_TIMEOUT = 5.0
 """How long a connection over its address's cap may take to send the head its 429 answers."""
-_TOO_MANY_CONNECTIONS = NtfyError(Problem(42903, 429, "limit reached: too many open connections"))
+_TOO_MANY_CONNECTIONS = NtfyError(Problem(42903, 429, "limit reached: too many open connections", LIMITS_DOCS))
 _SHUTTING_DOWN = Problem(50300, 503, "service unavailable: shutting down")
-_NOT_WEBSOCKET = Problem(40016, 400, "invalid request: client not using the websocket protocol")
+_NOT_WEBSOCKET = Problem(
+    40016,
+    400,
+    "invalid request: client not using the websocket protocol",
+    "https://ntfy.sh/docs/subscribe/api/#websockets",
+)
 _BAD_HANDSHAKE = Problem(40000, 400, "invalid request: bad websocket handshake")
 
 

@@ -36,7 +36,8 @@ from upf_pusher.transports import StreamSubscriber
         (
             server._NOT_WEBSOCKET,
             b"400 Bad Request",
-            b'{"code":40016,"http":400,"error":"invalid request: client not using the websocket protocol"}\n',
+            b'{"code":40016,"http":400,"error":"invalid request: client not using the websocket protocol",'
+            b'"link":"https://ntfy.sh/docs/subscribe/api/#websockets"}\n',
         ),
         (
             server._BAD_HANDSHAKE,
@@ -46,7 +47,8 @@ from upf_pusher.transports import StreamSubscriber
         (
             server._TOO_MANY_CONNECTIONS.problem,
             b"429 Too Many Requests",
-            b'{"code":42903,"http":429,"error":"limit reached: too many open connections"}\n',
+            b'{"code":42903,"http":429,"error":"limit reached: too many open connections",'
+            b'"link":"https://ntfy.sh/docs/publish/#limitations"}\n',
         ),
     ],
 )

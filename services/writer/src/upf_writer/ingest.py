@@ -114,23 +114,32 @@ __all__ = [
 
 
 # ntfy's own codes and messages (server/errors.go), plus UPF's few additions (marked UPF).
-EMAIL_DISABLED = Problem(40001, 400, "e-mail notifications are not enabled")
-PRIORITY_INVALID = Problem(40007, 400, "invalid request: priority invalid")
+EMAIL_DISABLED = Problem(
+    40001, 400, "e-mail notifications are not enabled", "https://ntfy.sh/docs/config/#e-mail-notifications"
+)
+PRIORITY_INVALID = Problem(40007, 400, "invalid priority parameter", "https://ntfy.sh/docs/publish/#message-priority")
 TOPIC_INVALID = Problem(40009, 400, "invalid request: topic invalid")
 TOPIC_DISALLOWED = Problem(40010, 400, "invalid request: topic name is not allowed")
 MESSAGE_NOT_UTF8 = Problem(40011, 400, "invalid request: message must be UTF-8 encoded")
-ATTACHMENT_URL_INVALID = Problem(40013, 400, "invalid request: attachment URL is invalid")
-ACTIONS_INVALID = Problem(40018, 400, "invalid request: actions invalid")
-MATRIX_INVALID = Problem(40019, 400, "invalid request: Matrix JSON invalid")
-ICON_INVALID = Problem(40021, 400, "invalid request: icon URL is invalid")
-JSON_INVALID = Problem(40024, 400, "invalid request: request body must be message JSON")
+ATTACHMENT_URL_INVALID = Problem(
+    40013, 400, "invalid request: attachment URL is invalid", "https://ntfy.sh/docs/publish/#attachments"
+)
+ACTIONS_INVALID = Problem(
+    40018, 400, "invalid request: actions invalid", "https://ntfy.sh/docs/publish/#action-buttons"
+)
+MATRIX_INVALID = Problem(
+    40019, 400, "invalid request: Matrix JSON invalid", "https://ntfy.sh/docs/publish/#matrix-gateway"
+)
+ICON_INVALID = Problem(40021, 400, "invalid request: icon URL is invalid", "https://ntfy.sh/docs/publish/#icons")
+JSON_INVALID = Problem(40024, 400, "invalid request: request body must be valid JSON")
 SEQUENCE_ID_INVALID = Problem(40049, 400, "invalid request: sequence ID invalid")
 IDEMPOTENCY_KEY_INVALID = Problem(40091, 400, "invalid request: idempotency key invalid")  # UPF
 TTL_INVALID = Problem(40092, 400, "invalid request: TTL header invalid")  # UPF
 DELAY_NO_CACHE = Problem(40002, 400, "cannot disable cache for delayed message")
-DELAY_CANNOT_PARSE = Problem(40004, 400, "invalid delay parameter: unable to parse delay")
-DELAY_TOO_SMALL = Problem(40005, 400, "invalid delay parameter: too small, please refer to the docs")
-DELAY_TOO_LARGE = Problem(40006, 400, "invalid delay parameter: too large, please refer to the docs")
+_DELAY_DOCS = "https://ntfy.sh/docs/publish/#scheduled-delivery"
+DELAY_CANNOT_PARSE = Problem(40004, 400, "invalid delay parameter: unable to parse delay", _DELAY_DOCS)
+DELAY_TOO_SMALL = Problem(40005, 400, "invalid delay parameter: too small, please refer to the docs", _DELAY_DOCS)
+DELAY_TOO_LARGE = Problem(40006, 400, "invalid delay parameter: too large, please refer to the docs", _DELAY_DOCS)
 PUSH_TOPIC_INVALID = Problem(
     40097, 400, "invalid request: Topic header invalid, at most 32 base64url characters"
 )  # UPF
@@ -140,7 +149,9 @@ URGENCY_INVALID = Problem(
 VAPID_INVALID = Problem(40191, 401, "unauthorized: VAPID token invalid")  # UPF
 VAPID_KEY_REFUSED = Problem(40192, 401, "unauthorized: topic is restricted to another VAPID key")  # UPF
 METHOD_NOT_ALLOWED = Problem(40501, 405, "method not allowed")  # UPF (ntfy answers 404)
-MESSAGE_TOO_LARGE = Problem(41301, 413, "message too large")  # ntfy's "entity too large" code
+MESSAGE_TOO_LARGE = Problem(
+    41301, 413, "message too large", "https://ntfy.sh/docs/publish/#limitations"
+)  # ntfy's "entity too large" code
 MATRIX_TOO_LARGE = Problem(41302, 413, "Matrix request is larger than the max allowed length")
 JSON_TOO_LARGE = Problem(41303, 413, "JSON body too large")
 INTERNAL_ERROR = Problem(50001, 500, "internal server error")
