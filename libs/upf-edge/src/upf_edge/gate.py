@@ -34,9 +34,13 @@ _SHARED: weakref.WeakKeyDictionary[Store, AccessGate] = weakref.WeakKeyDictionar
 
 
 def auth_param(query: Mapping[str, str]) -> str | None:
-    """ntfy's ``?auth=`` (alias ``?authorization=``) from a decoded query."""
-    value = query.get("auth")
-    return query.get("authorization") if value is None else value
+    """ntfy's ``?authorization=`` or ``?auth=``, as its ``readQueryParam`` reads them: the first that is
+    not empty, in that order, trimmed (so a blank one is "", no parameter: the header counts)."""
+    for name in ("authorization", "auth"):
+        value = query.get(name)
+        if value:
+            return value.strip()
+    return None
 
 
 class AccessGate:

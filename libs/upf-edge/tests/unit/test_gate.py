@@ -11,7 +11,8 @@ import pytest
 
 from upf_edge.access import ANONYMOUS, Identity, hash_password
 from upf_edge.errors import NtfyError
-from upf_edge.gate import AccessGate
+from upf_edge.gate import AccessGate, auth_param
+from upf_edge.limiter import presents_credentials
 from upf_keyspace import Settings, open_store
 from upf_keyspace.auth import EVERYONE, Permission, User
 
@@ -103,3 +104,13 @@ async def test_roles_of_one_process_share_one_gate_per_store(stores):
     fresh = await AccessGate.acquire(stores[0])
     assert fresh is not a  # a fresh one after the last release
     await fresh.release()
+
+
+def test_auth_param_is_read_as_ntfys_read_query_param() -> None:
+    """``?authorization=`` first, then ``?auth=``, the first not empty, trimmed: a blank one is no
+    parameter (the header counts, and it is not a login attempt to charge)."""
+    assert auth_param({"auth": "QQ", "authorization": "Qg"}) == "Qg"
+    assert auth_param({"auth": "QQ", "authorization": ""}) == "QQ"
+    assert auth_param({"auth": " QQ \t"}) == "QQ"
+    assert auth_param({"auth": "  "}) == "" and not presents_credentials(None, auth_param({"auth": "  "}))
+    assert auth_param({}) is None
