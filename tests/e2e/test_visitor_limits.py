@@ -183,7 +183,7 @@ def test_open_subscriptions_are_limited_across_pushers_and_a_killed_pushers_are_
 
 def test_subscriber_based_limiting_charges_a_unifiedpush_topics_subscriber_and_507s_without_one(fleet) -> None:
     """ntfy's visitor-subscriber-rate-limiting: app servers share one IP; a UnifiedPush topic's
-    publishes are charged to the phone that subscribed to it, and a UnifiedPush publish to a topic no
+    publishes (a JSON publish's too) are charged to the phone that subscribed to it, and a UnifiedPush publish to a topic no
     one subscribed to is 507 50701 (a 5xx, so Mastodon keeps the subscription)."""
     upf = fleet.start(
         "upf",
@@ -206,7 +206,9 @@ def test_subscriber_based_limiting_charges_a_unifiedpush_topics_subscriber_and_5
         assert app_server.post("/upRate00000001", content="plain").status_code == 200  # no up=1: no 507
         assert phone.get("/upRate00000001/json", params={"poll": "1"}).status_code == 200  # the phone: 2 left
         assert app_server.post("/upRate00000001", content="a", params={"up": "1"}).status_code == 200
-        assert other_server.post("/upRate00000001", content="b", params={"up": "1"}).status_code == 200
+        # a JSON publish names its topic in the body: charged to the same subscriber once it is read
+        r = other_server.post("/", content=b'{"topic":"upRate00000001","message":"b"}', params={"up": "1"})
+        assert r.status_code == 200, r.text
         r = app_server.post("/upRate00000001", content="c", params={"up": "1"})
         assert r.status_code == 429 and error_body(r)["code"] == 42901  # the phone's budget is spent
         r = phone.get("/upRate00000001/json", params={"poll": "1"})

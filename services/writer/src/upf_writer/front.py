@@ -24,6 +24,7 @@ import time
 from collections.abc import Sequence
 
 from upf_edge import NO_BODY, NtfyError, Problem, Reply
+from upf_edge.access import ANONYMOUS
 from upf_edge.gate import auth_param
 from upf_edge.http11 import decode_headers, decode_query
 
@@ -193,8 +194,10 @@ class WriterFront:
         path's (``/{topic}/{sid}``). Bad input stores nothing;
         so does a refusal (401, then the request limit's 429, then 403, as ntfy orders them). The 403
         comes before any parameter is read (ntfy's ``authorizeTopicWrite`` wraps ``handlePublish``) and
-        before a path publish's 413 (ntfy's comes from the body); a JSON publish's body is read first, up
-        to its topic (ntfy's ``transformBodyJSON`` wraps the ACL), so its 413, 40024 and 40009 precede."""
+        before a path publish's 413 (ntfy's comes from the body). A JSON publish's body is read first, up
+        to its topic (ntfy's ``transformBodyJSON`` wraps the request limit and the ACL), so its 413, 40024
+        and 40009 come before the 429, which charges the topic's subscriber when subscriber-based
+        limiting applies to it, as a path publish's does."""
         ctx = self.ctx
         start_ns = time.time_ns() if self._tracing else 0
         route = "topic" if topic else "json"
@@ -203,23 +206,28 @@ class WriterFront:
             params = decode_query(query)
             gate = ctx.require_gate()
             forwarded = headers.get(self._forwarded)
-            who, visitor = await ctx.enter(  # 401/42909 first, then the request limit's 429
-                headers.get("authorization"), auth_param(params), client, forwarded, topic
-            )
             if topic:
+                who, visitor = await ctx.enter(  # 401/42909 first, then the request limit's 429
+                    headers.get("authorization"), auth_param(params), client, forwarded, topic
+                )
                 gate.authorize(who, (ingest.validate_topic(topic),), write=True)
-                limit, too_large = self._max, ingest.MESSAGE_TOO_LARGE
-            else:
-                limit, too_large = self._json_max, ingest.JSON_TOO_LARGE
-            ingest.check_content_length(headers, limit, too_large)
-            if body is None or len(body) > limit:
-                raise NtfyError(too_large)
-            if topic:
+                ingest.check_content_length(headers, self._max, ingest.MESSAGE_TOO_LARGE)
+                if body is None or len(body) > self._max:
+                    raise NtfyError(ingest.MESSAGE_TOO_LARGE)
                 ingested = ingest.ingest_publish(
                     topic, headers, params, body, now=ctx.clock(), limits=ctx.limits, sequence_id=sequence_id
                 )
-            else:
+            else:  # the topic is in the body: the request limit charges it (its subscriber, maybe) once read
+                who = (  # as enter(): an open gate asks nothing of the failed-login count
+                    ANONYMOUS
+                    if gate.open
+                    else await ctx.identify(headers.get("authorization"), auth_param(params), client, forwarded)
+                )
+                ingest.check_content_length(headers, self._json_max, ingest.JSON_TOO_LARGE)
+                if body is None or len(body) > self._json_max:
+                    raise NtfyError(ingest.JSON_TOO_LARGE)
                 json_topic, doc = ingest.decode_json(body, ctx.limits)
+                visitor = await ctx.admit(who.user, client, forwarded, json_topic)
                 gate.authorize(who, (json_topic,), write=True)
                 ingested = ingest.ingest_decoded_json(
                     json_topic, doc, headers, params, now=ctx.clock(), limits=ctx.limits
