@@ -60,9 +60,18 @@ async def clear_many(tr: Transaction, node: str, uptos: Mapping[int, bytes]) -> 
         await clear(tr, node, shard, upto)
 
 
+SWEPT = keys.pack_i64(0)
+"""The liveness record of a node whose sweep has begun (a heartbeat from the epoch: dead to
+``dead_nodes``). A node that was only partitioned, not dead, and heartbeats between two sweep batches
+reads it as swept, and holds its topics again: else the affinities the first batch cleared would be
+gone while the node believed it still held them (no pokes, only the safety poll, until its
+subscribers reconnect)."""
+
+
 async def heartbeat(tr: Transaction, node: str, now: int) -> bool:
-    """Refresh liveness; False when the record was missing (swept as dead), so the caller re-registers."""
+    """Refresh liveness; False when the record was missing or ``SWEPT`` (swept as dead, wholly or in
+    part), so the caller holds its topics again."""
     key = keys.liveness_key(node)
-    existed = await tr.get(key) is not None
+    raw = await tr.get(key)
     tr.set(key, keys.pack_i64(now))
-    return existed
+    return raw is not None and raw != SWEPT

@@ -4,21 +4,24 @@ from .. import keys
 from ..contract import Transaction
 from ..envelope import decode_envelope
 from ..msgid import decode_id
-from .publish import RELEASED_MARK, add_tally
+from .inbox import SWEPT
+from .publish import RELEASED_MARK, add_tally, unindex_time
 
 
 async def expire(tr: Transaction, now: int, limit: int) -> int:
-    """Delete up to ``limit`` messages whose expiry is at or before ``now``, with their X and ID (or SR)
+    """Delete up to ``limit`` messages whose expiry is before ``now``, with their X and ID (or SR)
     entries, the time-index entry that names them and their Web Push Topic marker (else one marker per
-    (topic, Topic) never reused would stay for good)."""
-    rows = await tr.get_range(*keys.expiry_range(now + 1), limit=limit)
+    (topic, Topic) never reused would stay for good). Not at ``now``: a message's expiry second is its
+    own (TTL 0 expires at its publish second, and a pass within that second would take it from a
+    subscriber who is being poked for it; RFC 8030 delivers it to a connected user agent)."""
+    rows = await tr.get_range(*keys.expiry_range(now), limit=limit)
     for key, idem in rows:
         _, topic, stamp = keys.unpack_expiry_key(key)
         raw = await tr.get(keys.queue_key(topic, stamp), snapshot=True)
         if raw is not None:
             add_tally(tr, topic, 0, -len(raw))
             env = decode_envelope(raw)
-            await _unindex_time(tr, topic, stamp, env.time)
+            await unindex_time(tr, topic, stamp, env.time)
             if env.push_topic:
                 tr.clear(keys.push_topic_key(topic, env.push_topic, stamp))
         tr.clear(keys.queue_key(topic, stamp))
@@ -30,17 +33,6 @@ async def expire(tr: Transaction, now: int, limit: int) -> int:
         elif idem:
             tr.clear(keys.idem_key(topic, idem.decode(), stamp))
     return len(rows)
-
-
-async def _unindex_time(tr: Transaction, topic: str, stamp: bytes, second: int) -> None:
-    """Clear the topic's time-index entry of this message's second if it names this message (a later
-    message of the same second owns it otherwise). Not a snapshot read: a publish of that second
-    committing meanwhile makes this transaction retry rather than clear the newer entry. An entry
-    that outlives its message is harmless (a cursor need not exist); a second whose entry went while
-    longer-lived messages of it remain is found through an earlier entry: more messages, never fewer."""
-    index = keys.time_index_key(topic, second)
-    if await tr.get(index) == stamp:
-        tr.clear(index)
 
 
 async def dead_nodes(tr: Transaction, now: int, max_age: int) -> list[str]:
@@ -63,4 +55,6 @@ async def sweep_node(tr: Transaction, node: str, now: int, max_age: int, limit: 
         tr.clear_range(*keys.node_inbox_range(node))
         tr.clear_range(*keys.node_bell_range(node))
         tr.clear(keys.liveness_key(node))
+    else:  # more to sweep: a node alive after all must learn it lost these (see ops.inbox.heartbeat)
+        tr.set(keys.liveness_key(node), SWEPT)
     return len(rows)

@@ -8,7 +8,7 @@ from msgspec.structs import replace
 from .. import keys
 from ..contract import Transaction
 from ..envelope import Envelope, decode_envelope, encode_envelope
-from ..msgid import encode_id
+from ..msgid import decode_id, encode_id
 
 
 class Pending(msgspec.Struct):
@@ -75,12 +75,14 @@ async def publish(
     idem: str = "",
     origin: bytes = b"",
     count: bool = True,
+    index: bool = True,
 ) -> Pending:
     """Append to Q, index in X, poke every node holding the topic: one stamp for all of it.
 
     ``origin`` is set by a scheduled release: the stamp the publisher was given, remembered in the X
     entry so the janitor can clear the SR entry that maps it to this Q stamp. ``count``: add to the
-    stats' message count (a release was counted when it was scheduled)."""
+    stats' message count (a release was counted when it was scheduled). ``index``: point the time
+    index (QT) at it (a late release is not: its second is in the past)."""
     if idem:
         original = await _original(tr, topic, await tr.get_range(*keys.idem_range(topic, idem), limit=1))
         if isinstance(original, Pending):
@@ -94,7 +96,17 @@ async def publish(
         await replace_push_topic(tr, topic, env.push_topic)
     tallies: dict[int, list[int]] = {}
     pending = _append(
-        tr, topic, env, holders, shard_count, tr.get_versionstamp(), tallies, idem=idem, origin=origin, count=count
+        tr,
+        topic,
+        env,
+        holders,
+        shard_count,
+        tr.get_versionstamp(),
+        tallies,
+        idem=idem,
+        origin=origin,
+        count=count,
+        index=index,
     )
     _add_tallies(tr, tallies)
     return pending
@@ -191,6 +203,7 @@ def _append(
     idem: str = "",
     origin: bytes = b"",
     count: bool = True,
+    index: bool = True,
 ) -> Pending:
     """A publish's writes, once its reads are done; its stats are summed into ``tallies`` (slot ->
     [messages, bytes, entries into Q]) for the caller to add with ``_add_tallies``."""
@@ -205,7 +218,8 @@ def _append(
         tr.set_versionstamped_key(keys.push_topic_key_incomplete(topic, env.push_topic, uv), b"")
     x_value = RELEASED_MARK + encode_id(origin).encode() if origin else idem.encode()
     tr.set_versionstamped_key(keys.expiry_key_incomplete(env.expires, topic, uv), x_value)
-    index_time(tr, topic, env.time, uv)
+    if index:
+        index_time(tr, topic, env.time, uv)
     if idem:
         tr.set_versionstamped_key(keys.idem_key_incomplete(topic, idem, uv), b"")
     if holders:
@@ -234,9 +248,24 @@ async def replace_push_topic(tr: Transaction, topic: str, push_topic: str) -> in
             tr.clear(keys.expiry_key(old.expires, topic, stamp))
             if old.idem:
                 tr.clear(keys.idem_key(topic, old.idem, stamp))
+            origin = decode_id(old.origin_id) if old.origin_id else None
+            if origin is not None:  # a released scheduled message: its publish id's map to Q goes too
+                tr.clear(keys.released_key(topic, origin, stamp))
+            await unindex_time(tr, topic, stamp, old.time)  # as the janitor's expiry does
             replaced += 1
         tr.clear(marker)
     return replaced
+
+
+async def unindex_time(tr: Transaction, topic: str, stamp: bytes, second: int) -> None:
+    """Clear the topic's time-index entry of this message's second if it names this message (a later
+    message of the same second owns it otherwise). Not a snapshot read: a publish of that second
+    committing meanwhile makes this transaction retry rather than clear the newer entry. An entry
+    that outlives its message is harmless (a cursor need not exist); a second whose entry went while
+    longer-lived messages of it remain is found through an earlier entry: more messages, never fewer."""
+    index = keys.time_index_key(topic, second)
+    if await tr.get(index) == stamp:
+        tr.clear(index)
 
 
 def index_time(tr: Transaction, topic: str, second: int, user_version: int) -> None:

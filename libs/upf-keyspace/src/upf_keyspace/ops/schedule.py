@@ -52,11 +52,24 @@ async def release_due(tr: Transaction, now: int, limit: int, *, shard_count: int
     as a publish does. Returns how many were released. ``now_ms`` becomes their ``published_ms``, so a
     pusher's delivery latency counts from the release, not from the scheduling."""
     rows = await tr.get_range(*keys.scheduled_due_range(now), limit=limit)
+    written: set[str] = set()
+    released = 0
     for key, raw in rows:
         _, origin, topic = keys.unpack_scheduled_key(key)
-        tr.clear(key)
         env = decode_envelope(raw)
+        if env.push_topic and topic in written:
+            # Its replacement reads the topic's Q and WT, which this transaction's releases made
+            # unreadable (versionstamped keys): it waits for the next transaction, or the whole batch
+            # would fail, and every later pass with it (S is read from its first due key).
+            break
+        tr.clear(key)
         env = msgspec.structs.replace(env, origin_id=encode_id(origin), published_ms=now_ms or env.published_ms)
-        pending = await publish(tr, topic, env, shard_count=shard_count, origin=origin, count=False)
+        # Released late (a releaser down, say), its due second is not indexed: that entry would name a
+        # stamp newer than later seconds' messages, and since=<a later second> would skip them.
+        pending = await publish(
+            tr, topic, env, shard_count=shard_count, origin=origin, count=False, index=env.time >= now
+        )
         tr.set_versionstamped_key(keys.released_key_incomplete(topic, origin, pending.user_version), b"")
-    return len(rows)
+        written.add(topic)
+        released += 1
+    return released

@@ -1,0 +1,104 @@
+"""Edges of scheduled releases, Web Push Topic replacement, expiry and dead-node sweeps that a review
+found wrong, each test failing before its fix."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from upf_keyspace import Envelope, Settings, Since, keys, open_store
+
+
+@pytest.fixture
+async def store(tmp_path):
+    s = await open_store(Settings(store_path=str(tmp_path / "upf.db"), shard_count=8))
+    yield s
+    await s.close()
+
+
+def env(msg: str, t: int, ttl: int = 3600, **kw) -> Envelope:
+    return Envelope(time=t, expires=t + ttl, message=msg, **kw)
+
+
+async def rows(store, prefix: keys.Prefix) -> list:
+    async def body(tr):
+        return await tr.get_range(*keys.prefix_range(prefix))
+
+    return await store.db.transact(body)
+
+
+async def messages(store, topic: str) -> list[str]:
+    return [r.envelope.message for r in await store.read_after(topic, None)]
+
+
+@pytest.mark.parametrize("stored_first", [False, True], ids=["two Topic releases", "plain then Topic"])
+async def test_a_release_batch_never_reads_what_it_wrote_so_no_batch_blocks_the_rest(store, stored_first) -> None:
+    """A Web Push Topic release reads its topic's Q and WT; after an earlier release of the same topic
+    in the same transaction those are unreadable (versionstamped writes), and the whole batch failed,
+    every pass, so no scheduled message anywhere was ever released again. The batch now ends before
+    such a message, and the next transaction releases it."""
+    now = int(time.time())
+    if stored_first:
+        await store.publish("t", env("old", now, push_topic="p"))
+        await store.schedule("t", env("plain", now + 10), now + 10)
+    else:
+        await store.schedule("t", env("A", now + 10, push_topic="p"), now + 10)
+    await store.schedule("t", env("B", now + 10, push_topic="p"), now + 10)
+    await store.schedule("victim", env("hello", now + 11), now + 11)
+    released = 0
+    for _ in range(3):
+        released += await store.release_due(now + 20)
+    assert released == 3 and await messages(store, "victim") == ["hello"]
+    assert await messages(store, "t") == (["plain", "B"] if stored_first else ["B"])  # B replaced what p named
+
+
+async def test_a_late_release_does_not_make_since_time_skip_later_messages(store) -> None:
+    """Released 5 s late, a message due at T+10 had QT[T+10] name its stamp, newer than B published at
+    T+12: since=T+12 took that as its cursor and skipped B. A late release is not time-indexed."""
+    now = int(time.time())
+    await store.schedule("t", env("A", now + 10), now + 10)
+    await store.publish("t", env("B", now + 12))
+    assert await store.release_due(now + 15) == 1
+    cursor = (await store.positions(["t"], Since("time", time=now + 12)))["t"]
+    assert "B" in [r.envelope.message for r in await store.read_after("t", cursor)]
+
+
+async def test_a_topic_replacement_leaves_no_time_index_nor_release_entry(store) -> None:
+    """Replacing a message (Web Push Topic) cleared its Q, X and ID entries but not the QT entry naming
+    it nor, for a released scheduled message, its SR entry: both stayed for good."""
+    now = int(time.time())
+    await store.publish("t", env("A", now, push_topic="p"))
+    await store.publish("t", env("B", now + 5, push_topic="p"))  # replaces A
+    await store.schedule("t", env("C", now + 10, push_topic="q"), now + 10)
+    await store.release_due(now + 10)
+    await store.publish("t", env("D", now + 11, push_topic="q"))  # replaces released C
+    await store.expire(now + 10**6)
+    assert [await rows(store, p) for p in (keys.Prefix.QUEUE, keys.Prefix.TIME_INDEX, keys.Prefix.RELEASED)] == [[]] * 3
+
+
+async def test_a_ttl_0_message_outlives_its_own_second(store) -> None:
+    """TTL 0 (RFC 8030: deliver to a connected user agent, keep nothing) expired in a janitor pass of
+    its own second, before the poked pusher read it. A message's expiry second is its own now."""
+    now = int(time.time())
+    await store.publish("t", env("now", now, ttl=0))
+    await store.expire(now)
+    assert await messages(store, "t") == ["now"]
+    await store.expire(now + 1)
+    assert await messages(store, "t") == []
+
+
+async def test_a_live_node_swept_in_part_holds_its_topics_again(store) -> None:
+    """A node partitioned past the liveness limit, swept one batch, then back: its heartbeat said the
+    record existed, so it did not hold its topics again, and the janitor, seeing it alive, stopped;
+    the cleared topics were never poked again. The sweep marks the record, the heartbeat reads it."""
+    now = int(time.time())
+    topics = [f"t{i}" for i in range(5)]
+    await store.heartbeat("n1", now - 100)
+    await store.hold(topics, "n1")
+    assert await store.sweep_node("n1", now, 10, 2) == 2  # the janitor's first batch
+    assert "n1" in await store.dead_nodes(now, 10)  # still dead to the next pass
+    assert await store.heartbeat("n1", now) is False  # back: told to hold its topics again
+    assert await store.sweep_node("n1", now, 10, 2) is None
+    await store.hold(topics, "n1")  # what the hub does on False
+    assert [(await store.publish(t, env("x", now))).poked for t in topics] == [1] * 5
