@@ -46,6 +46,7 @@ __all__ = [
     "json_response",
     "reply_response",
     "decode_headers",
+    "header_list",
     "decode_query",
     "chunk",
     "LAST_CHUNK",
@@ -313,6 +314,16 @@ def _reason_bytes(status: int) -> bytes:
     if reason is None:
         reason = _REASONS[status] = _reason(status).encode("ascii")
     return reason
+
+
+def header_list(raw: Iterable[tuple[bytes, bytes]], name: str) -> str | None:
+    """Every value of header ``name`` (lower-case), joined with ", " in order; None when absent.
+    Why: a list header sent on several lines is that one list (RFC 9110 5.3), and a proxy that appends
+    its own X-Forwarded-For line after the client's (HAProxy's ``option forwardfor``) must be read
+    whole: its entry is the last, the one the request limits trust."""
+    key = name.encode("latin-1")
+    found = [v.decode("latin-1") for k, v in raw if k == key]
+    return ", ".join(found) if found else None
 
 
 def decode_headers(raw: Iterable[tuple[bytes, bytes]]) -> dict[str, str]:

@@ -143,11 +143,18 @@ class LimitConfig(NamedTuple):
 
 
 def parse_address(text: str) -> Address | None:
-    """An IP from a peer name or a forwarded-header entry (``[v6]``, a zone and an IPv4-mapped IPv6
-    form are accepted); None when it is not one."""
+    """An IP from a peer name or a forwarded-header entry; None when it is not one. Accepted: ``[v6]``
+    (with a port after it or not), a zone, an IPv4-mapped IPv6 form, ``v4:port`` (as some proxies
+    write X-Forwarded-For), and an RFC 7239 ``Forwarded`` element's ``for=`` (``for=192.0.2.6;proto=https``,
+    ``for="[2001:db8::17]:4711"``), the header ntfy documents beside X-Forwarded-For."""
     text = text.strip()
+    at = text.lower().find("for=")
+    if at >= 0:
+        text = text[at + 4 :].partition(";")[0].strip().strip('"')
     if text.startswith("["):
         text = text[1:].partition("]")[0]
+    elif text.count(":") == 1:
+        text = text.partition(":")[0]
     try:
         addr = ipaddress.ip_address(text.partition("%")[0])
     except ValueError:

@@ -9,6 +9,7 @@ import ipaddress
 import pytest
 
 from upf_edge.errors import STORE_UNAVAILABLE, NtfyError
+from upf_edge.http11 import header_list
 from upf_edge.limiter import IDLE_SECS, RequestLimiter
 from upf_edge.limits import (
     TOO_MANY_REQUESTS,
@@ -65,6 +66,27 @@ def test_a_forwarded_header_counts_only_from_a_trusted_proxy():
     assert client_address(ip("10.0.0.2"), "1.1.1.1, 203.0.113.5, 10.0.0.9", TRUSTED) == client
     assert client_address(ip("10.0.0.2"), "10.0.0.8, 10.0.0.9", TRUSTED) == ip("10.0.0.8")
     assert client_address(ip("10.0.0.2"), "garbage", TRUSTED) == ip("10.0.0.2")
+
+
+def test_rfc_7239_forwarded_and_v4_with_a_port_are_read():
+    """ntfy documents the ``Forwarded`` header beside X-Forwarded-For; its ``for=`` was unreadable, so a
+    trusted proxy's own address stood for every client (all exempt when it is on loopback)."""
+    assert parse_address("for=192.0.2.60;proto=http;by=203.0.113.43") == ip("192.0.2.60")
+    assert parse_address('For="[2001:db8:cafe::17]:4711"') == ip("2001:db8:cafe::17")
+    assert parse_address("192.0.2.7:51234") == ip("192.0.2.7")
+    assert parse_address("for=unknown") is None and parse_address('for="_hidden"') is None
+    forwarded = "for=1.1.1.1, for=203.0.113.5;proto=https"
+    assert client_address(ip("10.0.0.2"), forwarded, TRUSTED) == ip("203.0.113.5")
+
+
+def test_a_forwarded_header_on_several_lines_is_read_as_one_list():
+    """HAProxy's ``option forwardfor`` appends a line after the client's own: reading only the first
+    line took the client's word for its address (before the fix, 45 wrong passwords from forged
+    addresses never met the failed-login limit)."""
+    raw = [(b"x-forwarded-for", b"1.1.1.1"), (b"host", b"x"), (b"x-forwarded-for", b"203.0.113.5")]
+    assert header_list(raw, "x-forwarded-for") == "1.1.1.1, 203.0.113.5"
+    assert header_list(raw, "forwarded") is None
+    assert client_address(ip("10.0.0.2"), header_list(raw, "x-forwarded-for"), TRUSTED) == ip("203.0.113.5")
 
 
 def test_the_refusal_is_ntfys_body_with_an_honest_wait_and_the_drafts_headers():

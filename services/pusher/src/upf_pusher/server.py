@@ -42,6 +42,7 @@ from upf_edge.http11 import (
     RequestHead,
     error_response,
     find_head_end,
+    header_list,
     parse_head,
     reply_response,
 )
@@ -346,7 +347,7 @@ class HttpProtocol(asyncio.Protocol):
         # ntfy's order: bad credentials (401), then the request limit (429), then a denied topic (403;
         # one denied topic fails them all). A subscribe is a request: it spends a token.
         try:
-            forwarded = headers.get(p.limiter.header)
+            forwarded = header_list(head.headers, p.limiter.header)
             if p.limiter.visitor(None, self.client, forwarded) is not None or p.limiter.wants_rates(req.topics):
                 self.busy = True  # parsing waits while the store is asked (leases, failed logins, counts)
                 p._spawn(self._subscribe_limited(head, req, transport_name, headers, query, forwarded))

@@ -4,6 +4,6 @@
 from __future__ import annotations
 
 from upf_edge.asgi import ClientGone, read_body
-from upf_edge.http11 import decode_headers, decode_query
+from upf_edge.http11 import decode_headers, decode_query, header_list
 
-__all__ = ["ClientGone", "decode_headers", "decode_query", "read_body"]
+__all__ = ["ClientGone", "decode_headers", "decode_query", "header_list", "read_body"]

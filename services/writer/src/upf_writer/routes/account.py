@@ -26,7 +26,7 @@ from upf_keyspace.auth import Token, token_digest
 
 from .. import ingest
 from ..context import WriterContext
-from ..httpio import decode_headers, decode_query, read_body
+from ..httpio import decode_headers, decode_query, header_list, read_body
 from ..ingest import Problem
 
 __all__ = [
@@ -104,7 +104,7 @@ def build(ctx: WriterContext) -> list[ControllerRouterHandler]:
         query = decode_query(request.scope.get("query_string", b""))
         client = request.client.host if request.client else ""
         authorization, param = headers.get("authorization"), auth_param(query)
-        forwarded = headers.get(ctx.settings.proxy_forwarded_header.lower())
+        forwarded = header_list(request.scope["headers"], ctx.settings.proxy_forwarded_header.lower())
         who = await ctx.identify(authorization, param, client, forwarded)
         if who.user is None:
             raise NtfyError(UNAUTHORIZED)

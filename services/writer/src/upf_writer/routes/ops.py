@@ -11,6 +11,7 @@ from litestar import Request, Response, get, head
 from litestar.types import ControllerRouterHandler
 
 from upf_edge.gate import auth_param
+from upf_edge.http11 import header_list
 from upf_edge.ops import OpsRoutes
 from upf_keyspace import telemetry as tm
 
@@ -49,7 +50,7 @@ def build(ctx: WriterContext) -> list[ControllerRouterHandler]:
         on any one of the topics)."""
         gate = ctx.require_gate()
         client = request.client.host if request.client else ""
-        forwarded = request.headers.get(ctx.settings.proxy_forwarded_header)
+        forwarded = header_list(request.scope["headers"], ctx.settings.proxy_forwarded_header.lower())
         who = await ctx.identify(
             request.headers.get("authorization"), auth_param(request.query_params), client, forwarded
         )

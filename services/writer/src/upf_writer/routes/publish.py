@@ -24,7 +24,7 @@ from upf_keyspace import telemetry as tm
 
 from .. import ingest, schemas
 from ..context import WriterContext
-from ..httpio import ClientGone, decode_headers, read_body
+from ..httpio import ClientGone, decode_headers, header_list, read_body
 from ..ingest import Ingested
 
 __all__ = ["build", "publish_one", "failure_problem"]
@@ -146,7 +146,7 @@ def build(ctx: WriterContext) -> list[ControllerRouterHandler]:
             headers = decode_headers(request.scope["headers"])
             gate = ctx.require_gate()  # a homeserver sends no credentials: the topic's anonymous write access
             client = request.client.host if request.client else ""
-            forwarded = headers.get(ctx.settings.proxy_forwarded_header.lower())
+            forwarded = header_list(request.scope["headers"], ctx.settings.proxy_forwarded_header.lower())
             who = await ctx.identify(headers.get("authorization"), None, client, forwarded)
             visitor = await ctx.admit(who.user, client, forwarded)
             limit = limits.max_message_bytes - 1  # ntfy: 4096 bytes or more is too large
