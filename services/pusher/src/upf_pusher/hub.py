@@ -114,6 +114,7 @@ class HubMetrics:
         "inbox_entries",
         "pauses",
         "slow_closes",
+        "silent_closes",
         "drain_errors",
     )
 
@@ -153,6 +154,10 @@ class HubMetrics:
         ).cell()
         self.slow_closes = registry.counter(
             "upf.pusher.slow.closes", "subscriber connections closed for staying paused too long"
+        ).cell()
+        self.silent_closes = registry.counter(
+            "upf.pusher.silent.closes",
+            "WebSocket subscribers closed for sending nothing, not even a pong, for the keepalive interval + 15 s",
         ).cell()
         self.drain_errors = registry.counter("upf.pusher.read.errors", "queue reads that failed (retried later)").cell()
 
@@ -707,8 +712,14 @@ class Hub:
 
     async def sweep(self, now: float, *, keepalive: bool) -> None:
         """Tick the sessions: every one when a keepalive is due, else only the paused ones (the only
-        ones a tick can close), so an idle node's sweep costs nothing per connection between keepalives."""
+        ones a tick can close), so an idle node's sweep costs nothing per connection between keepalives.
+        A keepalive pass first closes the WebSocket peers gone silent (ntfy's read deadline)."""
+        mono = time.monotonic()
         for i, sub in enumerate(list(self.subs if keepalive else self._paused)):
+            if keepalive and sub.silent(mono):
+                self.metrics.silent_closes.add()
+                sub.close("silent")
+                continue
             self.run(sub, sub.session.tick(now, keepalive=keepalive))
             if i % SWEEP_YIELD_EVERY == SWEEP_YIELD_EVERY - 1:
                 await asyncio.sleep(0)

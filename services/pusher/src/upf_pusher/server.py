@@ -261,7 +261,7 @@ class HttpProtocol(asyncio.Protocol):
     def _refuse(self, e: NtfyError) -> None:
         """Answer with ntfy's error JSON and close: the stream position is unknown after bad input."""
         if not self.transport.is_closing():
-            self.transport.write(error_response(e.problem))
+            self.transport.write(error_response(e.problem, extra=e.headers))
             self.transport.close()
 
     def _process(self) -> None:
@@ -434,8 +434,8 @@ class HttpProtocol(asyncio.Protocol):
             except InvalidUpgrade:
                 self._refuse(NtfyError(_NOT_WEBSOCKET))
                 return True, False
-            except InvalidHandshake:
-                self._refuse(NtfyError(_BAD_HANDSHAKE))
+            except InvalidHandshake:  # RFC 6455 4.4: the versions we speak go with the refusal
+                self._refuse(NtfyError(_BAD_HANDSHAKE, ((b"sec-websocket-version", b"13"),)))
                 return True, False
             sub = WsSubscriber(p.hub, session, self.transport, accept)
         else:

@@ -91,6 +91,9 @@ ntfy's clients send a ping a minute at most: a flood of pings costs the server ~
 (~0.8 s of CPU per second at loopback speed) and is cut after its first read instead."""
 PONG_CHECK_SECS = 0.1
 """How often a connection owing a pong checks whether the previous one has left (rare: flooders only)."""
+WS_PONG_WAIT_SECS = 15.0
+"""ntfy's wsPongWait: a WebSocket peer that sent nothing, not even the pong of a keepalive ping, for
+the keepalive interval plus this is gone (a phone off the network, a NAT that forgot the flow)."""
 
 
 def bound_send_buffer(transport: asyncio.BaseTransport, size: int) -> None:
@@ -186,6 +189,11 @@ class Subscriber(asyncio.Protocol, abc.ABC):
     @abc.abstractmethod
     def writable(self) -> bool:
         """Frames written now would reach the peer (the stream or WebSocket is open)."""
+
+    def silent(self, now: float) -> bool:
+        """The peer has said nothing for longer than a live one would (``now``: ``time.monotonic()``);
+        a stream's client says nothing by design, so only a WebSocket can be."""
+        return False
 
     def write(self, frames: list[bytes]) -> None:
         """Write already-framed bytes in one call (one send, not one per frame); the caller checked
@@ -349,6 +357,10 @@ class WsSubscriber(Subscriber):
         head, self.head = self.head, None
         if head is not None:
             self._put(head)
+        self.budget_at = _monotonic()  # the last time the peer was heard from (``_spend`` moves it)
+
+    def silent(self, now: float) -> bool:
+        return self.head is None and now - self.budget_at > self.hub.settings.keepalive_secs + WS_PONG_WAIT_SECS
 
     def _put(self, data: bytes) -> None:
         self.out += len(data)
@@ -505,7 +517,7 @@ class WsSubscriber(Subscriber):
     def close(self, reason: str) -> None:
         if self.transport.is_closing():
             return
-        if reason == "slow":
+        if reason == "slow" or reason == "silent":  # a graceful close would wait on a peer that is not there
             reset(self.transport)
             return
         if self.head is None:

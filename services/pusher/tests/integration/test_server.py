@@ -13,7 +13,7 @@ from upf_pusher_testkit import MS, eventually, publish, raw_request, settings_fo
 
 from upf_edge import NO_BODY, Reply
 from upf_keyspace import Store
-from upf_pusher import __version__
+from upf_pusher import __version__, transports
 from upf_pusher.server import Pusher, serve
 
 
@@ -580,8 +580,36 @@ async def test_two_websocket_keys_are_400_not_an_exception(pusher: Pusher, caplo
     """Two Sec-WebSocket-Key headers: a 400 handshake error, no traceback."""
     reader, writer, head = await _ws_upgrade(pusher.port, "Sec-WebSocket-Key: AAAAAAAAAAAAAAAAAAAAAA==\r\n")
     assert head.split(b" ", 2)[1] == b"400"
+    assert b"\r\nsec-websocket-version: 13\r\n" in head.lower()  # RFC 6455 4.4, as gorilla (ntfy) answers
     writer.close()
     assert "Traceback" not in caplog.text and "MultipleValuesError" not in caplog.text
+
+
+async def test_a_websocket_peer_gone_silent_is_dropped_and_a_live_one_is_not(
+    start_pusher: Any, monkeypatch: Any
+) -> None:
+    """ntfy's read deadline: a WebSocket peer that sends nothing, not even the pongs of our keepalive
+    pings, for the keepalive interval + WS_PONG_WAIT_SECS is dropped (before, it stayed until TCP gave
+    up, ~15 minutes, holding its session, its topics' affinity and its subscription count). A client
+    that answers the pings (websockets does) stays."""
+    monkeypatch.setattr(transports, "WS_PONG_WAIT_SECS", 0.6)
+    p = await start_pusher(keepalive_secs=0.3)
+    reader, writer, head = await _ws_upgrade(p.port)  # this raw client never answers a ping
+    assert head.startswith(b"HTTP/1.1 101")
+    live = await websockets.connect(f"ws://127.0.0.1:{p.port}/alive/ws")
+    try:
+        out = b""
+        while chunk := await asyncio.wait_for(reader.read(65536), 5):  # pings, then the server's reset
+            out += chunk
+    except ConnectionResetError:
+        pass
+    finally:
+        writer.close()
+    assert out.count(b"\x89\x00") >= 2 and p.hub.metrics.silent_closes.value == 1  # pinged, then dropped
+    await asyncio.sleep(1.0)  # well past the deadline for the live client too
+    assert json.loads(await asyncio.wait_for(live.recv(), 1))["event"] == "open"
+    assert live.state is websockets.protocol.State.OPEN and len(p.hub.subs) == 1
+    await live.close()
 
 
 async def test_cors_preflight_on_every_path_and_origin_on_every_reply(pusher: Pusher) -> None:
