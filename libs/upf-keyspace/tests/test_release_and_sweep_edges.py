@@ -102,3 +102,32 @@ async def test_a_live_node_swept_in_part_holds_its_topics_again(store) -> None:
     assert await store.sweep_node("n1", now, 10, 2) is None
     await store.hold(topics, "n1")  # what the hub does on False
     assert [(await store.publish(t, env("x", now))).poked for t in topics] == [1] * 5
+
+
+async def test_a_released_messages_id_still_resumes_after_it_release_once_it_expired(store) -> None:
+    """since=<a released message's id> resolves through its SR entry to where it was released. The
+    janitor cleared SR with the message, so once a short-lived released message expired, its id
+    resumed from where it was scheduled and B, published in between and already delivered before it,
+    came again. SR now stays until the release + the longest TTL."""
+    now = int(time.time())
+    a = await store.schedule("t", env("A", now + 10, ttl=60), now + 10)
+    await store.publish("t", env("B", now + 5))
+    await store.release_due(now + 10)
+    assert await messages(store, "t") == ["B", "A"]
+    await store.expire(now + 71)
+    assert await messages(store, "t") == ["B"]
+    cursor = (await store.positions(["t"], Since("stamp", stamp=a.stamp)))["t"]
+    assert await store.read_after("t", cursor) == []
+
+
+async def test_a_node_holding_topics_without_a_liveness_record_is_swept(store) -> None:
+    """Its first heartbeat failed, it held topics, then it died: no L key, so dead_nodes never named it
+    and every publish to its topics added an inbox entry nobody drained, for good."""
+    now = int(time.time())
+    await store.heartbeat("alive", now)
+    await store.hold(["t"], "alive")
+    await store.hold(["t", "u"], "ghost")
+    assert await store.dead_nodes(now, 30) == ["ghost"]
+    assert await store.sweep_node("ghost", now, 30) == 2
+    assert (await store.publish("t", env("x", now))).poked == 1  # only the live holder
+    assert await store.dead_nodes(now, 30) == []

@@ -109,13 +109,18 @@ async def test_since_a_scheduled_id_resumes_after_its_release(store):
 
 
 async def test_janitor_clears_the_released_index(store):
+    """The message goes at its expiry; its SR entry at its release + the longest TTL (``Store.max_ttl_secs``,
+    UPF_DEFAULT_TTL_SECS), when no message it could be resumed across is left."""
     now = int(time.time())
     await store.schedule("t", env("x", t=now, ttl=5), now)
     await store.release_due(now)
     assert await store.db.transact(lambda tr: tr.get_range(*keys._range("SR")))
     assert await store.expire(now + 10) == 1
     assert await store.read_after("t", None) == []
+    assert await store.db.transact(lambda tr: tr.get_range(*keys._range("SR")))
+    assert await store.expire(now + store.max_ttl_secs + 2) == 1
     assert await store.db.transact(lambda tr: tr.get_range(*keys._range("SR"))) == []
+    assert await store.db.transact(lambda tr: tr.get_range(*keys._range("X"))) == []
 
 
 async def test_live_marks(store):

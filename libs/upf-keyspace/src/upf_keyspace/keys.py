@@ -85,6 +85,7 @@ __all__ = [
     "unpack_affinity_key",
     "reverse_affinity_key",
     "reverse_affinity_range",
+    "holders_range",
     "unpack_reverse_affinity_key",
     "inbox_key_incomplete",
     "inbox_range",
@@ -420,6 +421,11 @@ def reverse_affinity_key(node: str, topic: str) -> bytes:
 
 def reverse_affinity_range(node: str) -> tuple[bytes, bytes]:
     return _range(_P.AFFINITY_BY_NODE, node)
+
+
+def holders_range() -> tuple[bytes, bytes]:
+    """Every node's reverse affinities: the nodes that hold a topic, one after another."""
+    return _range(_P.AFFINITY_BY_NODE)
 
 
 def unpack_reverse_affinity_key(key: bytes) -> tuple[str, str]:

@@ -54,7 +54,7 @@ async def open_store(settings: Settings) -> Store:
     except BaseException:
         await db.close()
         raise
-    return Store(db, shard_count=settings.shard_count)
+    return Store(db, shard_count=settings.shard_count, max_ttl_secs=settings.default_ttl_secs)
 
 
 def _published(commit: bytes, pending: ops.publish.Pending) -> Published:
@@ -63,9 +63,12 @@ def _published(commit: bytes, pending: ops.publish.Pending) -> Published:
 
 
 class Store:
-    def __init__(self, db: Database, *, shard_count: int) -> None:
+    def __init__(self, db: Database, *, shard_count: int, max_ttl_secs: int = 0) -> None:
         self.db = db
         self.shard_count = shard_count
+        self.max_ttl_secs = max_ttl_secs
+        """The longest a message is kept (UPF_DEFAULT_TTL_SECS caps every TTL): how long a released
+        scheduled message's id keeps resolving to its release (``expire``); 0: no longer than it."""
 
     async def close(self) -> None:
         await self.db.close()
@@ -250,7 +253,7 @@ class Store:
         return await self.db.transact(ops.inbox.heartbeat, node, now)
 
     async def expire(self, now: int, limit: int = 500) -> int:
-        return await self.db.transact(ops.janitor.expire, now, limit)
+        return await self.db.transact(ops.janitor.expire, now, limit, self.max_ttl_secs)
 
     async def dead_nodes(self, now: int, max_age: int) -> list[str]:
         return await self.db.transact(ops.janitor.dead_nodes, now, max_age)

@@ -35,13 +35,13 @@ def next_sleep(now: float, due: int | None, poll_secs: float) -> float:
 
 
 async def release_once(store: Store, now: float) -> int:
-    """Release everything due at ``now``, batch by batch; how many messages were moved."""
+    """Release everything due at ``now``, batch by batch, until a batch finds nothing; how many messages
+    were moved. Not until a short batch: a batch ends early before a message it must not release in
+    the same transaction (``ops.schedule.release_due``)."""
     moved = 0
-    while True:
-        n = await store.release_due(now, RELEASE_BATCH)
+    while n := await store.release_due(now, RELEASE_BATCH):
         moved += n
-        if n < RELEASE_BATCH:
-            return moved
+    return moved
 
 
 async def release_loop(store: Store, poll_secs: float, node: str) -> None:

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from upf_pusher.release import next_sleep, release_loop
+from upf_pusher.release import RELEASE_BATCH, next_sleep, release_loop, release_once
 
 
 def test_sleeps_until_the_earliest_due_time_but_polls_at_least_every_poll_secs():
@@ -67,3 +67,19 @@ async def test_a_failing_watch_degrades_to_a_one_second_poll_and_never_ends_the_
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
+
+
+async def test_release_once_goes_on_past_a_short_batch_until_one_finds_nothing():
+    """A batch may end early, before a message it must not release in the same transaction (a Web
+    Push Topic release of a topic the batch already wrote): the releaser takes the next batch at once
+    rather than waiting for its next look."""
+    batches = [3, 1, 2, 0]
+    asked: list[int] = []
+
+    class Batches:
+        async def release_due(self, now: float, limit: int) -> int:
+            asked.append(limit)
+            return batches.pop(0)
+
+    assert await release_once(Batches(), 100.0) == 6  # type: ignore[arg-type]
+    assert asked == [RELEASE_BATCH] * 4

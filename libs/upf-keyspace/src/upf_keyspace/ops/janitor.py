@@ -8,24 +8,36 @@ from .inbox import SWEPT
 from .publish import RELEASED_MARK, add_tally, unindex_time
 
 
-async def expire(tr: Transaction, now: int, limit: int) -> int:
+async def expire(tr: Transaction, now: int, limit: int, keep_released_secs: int = 0) -> int:
     """Delete up to ``limit`` messages whose expiry is before ``now``, with their X and ID (or SR)
     entries, the time-index entry that names them and their Web Push Topic marker (else one marker per
     (topic, Topic) never reused would stay for good). Not at ``now``: a message's expiry second is its
     own (TTL 0 expires at its publish second, and a pass within that second would take it from a
-    subscriber who is being poked for it; RFC 8030 delivers it to a connected user agent)."""
+    subscriber who is being poked for it; RFC 8030 delivers it to a connected user agent).
+
+    A released scheduled message's SR entry (its publish id -> its Q stamp, what ``since=<that id>``
+    resumes from) outlives it by up to ``keep_released_secs`` after its release (the longest TTL):
+    without it that id resumes from where it was scheduled, and messages published between its
+    scheduling and its release, which the subscriber got before it, would come again. An X entry
+    of its own at that time (a plain key, the stamp is known) clears it."""
     rows = await tr.get_range(*keys.expiry_range(now), limit=limit)
     for key, idem in rows:
-        _, topic, stamp = keys.unpack_expiry_key(key)
+        expiry, topic, stamp = keys.unpack_expiry_key(key)
         raw = await tr.get(keys.queue_key(topic, stamp), snapshot=True)
+        keep_until = 0
         if raw is not None:
             add_tally(tr, topic, 0, -len(raw))
             env = decode_envelope(raw)
             await unindex_time(tr, topic, stamp, env.time)
             if env.push_topic:
                 tr.clear(keys.push_topic_key(topic, env.push_topic, stamp))
+            if keep_released_secs and idem.startswith(RELEASED_MARK):
+                keep_until = env.published_ms // 1000 + keep_released_secs
         tr.clear(keys.queue_key(topic, stamp))
         tr.clear(key)
+        if keep_until > max(now, expiry):
+            tr.set(keys.expiry_key(keep_until, topic, stamp), idem)  # the SR entry's own expiry
+            continue
         if idem.startswith(RELEASED_MARK):
             origin = decode_id(idem[1:].decode("ascii", "replace"))
             if origin is not None:
@@ -36,8 +48,25 @@ async def expire(tr: Transaction, now: int, limit: int) -> int:
 
 
 async def dead_nodes(tr: Transaction, now: int, max_age: int) -> list[str]:
+    """Nodes whose heartbeat is older than ``max_age``, and nodes that hold topics with no liveness
+    record at all (the first heartbeat failed, then the node died: else its affinities would stay for
+    good, each publish to its topics adding an inbox entry nobody drains). A live node swept that way
+    learns it at its next heartbeat ("missing") and holds its topics again. One read per holding node."""
     rows = await tr.get_range(*keys.liveness_range(), snapshot=True)
-    return [keys.unpack_liveness_key(k) for k, v in rows if now - keys.unpack_i64(v) > max_age]
+    known: set[str] = set()
+    out: list[str] = []
+    for k, v in rows:
+        node = keys.unpack_liveness_key(k)
+        known.add(node)
+        if now - keys.unpack_i64(v) > max_age:
+            out.append(node)
+    begin, end = keys.holders_range()
+    while first := await tr.get_range(begin, end, limit=1, snapshot=True):
+        node, _ = keys.unpack_reverse_affinity_key(first[0][0])
+        if node not in known:
+            out.append(node)
+        begin = keys.reverse_affinity_range(node)[1]
+    return out
 
 
 async def sweep_node(tr: Transaction, node: str, now: int, max_age: int, limit: int) -> int | None:
