@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from upf_keyspace import Settings, keys, open_store
-from upf_keyspace.auth import EVERYONE, Permission, Token, User, token_digest
+from upf_keyspace.auth import EVERYONE, Permission, Token, User, encode_record, token_digest
 from upf_keyspace.ops.auth import NoSuchUser, UserExists
 
 
@@ -121,3 +121,40 @@ def test_auth_keys_round_trip_and_stay_under_their_prefixes():
     assert begin < keys.access_key("*", "x") < end and not begin < keys.user_key("x") < end
     ubegin, uend = keys.token_range("u")
     assert ubegin < keys.token_key("u", "d") < uend and not ubegin < keys.token_key("uu", "d") < uend
+
+
+async def test_a_token_added_for_one_user_is_taken_from_any_other(store):
+    """A digest has one owner (ntfy's token column is unique): else which user a token authenticates
+    as would depend on the order of the keys."""
+    for name in ("alice", "bob"):
+        await store.add_user(name, ALICE)
+    digest = token_digest("tk_" + "m" * 29)
+    await store.add_token("bob", digest, Token(label="first"))
+    await store.add_token("alice", digest, Token(label="moved"))
+    assert await store.list_tokens("bob") == {}
+    assert (await store.auth_state()).tokens[digest] == ("alice", Token(label="moved"))
+
+
+async def test_provision_tokens_moves_removes_and_keeps_cli_tokens(store):
+    """One transaction: a declared digest held by anyone but its owner goes, every record of a
+    provisioned digest no longer declared goes, CLI tokens stay, and nothing changed bumps nothing."""
+    from upf_keyspace.ops.auth import provision_tokens
+
+    for name in ("alice", "bob"):
+        await store.add_user(name, ALICE)
+    moved, dropped, cli = (token_digest("tk_" + c * 29) for c in "xyz")
+    await store.add_token("bob", cli, Token(label="cli"))
+
+    async def legacy(tr):  # type: ignore[no-untyped-def]  # records of a store from before one owner per digest
+        for name in ("alice", "bob"):
+            tr.set(keys.token_key(name, moved), encode_record(Token(provisioned=True)))
+            tr.set(keys.token_key(name, dropped), encode_record(Token(provisioned=True)))
+
+    await store.db.transact(legacy)
+    wanted = {moved: ("alice", Token(label="ci", provisioned=True))}
+    assert await store.db.transact(provision_tokens, wanted) == 4  # 3 records cleared, 1 rewritten
+    assert await store.list_tokens("alice") == {moved: Token(label="ci", provisioned=True)}
+    assert await store.list_tokens("bob") == {cli: Token(label="cli")}
+    version = (await store.auth_state()).version
+    assert await store.db.transact(provision_tokens, wanted) == 0
+    assert (await store.auth_state()).version == version

@@ -3,12 +3,14 @@ state comes in as an :class:`~upf_keyspace.auth.AuthState` snapshot, no I/O happ
 
 ntfy's rules (ntfy-auth-and-limits.md), kept exactly:
 - Credentials come from ``?auth=`` (alias ``?authorization=``: base64url of the whole header value),
-  which wins over the ``Authorization`` header. Only ``Basic`` and ``Bearer`` values are credentials;
-  ``vapid ...`` and ``WebPush ...`` (Web Push app servers) are anonymous, never 401.
+  which wins over the ``Authorization`` header. Only ``Basic`` and ``Bearer`` values (the trimmed
+  value starting with the scheme and a space) are credentials; a bare ``Bearer``, ``vapid ...`` and
+  ``WebPush ...`` (Web Push app servers) are anonymous, never 401.
 - A bearer token is ``tk_`` + 29 of [a-z0-9]; Basic with an empty user name carries a token.
 - Admins may do everything. Otherwise the entries of the user and of ``*`` whose pattern matches the
-  topic are ordered (the user's own first, then the longer pattern, then the one granting write) and
-  the first decides; with none, the default access does.
+  topic (SQLite's LIKE: ASCII case ignored) are ordered (the user's own first, then the longer pattern
+  as ntfy stores it, ``_`` escaped as ``\\_``, then the one granting write) and the first decides;
+  with none, the default access does.
 UPF's choices where ntfy is quirky: an undecodable ``?auth=`` is 400 40094 (a UPF-only code)
 (ntfy answers 500), and a credential over 4 KB is refused without being parsed. "Undecodable" is
 what ntfy's ``base64.RawURLEncoding`` refuses (padding, a character outside the URL alphabet, a
@@ -90,7 +92,27 @@ def valid_pattern(pattern: str) -> bool:
     return _PATTERN.fullmatch(pattern) is not None
 
 
+_ASCII_LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
+
+
+def _fold(text: str) -> str:
+    """ASCII letters lower-cased, nothing else: SQLite's LIKE folds ASCII case only."""
+    return text.translate(_ASCII_LOWER)
+
+
 def pattern_matches(pattern: str, topic: str) -> bool:
+    """ntfy's ``topic LIKE pattern ESCAPE '\\'`` (``*`` as ``%``, ``_`` escaped, so literal): ASCII case
+    is ignored, as SQLite's LIKE ignores it; topics themselves stay case-sensitive everywhere else."""
+    return _matches(_fold(pattern), _fold(topic))
+
+
+def _pattern_rank(pattern: str) -> int:
+    """The length ntfy orders patterns by: that of the stored SQL pattern, where ``_`` is ``\\_``."""
+    return len(pattern) + pattern.count("_")
+
+
+def _matches(pattern: str, topic: str) -> bool:
+    """Wildcard matching of an already folded pattern and topic."""
     if "*" not in pattern:
         return pattern == topic
     parts = pattern.split("*")
@@ -163,7 +185,10 @@ def parse_credentials(header: str | None, auth_param: str | None) -> Credentials
         return _NONE
     if len(header) > MAX_CREDENTIAL_CHARS:
         raise NtfyError(UNAUTHORIZED)
-    scheme, _, value = header.strip().partition(" ")
+    header = header.strip()  # ntfy trims, then wants the scheme and a space: a bare "Bearer" is anonymous
+    scheme, sep, value = header.partition(" ")
+    if not sep:
+        return _NONE
     scheme = scheme.lower()
     value = value.strip()
     if scheme == "bearer":
@@ -285,8 +310,9 @@ class Authorizer:
         if decided is not None:
             return decided
         decided = self.default
+        folded = _fold(topic)
         for pattern, permission in self._ordered(who.user):
-            if pattern_matches(pattern, topic):
+            if _matches(pattern, folded):
                 decided = permission
                 break
         if len(self._decisions) >= _MAX_CACHED_DECISIONS:
@@ -295,15 +321,17 @@ class Authorizer:
         return decided
 
     def _ordered(self, user: str | None) -> list[tuple[str, Permission]]:
+        """The entries that apply to ``user``, in ntfy's order, their patterns folded for matching."""
         rules = self._rules.get(user)
         if rules is None:
             ranked = []
             for owner, pattern, entry in self.state.access:
                 if owner == EVERYONE or (user is not None and owner == user):
                     own = 0 if owner != EVERYONE else 1
-                    ranked.append(((own, -len(pattern), 0 if entry.permission.write else 1), pattern, entry.permission))
+                    rank = (own, -_pattern_rank(pattern), 0 if entry.permission.write else 1)
+                    ranked.append((rank, pattern, entry.permission))
             ranked.sort(key=lambda r: r[0])
-            rules = [(p, perm) for _, p, perm in ranked]
+            rules = [(_fold(p), perm) for _, p, perm in ranked]
             self._rules[user] = rules
         return rules
 

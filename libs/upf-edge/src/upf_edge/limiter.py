@@ -7,13 +7,15 @@ hot, conflicting key. So a process takes ``lease_size`` tokens in one small tran
 What is admitted fleet-wide never exceeds the bucket (every token is taken from it first); the
 tolerance is the other way: tokens leased by one process and not yet spent (at most ``lease_size``
 per process per visitor) are not available to the others, and a visitor idle for ``IDLE_SECS``
-loses its local leftovers (they are dropped, not returned). Exempt visitors never touch the store, and
-a refused visitor does not either until its announced Retry-After is over.
+loses its local leftovers (they are dropped, not returned). Exempt visitors never touch the store (but
+for a failed login, below), and a refused visitor does not either until its announced Retry-After is
+over.
 
 The other limits of ntfy's visitor live here too, each fleet-wide with its state in the keyspace:
-failed logins (42909: one transaction per failure, none per success; a block is remembered locally
-until it ends), the daily message quota (42908: leased like requests) and open subscriptions (42903:
-counted per visitor and node, one transaction per subscribe and per close, swept with a dead node).
+failed logins (42909, exempt peers included as in ntfy: one transaction per failure, none per
+success; a block is remembered locally until it ends), the daily message quota (42908: leased like
+requests) and open subscriptions (42903: counted per visitor and node, one transaction per subscribe
+and per close, swept with a dead node).
 """
 
 from __future__ import annotations
@@ -84,12 +86,13 @@ async def _wait_counted(pending: asyncio.Future[None], waiting: dict[str, int], 
 
 def presents_credentials(authorization: str | None, auth_param: str | None) -> bool:
     """Whether a request tries to log in (ntfy charges failures, and refuses with 42909, only then):
-    ``?auth=``, or a Basic or Bearer Authorization (``vapid``/``WebPush`` are anonymous)."""
+    ``?auth=``, or a Basic or Bearer Authorization, trimmed as ntfy trims it (``vapid``/``WebPush`` and
+    a bare ``Bearer`` are anonymous)."""
     if auth_param:
         return True
     if not authorization:
         return False
-    head = authorization.lstrip()[:7].lower()
+    head = authorization.strip()[:7].lower()
     return head.startswith("basic ") or head.startswith("bearer ")
 
 
@@ -104,6 +107,7 @@ class RequestLimiter:
         "_pending",
         "_waiting",
         "_exempt_peers",
+        "_exempt_keys",
         "_peer_keys",
         "_swept",
         "_left",
@@ -133,6 +137,7 @@ class RequestLimiter:
         self._pending: dict[str, asyncio.Future[None]] = {}  # visitor -> its lease in flight
         self._waiting: dict[str, int] = {}  # visitor -> requests waiting on that lease
         self._exempt_peers: set[str] = set()  # exempt peers, known without parsing them again
+        self._exempt_keys: dict[str, str] = {}  # exempt peers that logged in -> their ip: visitor
         self._peer_keys: dict[str, str] = {}  # other peers -> their ip: visitor
         self._swept = 0.0
         self._left: dict[str, tuple[int, float]] = {}  # visitor -> (whole tokens its bucket kept, when)
@@ -287,10 +292,11 @@ class RequestLimiter:
     ) -> Identity:
         """``gate.identify`` (an ``AccessGate``) behind ntfy's failed-login limit: a visitor (by address)
         with too many failures gets 42909 whatever it presents, and every 401 is charged to it in the
-        store before it is answered (so the fleet's count is exact; a success costs nothing)."""
+        store before it is answered (so the fleet's count is exact; a success costs nothing). Exempt
+        peers too: ntfy's exemption covers requests and messages, never password guessing."""
         if gate.open:
             return ANONYMOUS
-        visitor = self.visitor(None, peer, forwarded) if presents_credentials(authorization, auth_param) else None
+        visitor = self.login_visitor(peer, forwarded) if presents_credentials(authorization, auth_param) else None
         if visitor is not None:
             self.login_allowed(visitor)
         try:
@@ -299,6 +305,24 @@ class RequestLimiter:
             if visitor is None or exc.problem != UNAUTHORIZED:
                 raise
             raise await self.login_failed(visitor) from None
+
+    def login_visitor(self, peer: str, forwarded: str | None) -> str | None:
+        """The visitor failed logins are charged to: the address's, exempt or not (ntfy checks
+        ``AuthAllowed`` for every visitor); None for a peer that is no IP (a Unix socket: local)."""
+        visitor = self.visitor(None, peer, forwarded)
+        if visitor is not None:
+            return visitor
+        by_peer = not self.config.trusted or not forwarded
+        if by_peer:
+            known = self._exempt_keys.get(peer)
+            if known is not None:
+                return known
+        visitor = self.visitor_of(None, peer, forwarded)
+        if by_peer and visitor is not None:  # an exempt peer logging in again: its key without parsing
+            if len(self._exempt_keys) >= _MAX_CACHED_PEERS:
+                self._exempt_keys.clear()
+            self._exempt_keys[peer] = visitor
+        return visitor
 
     def login_allowed(self, visitor: str) -> None:
         """Raise 42909 while ``visitor`` is known (here) to be blocked."""

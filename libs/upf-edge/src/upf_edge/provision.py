@@ -3,8 +3,10 @@
 
 Why: a deployment described by files (compose, a Helm chart) should not need a ``upf user add`` run by
 hand. Declared records are marked provisioned; each start makes the store match the declaration:
-records declared are written, provisioned records no longer declared are removed, and records made
-with the CLI are left alone. Every role of a fleet may apply it: the result is the same.
+records declared are written, provisioned records no longer declared are removed (all of them when
+nothing is declared), and records made with the CLI are left alone. A declared token has one owner:
+moving it to another user takes it from the first. Every role of a fleet applies it, so every role
+must carry the same declaration (one started without it removes the provisioned records).
 
 Formats (comma-separated entries, as ntfy's lists):
 - ``UPF_AUTH_USERS``: ``name:bcrypt-hash:role`` (a hash, never a password: ``upf`` prints none)
@@ -21,6 +23,7 @@ import msgspec
 
 from upf_keyspace import SettingsError, Store
 from upf_keyspace.auth import EVERYONE, ROLES, Access, Permission, Token, User, token_digest
+from upf_keyspace.ops import auth as auth_ops
 
 from .access import parse_permission, valid_pattern, valid_token
 
@@ -76,7 +79,8 @@ def load_provisioning(env: Mapping[str, str] | None = None) -> Provisioning:
 
 
 async def apply_provisioning(store: Store, wanted: Provisioning) -> None:
-    """Make the store's provisioned records equal ``wanted`` (CLI-made records are untouched)."""
+    """Make the store's provisioned records equal ``wanted`` (CLI-made records are untouched), also
+    when it is empty: a declaration emptied removes what an earlier one provisioned."""
     state = await store.auth_state()
     for name, user in state.users.items():
         if user.provisioned and name not in wanted.users:
@@ -92,9 +96,7 @@ async def apply_provisioning(store: Store, wanted: Provisioning) -> None:
     for (owner, pattern), permission in wanted.access.items():
         if have.get((owner, pattern)) != Access(permission=permission, provisioned=True):
             await store.set_access(owner, pattern, permission, provisioned=True)
-    for digest, (owner, token) in state.tokens.items():
-        if token.provisioned and digest not in wanted.tokens:
-            await store.remove_token(owner, digest)
-    for digest, (owner, token) in wanted.tokens.items():
-        if state.tokens.get(digest) != (owner, token):
-            await store.add_token(owner, digest, token)
+    if wanted.tokens or any(token.provisioned for _, token in state.tokens.values()):
+        # one transaction over every token record: the state shows one owner per digest, and a digest
+        # moved from one user to another must lose every other record, declared or not
+        await store.db.transact(auth_ops.provision_tokens, wanted.tokens)

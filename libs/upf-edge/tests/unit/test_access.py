@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import base64
+import sqlite3
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from upf_edge.access import (
@@ -320,3 +321,49 @@ def test_unauthorized_and_forbidden_bodies_carry_ntfys_link() -> None:
     with pytest.raises(NtfyError) as err:
         parse_credentials(None, "!!!!")
     assert "link" not in json.loads(err.value.problem.body())  # UPF's own code: no ntfy page to link
+
+
+@pytest.mark.parametrize("header", ["Bearer", "Basic", "bearer", "Bearer ", " Basic  ", "BASIC\t"])
+def test_a_bare_scheme_is_anonymous_as_in_ntfy(header: str) -> None:
+    """ntfy trims the value, then wants ``basic `` or ``bearer `` with its space: an unset shell variable
+    (``Authorization: Bearer $TOKEN``) is an anonymous request, not a 401."""
+    assert parse_credentials(header, None).anonymous
+    assert parse_credentials(None, auth_param(header)).anonymous
+
+
+_SQLITE = sqlite3.connect(":memory:")
+
+
+def sqlite_like(pattern: str, topic: str) -> bool:
+    """ntfy's match: ``? LIKE a.topic ESCAPE '\\'`` with the pattern stored by toSQLWildcard."""
+    stored = pattern.replace("*", "%").replace("_", "\\_")
+    return bool(_SQLITE.execute("SELECT ? LIKE ? ESCAPE '\\'", (topic, stored)).fetchone()[0])
+
+
+@given(st.text("aAbB_-*", min_size=1, max_size=8), st.text("aAbB_-", min_size=1, max_size=8))
+@example("a*B", "Ab")
+@example("a_*", "A_b")
+@example("*a*", "B")
+def test_patterns_match_as_sqlites_like_does(pattern: str, topic: str) -> None:
+    assert pattern_matches(pattern, topic) is sqlite_like(pattern, topic)
+
+
+def test_acl_patterns_ignore_ascii_case_as_ntfy_does() -> None:
+    """SQLite's LIKE ignores ASCII case: a deny on ``secret*`` covers ``SECRET-plans`` in ntfy."""
+    assert pattern_matches("secret*", "SECRET-plans") and pattern_matches("Up*", "upABC")
+    assert pattern_matches("a_B", "A_b") and not pattern_matches("a_b", "axb")
+    authz = Authorizer(state([(EVERYONE, "secret*", Permission.DENY), ("phil", "MINE", Permission.READ_ONLY)]))
+    assert authz.permission(ANONYMOUS, "SECRET-plans") is Permission.DENY
+    assert authz.permission(ANONYMOUS, "Secret") is Permission.DENY
+    assert authz.permission(Identity("phil"), "mine") is Permission.READ_ONLY
+    assert authz.permission(ANONYMOUS, "public") is Permission.READ_WRITE
+
+
+def test_pattern_length_counts_an_underscore_as_ntfy_stores_it() -> None:
+    """ntfy orders by LENGTH of the stored pattern, where ``_`` is ``\\_``: ``a_*`` (``a\\_%``, 4) is
+    longer than ``a*b`` (``a%b``, 3), so its deny wins over the write-granting entry."""
+    authz = Authorizer(
+        state([("phil", "a*b", Permission.READ_WRITE), ("phil", "a_*", Permission.DENY)]), default=Permission.DENY
+    )
+    assert authz.permission(Identity("phil"), "a_b") is Permission.DENY
+    assert authz.permission(Identity("phil"), "axb") is Permission.READ_WRITE

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from upf_edge.access import hash_password
+from upf_edge.access import Authorizer, Identity, hash_password
+from upf_edge.gate import AccessGate
 from upf_edge.provision import apply_provisioning, load_provisioning
-from upf_keyspace import Settings, SettingsError, open_store
-from upf_keyspace.auth import EVERYONE, Permission, User, token_digest
+from upf_keyspace import Settings, SettingsError, keys, open_store
+from upf_keyspace.auth import EVERYONE, Permission, User, encode_record, token_digest
 
 HASH = hash_password("pw")
 TOKEN = "tk_" + "p" * 29
@@ -73,3 +74,52 @@ async def test_apply_matches_the_declaration_and_keeps_cli_records(store) -> Non
     assert set(state.users) == {"cli-user", "phil"} and state.users["phil"].role == "user"
     assert {(u, p) for u, p, _ in state.access} == {("cli-user", "mine")}
     assert state.tokens == {}
+
+
+async def test_a_token_moved_to_another_user_leaves_the_first(store) -> None:
+    """A token has one owner (ntfy's token column is unique): declared for alice after bob, it is
+    alice's alone, whatever the key order; undeclared then, it is gone for both."""
+    users = f"alice:{HASH}:user,bob:{HASH}:admin"
+    await apply_provisioning(store, load_provisioning(env(users, tokens=f"bob:{TOKEN}")))
+    for _ in range(2):  # the next starts give it to alice
+        await apply_provisioning(store, load_provisioning(env(users, tokens=f"alice:{TOKEN}")))
+    assert await store.list_tokens("bob") == {} and set(await store.list_tokens("alice")) == {token_digest(TOKEN)}
+    assert Authorizer(await store.auth_state()).identify(f"Bearer {TOKEN}", None) == Identity("alice")
+    await apply_provisioning(store, load_provisioning(env(users)))
+    assert await store.list_tokens("alice") == {} and await store.list_tokens("bob") == {}
+
+
+async def test_every_record_of_an_undeclared_or_moved_token_goes(store) -> None:
+    """A store provisioned before a digest had one owner may hold it twice; the state shows one of
+    them, so the others must still go when the token moves or is no longer declared."""
+    users = f"alice:{HASH}:user,bob:{HASH}:admin,carol:{HASH}:user"
+    await apply_provisioning(store, load_provisioning(env(users)))
+    digest, record = load_provisioning(env(users, tokens=f"alice:{TOKEN}")).tokens.popitem()
+
+    async def held_twice(tr) -> None:  # type: ignore[no-untyped-def]
+        for name in ("alice", "bob"):
+            tr.set(keys.token_key(name, digest), encode_record(record[1]))
+
+    await store.db.transact(held_twice)
+    await apply_provisioning(store, load_provisioning(env(users, tokens=f"carol:{TOKEN}")))
+    assert [set(await store.list_tokens(n)) for n in ("alice", "bob", "carol")] == [set(), set(), {digest}]
+    await store.db.transact(held_twice)
+    await apply_provisioning(store, load_provisioning(env(users)))
+    assert (await store.auth_state()).tokens == {}
+
+
+async def test_a_role_started_without_a_declaration_leaves_the_declared_records(store, monkeypatch) -> None:
+    """Every writer and pusher applies its declaration at start; one started without any (a role not
+    given the variables) changes nothing, so the records do not depend on which role started last.
+    Emptied declarations are removed with the CLI."""
+    first = env(f"root:{HASH}:admin", "*:secret*:rw", f"root:{TOKEN}")
+    await apply_provisioning(store, load_provisioning(first))
+    version = (await store.auth_state()).version
+    for name in first:
+        monkeypatch.delenv(name, raising=False)
+    gate = AccessGate(store)
+    await gate.start()
+    await gate.stop()
+    state = await store.auth_state()
+    assert set(state.users) == {"root"} and [(o, p) for o, p, _ in state.access] == [(EVERYONE, "secret*")]
+    assert state.version == version

@@ -126,14 +126,39 @@ async def test_another_processs_block_turns_the_next_failure_into_42909():
     assert info.value.problem == TOO_MANY_AUTH_FAILURES and int(dict(info.value.headers)[b"retry-after"]) == 31
 
 
-async def test_exempt_clients_and_an_open_gate_are_never_charged():
+async def test_an_open_gate_is_never_charged():
     lim, store, _ = limiter(exempt=(ipaddress.ip_network("127.0.0.0/8"),))
-    with pytest.raises(NtfyError):
-        await lim.identify(gate_with_phil(), basic("phil", "nope"), None, "127.0.0.1", None)
     open_gate = AccessGate(None, "read-write")  # type: ignore[arg-type]
     open_gate._install(AuthState())
     assert (await lim.identify(open_gate, basic("phil", "nope"), None, "192.0.2.1", None)).user is None
+    assert (await lim.identify(open_gate, basic("phil", "nope"), None, "127.0.0.1", None)).user is None
     assert store.calls == 0
+
+
+async def test_exempt_peers_are_limited_on_failed_logins_as_in_ntfy():
+    """ntfy checks AuthAllowed for every visitor: UPF_LIMIT_EXEMPT covers requests and messages, not
+    password guessing from an exempt address (loopback behind a same-host proxy, say)."""
+    lim, store, _ = limiter(exempt=(ipaddress.ip_network("127.0.0.0/8"),), auth_burst=3)
+    gate = gate_with_phil()
+    assert lim.visitor(None, "127.0.0.1", None) is None  # still exempt from the request limit
+    codes = []
+    for i in range(4):
+        with pytest.raises(NtfyError) as info:
+            await lim.identify(gate, basic("phil", f"guess{i}"), None, "127.0.0.1", None)
+        codes.append(info.value.problem.code)
+    assert codes == [40101, 40101, 42909, 42909] and set(store.failures) == {"ip:127.0.0.1"}
+    with pytest.raises(NtfyError) as info:  # blocked: even the right password
+        await lim.identify(gate, basic("phil", "pw"), None, "127.0.0.1", None)
+    assert info.value.problem == TOO_MANY_AUTH_FAILURES
+    assert (await lim.identify(gate, None, None, "127.0.0.1", None)).user is None  # no login: anonymous
+    assert (await lim.identify(gate, basic("phil", "pw"), None, "127.0.0.2", None)).user == "phil"
+    assert (await lim.identify(gate, basic("phil", "pw"), None, "/run/upf.sock", None)).user == "phil"  # no IP
+
+
+def test_a_bare_scheme_is_no_login_attempt():
+    """ntfy trims the header before it looks for ``basic `` or ``bearer ``."""
+    for header in ("Bearer", "Basic ", " bearer  ", "Basic\t"):
+        assert not presents_credentials(header, None)
 
 
 async def test_the_daily_quota_is_leased_and_refused_until_the_next_utc_midnight():

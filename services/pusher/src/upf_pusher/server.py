@@ -46,7 +46,7 @@ from upf_edge.http11 import (
     parse_head,
     reply_response,
 )
-from upf_edge.limiter import RequestLimiter
+from upf_edge.limiter import RequestLimiter, presents_credentials
 from upf_edge.limits import LIMITS_DOCS
 from upf_edge.limits_os import Acceptor, PeerCounter
 from upf_edge.ops import OpsRoutes
@@ -348,7 +348,11 @@ class HttpProtocol(asyncio.Protocol):
         # one denied topic fails them all). A subscribe is a request: it spends a token.
         try:
             forwarded = header_list(head.headers, p.limiter.header)
-            if p.limiter.visitor(None, self.client, forwarded) is not None or p.limiter.wants_rates(req.topics):
+            if (
+                p.limiter.visitor(None, self.client, forwarded) is not None
+                or p.limiter.wants_rates(req.topics)
+                or (not p.gate.open and presents_credentials(headers.get("authorization"), auth_param(query)))
+            ):  # an exempt peer's login attempts still count (ntfy's failed-login limit exempts no one)
                 self.busy = True  # parsing waits while the store is asked (leases, failed logins, counts)
                 p._spawn(self._subscribe_limited(head, req, transport_name, headers, query, forwarded))
                 return True

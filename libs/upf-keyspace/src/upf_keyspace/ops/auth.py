@@ -38,6 +38,7 @@ __all__ = [
     "add_token",
     "list_tokens",
     "remove_token",
+    "provision_tokens",
     "change_token",
     "MAX_TOKENS",
     "load_state",
@@ -127,8 +128,13 @@ MAX_TOKENS = 60
 
 async def add_token(tr: Transaction, name: str, digest: str, token: Token, *, prune: bool = False) -> None:
     """Store a token (by its digest) for an existing user. With ``prune`` (the token API), the user's
-    oldest tokens beyond ``MAX_TOKENS`` go, as in ntfy."""
+    oldest tokens beyond ``MAX_TOKENS`` go, as in ntfy. Without it (a token given from outside: the
+    CLI, provisioning), a record of the same digest held by another user goes: a token has one owner
+    (ntfy's token column is unique), else the owner it authenticates as depends on key order. The
+    API's token is fresh (~150 random bits), so it skips that read of every token."""
     await _require_user(tr, name)
+    if not prune:
+        await _clear_other_owners(tr, name, digest)
     tr.set(keys.token_key(name, digest), encode_record(token))
     if prune:
         held = [(t.created, d) for d, t in (await list_tokens(tr, name)).items() if d != digest]
@@ -166,6 +172,42 @@ async def remove_token(tr: Transaction, name: str, digest: str) -> bool:
     tr.clear(key)
     _bump(tr)
     return True
+
+
+async def _clear_other_owners(tr: Transaction, name: str, digest: str) -> None:
+    """Clear every record of ``digest`` held by a user other than ``name``."""
+    for k, _ in await tr.get_range(*keys.token_range()):
+        user, held = keys.unpack_token_key(k)
+        if held == digest and user != name:
+            tr.clear(k)
+
+
+async def provision_tokens(tr: Transaction, wanted: dict[str, tuple[str, Token]]) -> int:
+    """Make the provisioned tokens equal ``wanted`` (digest -> (owner, token)) in one transaction: a
+    record of a declared digest held by anyone but its declared owner goes (a token moved to another
+    user), every record of a digest provisioned and no longer declared goes (whoever holds it), and
+    the declared ones are written where they differ. Why here: the auth state keys tokens by digest,
+    so it cannot show a digest held twice (a store provisioned before a digest had one owner). Bumps
+    the version only on a change (every role applies this at start). Returns how many records changed."""
+    changed = 0
+    rows = [(k, *keys.unpack_token_key(k), decode_token(v)) for k, v in await tr.get_range(*keys.token_range())]
+    undeclared = {digest for _, _, digest, token in rows if token.provisioned and digest not in wanted}
+    have: dict[str, Token] = {}  # declared digest -> what its declared owner holds now
+    for k, user, digest, token in rows:
+        declared = wanted.get(digest)
+        if digest in undeclared or (declared is not None and declared[0] != user):
+            tr.clear(k)
+            changed += 1
+        elif declared is not None:
+            have[digest] = token
+    for digest, (owner, token) in wanted.items():
+        if have.get(digest) != token:
+            await _require_user(tr, owner)
+            tr.set(keys.token_key(owner, digest), encode_record(token))
+            changed += 1
+    if changed:
+        _bump(tr)
+    return changed
 
 
 async def version(tr: Transaction) -> int:
