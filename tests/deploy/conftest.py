@@ -82,7 +82,7 @@ def render_ingress_config(
     replace("user www-data;\n", "")  # workers run as whoever runs the test
     replace("worker_processes auto;", "worker_processes 1;")
     replace("pid /run/nginx.pid;", f"pid {workdir}/nginx.pid;")
-    replace("error_log stderr notice;", f"error_log {workdir}/error.log notice;")
+    replace("error_log stderr crit;", f"error_log {workdir}/error.log notice;")
     replace(
         "access_log /dev/stdout upf_private;",
         f"access_log {workdir}/access.log upf_private;\n"

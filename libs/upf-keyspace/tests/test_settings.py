@@ -185,3 +185,10 @@ def test_the_embedded_drivers_own_variables_read_as_documented():
     assert embedded_commit_wait_ms({}) is None and embedded_commit_wait_ms({"UPF_EMBEDDED_COMMIT_WAIT_MS": ""}) is None
     assert embedded_commit_wait_ms({"UPF_EMBEDDED_COMMIT_WAIT_MS": "0"}) == 0
     assert embedded_commit_wait_ms({"UPF_EMBEDDED_COMMIT_WAIT_MS": "100"}) == 100
+
+
+def test_a_bad_log_level_is_a_settings_error_not_a_traceback():
+    """UPF_LOG_LEVEL was read by logging alone: 'verbose' crashed every role with a ValueError."""
+    assert load_settings({"UPF_LOG_LEVEL": " debug "}).log_level == "DEBUG"
+    with pytest.raises(SettingsError, match="UPF_LOG_LEVEL must be one of"):
+        load_settings({"UPF_LOG_LEVEL": "verbose"})

@@ -79,6 +79,20 @@ def test_traceparent_round_trip_and_rejects() -> None:
     assert tm.context_from_headers({}) is None
 
 
+def test_a_clients_tracestate_is_not_taken_nor_logged(caplog: pytest.LogCaptureFixture) -> None:
+    """The SDK logs a malformed tracestate whole at WARNING: any publisher could write kilobytes of its
+    choosing (a token, here) into the logs. UPF carries no vendor state: a client's is ignored."""
+    import opentelemetry.trace as t
+
+    tp = tm.format_traceparent(0xABC, 0x123, 1)
+    junk = "LEAK Bearer tk_" + "x" * 29 + " " + "A" * 3000
+    for state in (junk, "vendor=value"):
+        ctx = tm.context_from_headers({"traceparent": tp, "tracestate": state})
+        span_context = t.get_current_span(ctx).get_span_context()
+        assert span_context.trace_id == 0xABC and not span_context.trace_state
+    assert "tk_" not in caplog.text and "LEAK" not in caplog.text
+
+
 @pytest.mark.parametrize(
     ("env", "tracing"),
     [

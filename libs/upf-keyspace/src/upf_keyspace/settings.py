@@ -87,6 +87,16 @@ def _choice(*choices: str) -> Converter:
     return convert
 
 
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
+def _log_level(name: str, raw: str) -> str:
+    level = raw.strip().upper()
+    if level not in LOG_LEVELS:
+        raise SettingsError(f"{name} must be one of {', '.join(LOG_LEVELS)} (any case), got {raw!r}")
+    return level
+
+
 def _flag(name: str, raw: str) -> bool:
     _choice("0", "1")(name, raw)
     return raw == "1"
@@ -199,6 +209,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     roles: Annotated[tuple[str, ...], var(_roles, blank_is_value=True)] = ROLES
     node_id: Annotated[str, var(_node_id, unset=_random_node_id)] = ""
     shard_count: Annotated[int, var(_int, ge=1, le=4096)] = 64
+    log_level: Annotated[str, var(_log_level)] = "INFO"
+    """Checked here so that a bad UPF_LOG_LEVEL stops the start with this error, not a traceback;
+    ``telemetry.configure_logging`` reads the variable itself, before the settings are loaded."""
     max_message_bytes: Annotated[int, var(_int, ge=1, le=65536)] = 4096
     default_ttl_secs: Annotated[int, var(_int, ge=1, le=10 * 365 * 86400)] = 2_419_200
     safety_poll_secs: Annotated[float, var(_secs, ge=0.05, le=86400)] = 60.0

@@ -129,7 +129,11 @@ def main() -> None:
 
             # The janitor, when on, runs inside the writer's worker process (upf.asgi), beside it.
             build_server(
-                settings.bind_host, settings.bind_port, target="upf.asgi:app", grace_secs=settings.shutdown_grace_secs
+                settings.bind_host,
+                settings.bind_port,
+                log_level=settings.log_level.lower(),
+                target="upf.asgi:app",
+                grace_secs=settings.shutdown_grace_secs,
             ).serve()
         else:
             from upf_janitor.__main__ import amain

@@ -9,7 +9,6 @@ from __future__ import annotations
 import logging
 import logging.config
 import math
-import os
 import sys
 from typing import TYPE_CHECKING
 
@@ -74,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     except SettingsError as exc:
         print(f"upf-writer: {exc}", file=sys.stderr)
         return 2
-    level = os.environ.get("UPF_LOG_LEVEL", "info").lower()
+    level = settings.log_level.lower()
     logging.config.dictConfig(log_dictconfig(level.upper()))
     raise_open_files_limit()  # granian's workers inherit it
     log.info(

@@ -621,7 +621,10 @@ def attachment_name(url: str) -> str:
     decoded path (Go's ``path.Base(url.Parse(u).Path)``), or "attachment" when there is none or Go's
     URL parser would refuse the URL (a control character, a bad percent escape)."""
     if _CONTROL_RE.search(url) is None:
-        parts = urlsplit(url)
+        try:
+            parts = urlsplit(url)
+        except ValueError:  # an invalid [host] or port: the URL has no name to give (it was a 500)
+            return "attachment"
         if _BAD_ESCAPE_RE.search(parts.path) is None and _BAD_ESCAPE_RE.search(parts.fragment) is None:
             base = unquote(parts.path).rstrip("/").rpartition("/")[2]
             if base and base != ".":

@@ -103,7 +103,8 @@ def test_json_actions_win_over_the_request_header() -> None:
     ("url", "name"),
     [("https://example.com/f.jpg", "f.jpg"), ("https://example.com/a/b/", "b"), ("https://example.com", "attachment"),
      ("https://example.com/", "attachment"), ("http://x/a%20b.png?q=1#frag", "a b.png"), ("https://x/%zz", "attachment"),
-     ("https://x/dir/.", "attachment"), ("https://x/p\x01", "attachment")],
+     ("https://x/dir/.", "attachment"), ("https://x/p\x01", "attachment"),
+     ("http://[not-an-address]/x.png", "attachment"), ("http://[::1/x", "attachment"), ("http://h:99999/x", "x")],
 )  # fmt: skip
 def test_attachment_name_from_the_url(url: str, name: str) -> None:
     """Go's path.Base of the parsed URL's path; "attachment" when that is empty or the URL does not parse."""

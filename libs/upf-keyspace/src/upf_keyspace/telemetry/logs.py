@@ -5,6 +5,8 @@ from __future__ import annotations
 import logging
 import os
 
+from ..settings import LOG_LEVELS
+
 _STANDARD = frozenset(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {"message", "asctime", "taskName"}
 
 
@@ -30,4 +32,5 @@ def configure_logging(level: str | None = None) -> None:
     for h in list(root.handlers):
         root.removeHandler(h)
     root.addHandler(handler)
-    root.setLevel((level or os.environ.get("UPF_LOG_LEVEL") or "INFO").upper())
+    name = (level or os.environ.get("UPF_LOG_LEVEL") or "INFO").strip().upper()
+    root.setLevel(name if name in LOG_LEVELS else "INFO")  # a bad value: load_settings says so, then exits

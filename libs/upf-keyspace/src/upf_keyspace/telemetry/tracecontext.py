@@ -47,8 +47,10 @@ def _span_context(value: str, *, remote: bool = True) -> Any:
 
 
 def context_from_headers(headers: Mapping[str, str]) -> Any:
-    """The parent context of an incoming request (``traceparent``/``tracestate``), or None. Parsed
-    here rather than by the SDK's propagator (a regex per request, ~6x the cost)."""
+    """The parent context of an incoming request (``traceparent``), or None. Parsed here rather than
+    by the SDK's propagator (a regex per request, ~6x the cost). A client's ``tracestate`` is not
+    taken: UPF has no vendor state to carry, and the SDK logs a malformed one whole at WARNING (any
+    publisher could write kilobytes of its choosing into the logs, credentials included)."""
     traceparent = headers.get("traceparent")
     if not traceparent:
         return None
@@ -57,14 +59,7 @@ def context_from_headers(headers: Mapping[str, str]) -> Any:
         return None
     t = _trace_api()
     trace_id, span_id, flags = parsed
-    state = headers.get("tracestate")
-    ctx = t.SpanContext(
-        trace_id,
-        span_id,
-        is_remote=True,
-        trace_flags=t.TraceFlags(flags & 0x01),
-        trace_state=t.TraceState.from_header([state]) if state else None,
-    )
+    ctx = t.SpanContext(trace_id, span_id, is_remote=True, trace_flags=t.TraceFlags(flags & 0x01))
     return t.set_span_in_context(t.NonRecordingSpan(ctx))
 
 
