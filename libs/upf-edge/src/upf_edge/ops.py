@@ -6,22 +6,33 @@ Why one copy: each role had its own, and they had drifted (``{}`` vs ``{}\\n``, 
 heartbeats). A role builds :class:`OpsRoutes` with its name, version, a store probe and a metrics
 renderer (callables, so this library needs neither the store nor the telemetry code) and puts it in
 front of its other routes. Other methods on these paths are 405, as a framework's router answers.
+
+``/metrics`` answers only scrapers (:class:`MetricsAccess`, ``UPF_METRICS_ALLOW``): its counters say
+when a server's users get notifications and fail to log in, and the all-in-one listens where phones
+reach it. Others get ntfy's 404, as the ingress answers them.
 """
 
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
 from collections.abc import Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING, NamedTuple
 
 import msgspec
 
 from upf_keyspace.errors import STORAGE, StorageHealth
 
-from .errors import STORE_UNAVAILABLE, Problem
+from .errors import NOT_FOUND, STORE_UNAVAILABLE, Problem
 from .handler import NO_BODY, Reply
+from .limits import Network, in_networks, parse_address
+
+if TYPE_CHECKING:
+    from upf_keyspace import Settings
 
 __all__ = [
+    "MetricsAccess",
     "OpsRoutes",
     "PATHS",
     "HEALTH_BODY",
@@ -48,6 +59,27 @@ PATHS = frozenset({"/v1/health", "/__lbheartbeat__", "/__heartbeat__", "/__versi
 _ALLOW = ((b"allow", b"GET, HEAD"),)
 
 
+class MetricsAccess(NamedTuple):
+    """Who may scrape ``/metrics``: a peer in ``networks`` (UPF_METRICS_ALLOW) whose request carries no
+    ``forwarded`` header (a scraper connects directly; a request through a reverse proxy, which adds
+    one, is a client's, whatever the proxy's own address). A peer with no address (a Unix socket) is
+    local. None in :class:`OpsRoutes`: everyone (tests)."""
+
+    networks: tuple[Network, ...]
+    forwarded: bytes
+
+    @classmethod
+    def of(cls, settings: Settings) -> MetricsAccess:
+        networks = tuple(ipaddress.ip_network(n) for n in settings.metrics_allow)
+        return cls(networks, settings.proxy_forwarded_header.lower().encode("latin-1"))
+
+    def allows(self, client: str, headers: Sequence[tuple[bytes, bytes]]) -> bool:
+        if any(k == self.forwarded for k, _ in headers):
+            return False
+        addr = parse_address(client)
+        return addr is None or in_networks(addr, self.networks)
+
+
 class _Version(msgspec.Struct, frozen=True):
     name: str
     version: str
@@ -64,7 +96,7 @@ class OpsRoutes:
     store refuses writes for lack of space (``storage``, the process's, set by the store driver) both
     health endpoints answer 503 saying so: reads still work, so the read probe alone would say ok."""
 
-    __slots__ = ("_version", "_probe", "_metrics", "_metrics_type", "_timeout", "_storage")
+    __slots__ = ("_version", "_probe", "_metrics", "_metrics_type", "_timeout", "_storage", "_scrapers")
 
     def __init__(
         self,
@@ -75,6 +107,7 @@ class OpsRoutes:
         metrics_content_type: str,
         heartbeat_timeout: float = HEARTBEAT_TIMEOUT_SECS,
         storage: StorageHealth = STORAGE,
+        scrapers: MetricsAccess | None = None,
     ) -> None:
         self._version = version_body(name, version)
         self._probe = probe
@@ -82,6 +115,7 @@ class OpsRoutes:
         self._metrics_type = metrics_content_type.encode("ascii")
         self._timeout = heartbeat_timeout
         self._storage = storage
+        self._scrapers = scrapers
 
     def wants(self, method: str, path: str) -> bool:
         return path in PATHS
@@ -110,6 +144,8 @@ class OpsRoutes:
             return Reply(200, self._version)
         if topic == "metrics":
             # "metrics" is one of ntfy's disallowed topic names, so this route shadows no topic.
+            if self._scrapers is not None and not self._scrapers.allows(client, headers):
+                return Reply(404, NOT_FOUND.body())
             return Reply(200, self._metrics(), content_type=self._metrics_type)
         return await self._heartbeat()
 

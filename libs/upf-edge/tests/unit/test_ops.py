@@ -82,3 +82,27 @@ async def test_full_storage_degrades_both_health_endpoints_for_a_window() -> Non
 
 async def _none() -> None:
     return None
+
+
+async def test_metrics_answer_scrapers_only() -> None:
+    """/metrics was served to anyone who reached the all-in-one (bound where phones reach it): its
+    counters tell when users get notifications and fail to log in. Now a peer in UPF_METRICS_ALLOW
+    (loopback and private ranges by default) connecting directly; anyone else, or any request that
+    came through a reverse proxy (it carries the forwarded header), gets ntfy's 404."""
+    from upf_edge.ops import MetricsAccess
+    from upf_keyspace import load_settings
+
+    r = OpsRoutes(
+        "upf-test", "1.2.3", lambda: asyncio.sleep(0), lambda: b"m 1\n", "text/plain",
+        scrapers=MetricsAccess.of(load_settings({})),
+    )  # fmt: skip
+    proxied = [(b"x-forwarded-for", b"10.0.0.9")]
+    for client, headers, status in [
+        ("127.0.0.1", [], 200), ("10.1.2.3", [], 200), ("fd00::7", [], 200), ("", [], 200),  # "": a Unix socket
+        ("203.0.113.9", [], 404), ("2001:db8::1", [], 404), ("127.0.0.1", proxied, 404),
+    ]:  # fmt: skip
+        reply = await r("GET", "metrics", headers, b"", None, client)
+        assert reply.status == status, (client, headers)
+        assert reply.body == (b"m 1\n" if status == 200 else b'{"code":40401,"http":404,"error":"page not found"}\n')
+    nobody = MetricsAccess.of(load_settings({"UPF_METRICS_ALLOW": ""}))
+    assert not nobody.allows("127.0.0.1", [])

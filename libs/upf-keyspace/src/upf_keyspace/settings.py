@@ -243,6 +243,16 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     proxy_trusted: Annotated[tuple[str, ...], var(_networks, blank_is_value=True)] = ()
     """Proxies (CIDR) whose forwarded header names the client; from anyone else it is ignored."""
     proxy_forwarded_header: Annotated[str, var(_header_name)] = "X-Forwarded-For"
+    metrics_allow: Annotated[tuple[str, ...], var(_networks, blank_is_value=True)] = (
+        "127.0.0.0/8",
+        "::1/128",
+        "10.0.0.0/8",
+        "172.16.0.0/12",
+        "192.168.0.0/16",
+        "fc00::/7",
+    )
+    """Networks (CIDR) that may scrape /metrics, directly (not through a proxy): loopback and private
+    ranges, where a collector runs; the all-in-one listens where phones reach it."""
     delay_min_secs: Annotated[int, var(_int, ge=0, le=10 * 365 * 86400)] = 10
     """The earliest a scheduled message (X-Delay/X-At/X-In) may be due, in seconds from now (ntfy: 10 s)."""
     delay_max_secs: Annotated[int, var(_int, ge=1, le=10 * 365 * 86400)] = 259_200

@@ -10,7 +10,7 @@ import sys
 
 from upf_edge.gcpolicy import settle_gc
 from upf_edge.lifecycle import arm_exit_watchdog
-from upf_edge.ops import OpsRoutes
+from upf_edge.ops import MetricsAccess, OpsRoutes
 from upf_edge.serve import serve_handler
 from upf_keyspace import SettingsError, load_settings, open_store
 from upf_keyspace import telemetry as tm
@@ -34,7 +34,12 @@ async def amain(service_name: str = "upf-janitor") -> None:
     registry = telemetry.registry
     # The same ops routes, store probe (a ping) and heartbeat timeout as the writer's.
     ops = OpsRoutes(
-        "upf-janitor", __version__, store.ping, lambda: tm.render_metrics(registry), tm.METRICS_CONTENT_TYPE
+        "upf-janitor",
+        __version__,
+        store.ping,
+        lambda: tm.render_metrics(registry),
+        tm.METRICS_CONTENT_TYPE,
+        scrapers=MetricsAccess.of(settings),
     )
     server = await serve_handler(ops, settings.bind_host, settings.bind_port)
     log.info("janitor started", extra={"bind": f"{settings.bind_host}:{settings.bind_port}", "store": store.db.name})

@@ -49,7 +49,7 @@ from upf_edge.http11 import (
 from upf_edge.limiter import RequestLimiter, presents_credentials
 from upf_edge.limits import LIMITS_DOCS
 from upf_edge.limits_os import Acceptor, PeerCounter
-from upf_edge.ops import OpsRoutes
+from upf_edge.ops import MetricsAccess, OpsRoutes
 from upf_keyspace import Settings, Store
 from upf_keyspace import telemetry as tm
 
@@ -532,6 +532,7 @@ class Pusher:
             lambda: tm.render_metrics(registry),
             tm.METRICS_CONTENT_TYPE,
             heartbeat_timeout=STORE_CHECK_TIMEOUT + 1.0,
+            scrapers=MetricsAccess.of(settings),
         )
         self.closing = False
         self.gate = AccessGate(store, settings.auth_default_access)

@@ -12,7 +12,7 @@ from litestar.types import ControllerRouterHandler
 
 from upf_edge.gate import auth_param
 from upf_edge.http11 import header_list
-from upf_edge.ops import OpsRoutes
+from upf_edge.ops import MetricsAccess, OpsRoutes
 from upf_keyspace import telemetry as tm
 
 from .. import __version__, ingest, schemas
@@ -30,7 +30,14 @@ def build_ops(ctx: WriterContext) -> OpsRoutes:
     async def probe() -> None:
         await ctx.require_store().ping()
 
-    return OpsRoutes("upf-writer", __version__, probe, lambda: tm.render_metrics(registry), tm.METRICS_CONTENT_TYPE)
+    return OpsRoutes(
+        "upf-writer",
+        __version__,
+        probe,
+        lambda: tm.render_metrics(registry),
+        tm.METRICS_CONTENT_TYPE,
+        scrapers=MetricsAccess.of(ctx.settings),
+    )
 
 
 def build(ctx: WriterContext) -> list[ControllerRouterHandler]:
