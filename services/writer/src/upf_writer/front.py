@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from upf_edge import NO_BODY, NtfyError, Problem, Reply
 from upf_edge.access import ANONYMOUS
 from upf_edge.gate import auth_param
-from upf_edge.http11 import decode_headers, decode_query, header_list
+from upf_edge.http11 import decode_headers, decode_query, forwarded_of
 
 from . import ingest, schemas
 from .context import WriterContext
@@ -115,7 +115,7 @@ class WriterFront:
             if method == "GET" or method == "HEAD":
                 decoded, params = decode_headers(headers), decode_query(query)
                 ctx = self.ctx
-                forwarded = header_list(headers, self._forwarded)
+                forwarded = forwarded_of(decoded, headers, self._forwarded)
                 who = await ctx.identify(decoded.get("authorization"), auth_param(params), client, forwarded)
                 await ctx.admit(who.user, client, forwarded)
                 ingest.validate_topic(topic)
@@ -163,7 +163,7 @@ class WriterFront:
             headers = decode_headers(raw_headers)
             params = decode_query(query)
             gate = ctx.require_gate()
-            forwarded = header_list(raw_headers, self._forwarded)
+            forwarded = forwarded_of(headers, raw_headers, self._forwarded)
             who = await ctx.identify(headers.get("authorization"), auth_param(params), client, forwarded)  # 401/42909
             await ctx.admit(who.user, client, forwarded)
             gate.authorize(who, (ingest.validate_topic(topic),), write=True)  # 403 before the sequence id's 400
@@ -205,7 +205,7 @@ class WriterFront:
             headers = decode_headers(raw_headers)
             params = decode_query(query)
             gate = ctx.require_gate()
-            forwarded = header_list(raw_headers, self._forwarded)
+            forwarded = forwarded_of(headers, raw_headers, self._forwarded)
             if topic:
                 who, visitor = await ctx.enter(  # 401/42909 first, then the request limit's 429
                     headers.get("authorization"), auth_param(params), client, forwarded, topic
