@@ -3,12 +3,20 @@ stay, the commit version is raised past the fence, and pages are bounded (more k
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
 from pathlib import Path
+
+import fdb.tuple
+import pytest
 
 from upf import backup as bk
 from upf_keyspace import Envelope, Settings, keys, open_store
 from upf_keyspace.drivers.embedded import raise_stamp_floor
+from upf_keyspace.msgid import encode_id
+from upf_keyspace.ops.publish import RELEASED_MARK
 
 
 async def test_restore_repairs_split_entries_and_raises_the_version(tmp_path: Path, monkeypatch) -> None:
@@ -65,3 +73,160 @@ async def test_restore_repairs_split_entries_and_raises_the_version(tmp_path: Pa
     finally:
         await dst.close()
     assert new.stamp > after.stamp > top
+
+
+async def _ranges(store, *prefixes: keys.Prefix):  # type: ignore[no-untyped-def]
+    """Every key and value of each prefix, in one read."""
+
+    async def body(tr):  # type: ignore[no-untyped-def]
+        return [await tr.get_range(*bk.prefix_range(p)) for p in prefixes]
+
+    return await store.db.transact(body)
+
+
+@pytest.mark.parametrize(
+    ("before", "in_queue"),
+    [
+        (keys.Prefix.SCHEDULED, True),  # released before S was read: the Q copy only
+        (keys.Prefix.RELEASED, True),  # between the S and SR pages: in S, SR and Q
+        (keys.Prefix.QUEUE, True),  # between the SR and Q pages: in S and Q, its SR entry missing
+        (keys.Prefix.TIME_INDEX, False),  # after the Q pages: the S copy only
+    ],
+)
+async def test_a_message_released_during_the_backup_is_restored_once(
+    tmp_path: Path, monkeypatch, before: keys.Prefix, in_queue: bool
+) -> None:
+    """The releaser moves a message from S to Q (and SR) in one commit while the backup reads its pages:
+    wherever that commit falls, the restored store holds the message once, in Q with its SR map, or in S."""
+    now = int(time.time())
+    src = await open_store(Settings(store_path=str(tmp_path / "a.db")))
+    try:
+        await src.publish("upPLAIN", Envelope(time=now, expires=now + 3600, message="plain"))
+        sched = await src.schedule("upSCHED", Envelope(time=now + 5, expires=now + 3605, message="later"), now + 5)
+        real_page, first_page, released = bk._page, bk.prefix_range(before)[0], []
+
+        async def page(store, begin, end):  # type: ignore[no-untyped-def]
+            if begin == first_page and not released:
+                released.append(await src.release_due(now + 5))
+            return await real_page(store, begin, end)
+
+        monkeypatch.setattr(bk, "_page", page)
+        await bk.backup(src, str(tmp_path / "b"))
+    finally:
+        await src.close()
+    assert released == [1]
+
+    dst = await open_store(Settings(store_path=str(tmp_path / "c.db")))
+    try:
+        await bk.restore(dst, str(tmp_path / "b"))
+        rows = await dst.read_after("upSCHED", None)
+        scheduled, mapped = await _ranges(dst, keys.Prefix.SCHEDULED, keys.Prefix.RELEASED)
+    finally:
+        await dst.close()
+    if in_queue:
+        assert [(r.envelope.message, r.envelope.origin_id) for r in rows] == [("later", encode_id(sched.stamp))]
+        assert scheduled == []
+        assert [k for k, _ in mapped] == [keys.released_key("upSCHED", sched.stamp, rows[0].stamp)]
+    else:
+        assert rows == [] and mapped == []
+        assert [keys.unpack_scheduled_key(k) for k, _ in scheduled] == [(now + 5, sched.stamp, "upSCHED")]
+
+
+def _upf(store: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("UPF_", "FDB_", "OTEL_"))}
+    env.update(UPF_STORE_PATH=str(store), UPF_LOG_LEVEL="WARNING")
+    return subprocess.run(
+        [sys.executable, "-m", "upf", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
+    )
+
+
+@pytest.mark.parametrize(
+    ("bad", "says"),
+    [
+        (bk.Pair(keys.ROOT + fdb.tuple.pack(("ZZ", "durable")), b"v"), "a kind this UPF does not know"),
+        (bk.Pair(keys.queue_key("upZZ", b"\xff" * 12), b"\xc1"), "a QUEUE entry this UPF cannot read"),
+    ],
+    ids=["newer-kind", "undecodable-message"],
+)
+async def test_restore_refuses_what_it_cannot_read_before_writing_anything(
+    tmp_path: Path, monkeypatch, bad: bk.Pair, says: str
+) -> None:
+    """A pair restore cannot read, last in a file whose framing is sound, is refused before the first
+    write (restore commits every PAGE keys: else the keys before it stay, and a retry finds the store
+    not empty); the CLI says so in one line."""
+    monkeypatch.setattr(bk, "PAGE", 7)
+    now = int(time.time())
+    src = await open_store(Settings(store_path=str(tmp_path / "a.db")))
+    try:
+        for i in range(30):
+            await src.publish("upPART", Envelope(time=now, expires=now + 3600, message=f"m{i}"))
+        await bk.backup(src, str(tmp_path / "good"))
+    finally:
+        await src.close()
+    header, end, pairs = bk.read_backup(str(tmp_path / "good"))
+    kept = [*pairs, bad]
+    with open(tmp_path / "bad", "wb") as f:
+        f.write(bk.MAGIC)
+        bk._put(f, header)
+        for p in kept:
+            bk._put(f, p)
+        bk._put(f, bk.End(len(kept), end.fence, end.fenced_at))
+
+    with pytest.raises(bk.BackupError, match=says):
+        bk.read_backup(str(tmp_path / "bad"))
+    dst = await open_store(Settings(store_path=str(tmp_path / "c.db")))
+    try:
+        with pytest.raises(bk.BackupError, match=says):
+            await bk.restore(dst, str(tmp_path / "bad"))
+        assert await bk._empty(dst)
+        await bk.restore(dst, str(tmp_path / "good"))  # the retry
+        assert len(await dst.read_after("upPART", None)) == 30
+    finally:
+        await dst.close()
+
+    r = _upf(tmp_path / "d.db", "restore", str(tmp_path / "bad"))
+    assert r.returncode == 1 and r.stderr.startswith("upf: ") and r.stderr.count("\n") == 1, r.stderr
+    assert says in r.stderr and "Traceback" not in r.stderr
+
+
+async def test_repaired_ttl_entries_let_the_janitor_clear_idempotency_and_released_entries(tmp_path: Path) -> None:
+    """The X entries restore re-creates carry what the writer's do (the idempotency key, or the released
+    message's publish id), and the janitor's hold on an expired released message's SR entry is restored:
+    the janitor's expiry then leaves no ID or SR entry behind."""
+    now = int(time.time())
+    src = await open_store(Settings(store_path=str(tmp_path / "a.db"), default_ttl_secs=3600))
+    try:
+        keyed = Envelope(time=now, expires=now + 60, message="keyed", idem="key-1")  # as the writer builds it
+        await src.publish("upK", keyed, idem="key-1")
+        sched = await src.schedule("upR", Envelope(time=now, expires=now + 60, message="released"), now)
+        gone = await src.schedule("upR2", Envelope(time=now, expires=now + 1, message="expired"), now)
+        assert await src.release_due(now) == 2
+        assert await src.expire(now + 2) == 1  # upR2: its SR entry is kept, by an X entry of its own
+
+        async def split(tr):  # type: ignore[no-untyped-def]  # as if the janitor's page fell between Q and X
+            for k, _ in await tr.get_range(*bk.prefix_range(keys.Prefix.EXPIRY)):
+                if keys.unpack_expiry_key(k)[0] == now + 60:
+                    tr.clear(k)
+
+        await src.db.transact(split)
+        await bk.backup(src, str(tmp_path / "b"))
+    finally:
+        await src.close()
+
+    dst = await open_store(Settings(store_path=str(tmp_path / "c.db"), default_ttl_secs=3600))
+    try:
+        await bk.restore(dst, str(tmp_path / "b"))
+        (x,) = await _ranges(dst, keys.Prefix.EXPIRY)
+        assert sorted(v for _, v in x) == sorted(
+            [b"key-1", RELEASED_MARK + encode_id(sched.stamp).encode(), RELEASED_MARK + encode_id(gone.stamp).encode()]
+        )
+        assert await dst.expire(now + 10 * 3600) == 3
+        left = await _ranges(dst, keys.Prefix.QUEUE, keys.Prefix.EXPIRY, keys.Prefix.IDEMPOTENCY, keys.Prefix.RELEASED)
+    finally:
+        await dst.close()
+    assert left == [[], [], [], []]

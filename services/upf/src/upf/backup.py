@@ -1,17 +1,23 @@
 """``upf backup FILE`` and ``upf restore FILE``: the durable part of a store, through the Store contract.
 
-What is kept: the format record, users, tokens, ACL entries and the auth version, every queued message
-(Q) with its TTL-index (X) and idempotency (ID) entries. What is not: affinity, inboxes, bells,
-liveness and request buckets -- soft state the roles rebuild (a subscriber reconnects, a node rings
-its own bells), restored stale it would only send pokes to nodes that are gone.
+What is kept: the format record, users, tokens, ACL entries and the auth version, every scheduled
+(S, with its SR map once released) and queued message (Q) with its TTL-index (X) and idempotency (ID)
+entries. What is not: affinity, inboxes, bells, liveness and request buckets -- soft state the roles
+rebuild (a subscriber reconnects, a node rings its own bells), restored stale it would only send pokes
+to nodes that are gone.
 
 Consistency while the roles run: each page is one snapshot read of at most ``PAGE`` keys, so the file
-holds every message committed before the backup began that the janitor had not expired when its page
-was read; a message committed during the backup may or may not be in it, always whole (a message is
-one Q key). Where a page boundary splits a message from its X entry (the janitor expired it, or it
-arrived, between the two pages), restore repairs it: an X or ID entry without its message is dropped,
-a message without an X entry gets one from its envelope's expiry. FoundationDB: use ``fdbbackup`` /
-``fdbrestore`` for a cluster-consistent backup (README, "Backups"); this command works there too.
+holds every message committed before the backup began that the janitor had not expired (nor a Web Push
+Topic replaced) when its page was read; a message committed during the backup may or may not be in it,
+always whole (a message is one Q key). S and SR are read before Q: the releaser moves a message from S
+to Q in one transaction, so one released during the backup is in S, in Q or in both, never in neither;
+restore keeps the Q copy of one in both (an S entry whose publish id is a restored message's
+``origin_id``, or has an SR entry, was released). Where a page boundary splits a message from its X or
+SR entry (the janitor expired it, or it arrived or was released, between the two pages), restore
+repairs it: an X, ID or SR entry without its message is dropped (an SR entry the janitor keeps past its
+message, and that entry's X, stay), a message without its X or SR entry gets one from its envelope.
+FoundationDB: use ``fdbbackup`` / ``fdbrestore`` for a cluster-consistent backup (README, "Backups");
+this command works there too.
 
 Ids never go backwards: the restored messages keep their stamps. The backup ends with a fence, a no-op
 commit whose stamp is above every id issued until then; restore raises the store's stamp floor
@@ -19,8 +25,10 @@ above it plus ``VERSIONS_PER_SEC`` per second elapsed since (embedded driver: ``
 so a new message sorts after every restored one and after any the old store issued after the backup
 (then lost), and ``since=<any old id>`` keeps working. FoundationDB: see README, "Backups".
 
-File: ``MAGIC``, then length-prefixed msgpack frames: a ``Header``, the ``Pair`` records in key order
-by prefix, and an ``End`` with their count (a truncated file is refused before anything is written).
+File: ``MAGIC``, then length-prefixed msgpack frames: a ``Header``, the ``Pair`` records prefix by prefix
+(``KEPT`` order; restore does not rely on it), and an ``End`` with their count. Restore reads the whole
+file before writing anything, and refuses a truncated one, a key of a kind this release does not know
+and a message that does not decode.
 Written to a temporary file, fsynced, renamed; mode 0600 (topics are capabilities).
 """
 
@@ -30,12 +38,15 @@ import os
 import struct
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from typing import BinaryIO
 
 import msgspec
 
 from upf_keyspace import Store, keys
 from upf_keyspace.envelope import decode_envelope
+from upf_keyspace.msgid import decode_id
+from upf_keyspace.ops.publish import RELEASED_MARK
 
 __all__ = ["MAGIC", "BackupError", "backup", "restore", "read_backup"]
 
@@ -53,18 +64,20 @@ KEPT = (
     keys.Prefix.AUTH_TOKEN,
     keys.Prefix.AUTH_ACCESS,
     keys.Prefix.AUTH_VERSION,
+    keys.Prefix.SCHEDULED,
+    keys.Prefix.RELEASED,
     keys.Prefix.QUEUE,
     keys.Prefix.TIME_INDEX,
     keys.Prefix.EXPIRY,
     keys.Prefix.IDEMPOTENCY,
-    keys.Prefix.SCHEDULED,
-    keys.Prefix.RELEASED,
     keys.Prefix.STATS,
     keys.Prefix.PUSH_TOPIC,
     keys.Prefix.VAPID_BINDING,
 )
 """Durable state: messages (queued and scheduled, with their indexes), auth, VAPID bindings and the
-stats counter. Soft state (affinity, inboxes, bells, liveness, rate buckets) is rebuilt by the roles."""
+stats counter. Soft state (affinity, inboxes, bells, liveness, rate buckets) is rebuilt by the roles.
+S and SR come before Q: a message the releaser moves from S to Q between their pages is then in both
+(restore keeps one), not in neither."""
 _LEN = struct.Struct(">I")
 
 
@@ -159,7 +172,34 @@ def _put(f: BinaryIO, frame: Frame) -> None:
 
 
 def read_backup(path: str) -> tuple[Header, End, Iterator[Pair]]:
-    """Check the whole file (magic, header, frames, count), then return its header, end and pairs."""
+    """Check the whole file (magic, header, frames, count, every key's kind and every message), then
+    return its header, end and pairs."""
+    header, end, _, pairs = _read(path)
+    return header, end, pairs
+
+
+@dataclass
+class _Survey:
+    """What restore must know of the whole file before it writes a key: the file's order does not
+    decide what is kept (S comes before the Q copy that supersedes it)."""
+
+    messages: dict[tuple[str, bytes], tuple[bytes, bytes, bytes | None]] = field(default_factory=dict)
+    """(topic, stamp) -> its X key and value as the writer makes them, and its publish id if released."""
+    released: set[tuple[str, bytes]] = field(default_factory=set)
+    """(topic, publish id) of every scheduled message released before Q's (or SR's) pages were read."""
+    indexed: set[bytes] = field(default_factory=set)
+    """Every X key in the file."""
+    mapped: set[tuple[str, bytes, bytes]] = field(default_factory=set)
+    """(topic, publish id, Q stamp) of every SR entry in the file."""
+    kept_maps: set[tuple[str, bytes, bytes]] = field(default_factory=set)
+    """The same, of every X entry that clears an SR entry (``RELEASED_MARK``)."""
+    top: bytes = b""
+    """The largest message stamp or scheduled publish id."""
+
+
+def _read(path: str) -> tuple[Header, End, _Survey, Iterator[Pair]]:
+    """``read_backup``, with what its pass over the pairs found for restore."""
+    survey = _Survey()
     with open(path, "rb") as f:
         if f.read(len(MAGIC)) != MAGIC:
             raise BackupError("not a UPF backup file")
@@ -176,6 +216,7 @@ def read_backup(path: str) -> tuple[Header, End, Iterator[Pair]]:
                 break
             if not isinstance(frame, Pair):
                 raise BackupError("the backup file is damaged")
+            _survey(survey, frame)
             n += 1
 
     def pairs() -> Iterator[Pair]:
@@ -185,7 +226,50 @@ def read_backup(path: str) -> tuple[Header, End, Iterator[Pair]]:
             while isinstance(frame := _next(f), Pair):
                 yield frame
 
-    return header, end, pairs()
+    return header, end, survey, pairs()
+
+
+def _survey(survey: _Survey, pair: Pair) -> None:
+    """Note what restore needs of one pair, parsing everything restore or the roles will parse of it:
+    a restore that fails on a pair after writing the ones before it leaves a store it refuses next."""
+    try:
+        prefix = keys.prefix_of(pair.key)
+    except ValueError:
+        raise BackupError(
+            "the backup holds a key of a kind this UPF does not know (a newer release's?): nothing was restored"
+        ) from None
+    try:
+        if prefix is keys.Prefix.QUEUE:
+            topic, stamp = keys.unpack_queue_key(pair.key)
+            env = decode_envelope(pair.value)
+            origin = decode_id(env.origin_id) if env.origin_id else None
+            if origin is not None:
+                survey.released.add((topic, origin))
+                x_value = RELEASED_MARK + env.origin_id.encode()
+            else:
+                x_value = env.idem.encode()
+            survey.messages[topic, stamp] = (keys.expiry_key(env.expires, topic, stamp), x_value, origin)
+            survey.top = max(survey.top, stamp)
+        elif prefix is keys.Prefix.EXPIRY:
+            _, topic, stamp = keys.unpack_expiry_key(pair.key)
+            survey.indexed.add(pair.key)
+            if (origin := _released_origin(pair.value)) is not None:
+                survey.kept_maps.add((topic, origin, stamp))
+        elif prefix is keys.Prefix.IDEMPOTENCY:
+            keys.unpack_idem_key(pair.key)
+        elif prefix is keys.Prefix.SCHEDULED:
+            _, origin, _ = keys.unpack_scheduled_key(pair.key)
+            decode_envelope(pair.value)  # the releaser's
+            survey.top = max(survey.top, origin)  # its id was handed out at publish
+        elif prefix is keys.Prefix.RELEASED:
+            topic, origin, stamp = keys.unpack_released_key(pair.key)
+            survey.released.add((topic, origin))
+            survey.mapped.add((topic, origin, stamp))
+    except (ValueError, TypeError, IndexError, struct.error, msgspec.MsgspecError):
+        raise BackupError(
+            f"the backup holds a {prefix.name} entry this UPF cannot read (a damaged file, or a newer "
+            "release's?): nothing was restored"
+        ) from None
 
 
 def _next(f: BinaryIO) -> Frame:
@@ -214,9 +298,6 @@ async def _empty(store: Store) -> bool:
     return await store.db.transact(body)
 
 
-_prefix_of = keys.prefix_of
-
-
 def version_floor(end: End, top: bytes, now: float) -> int:
     """The commit version every new id must exceed: above the restored ids and the backup's fence, plus
     ``VERSIONS_PER_SEC`` for each second since the fence, so ids the old store issued after the backup
@@ -228,17 +309,13 @@ def version_floor(end: End, top: bytes, now: float) -> int:
 async def restore(store: Store, path: str) -> tuple[int, bytes, int]:
     """Write a backup into an empty store; returns (keys written, the largest message stamp, the
     commit version the store must be raised to -- by the caller, once this handle is closed)."""
-    header, end, pairs = read_backup(path)
+    header, end, survey, pairs = _read(path)
     if header.store_format > await store.db.transact(_format):
         raise BackupError(f"the backup's store format {header.store_format} is newer than this UPF's")
     if not await _empty(store):
         raise BackupError("the store is not empty: restore only into a new store")
-    messages: dict[tuple[str, bytes], int] = {}
-    """(topic, stamp) -> expiry of every restored message, to repair its X entry."""
-    indexed: set[tuple[str, bytes]] = set()
     batch: list[tuple[bytes, bytes]] = []
     size = written = 0
-    top = b""
 
     async def flush() -> None:
         nonlocal batch, size, written
@@ -261,29 +338,42 @@ async def restore(store: Store, path: str) -> tuple[int, bytes, int]:
             await flush()
 
     for pair in pairs:
-        prefix = _prefix_of(pair.key)
-        if prefix is keys.Prefix.META:
-            continue  # this store's format record stands
-        if prefix is keys.Prefix.QUEUE:
-            topic, stamp = keys.unpack_queue_key(pair.key)
-            messages[topic, stamp] = decode_envelope(pair.value).expires
-            top = max(top, stamp)
-        elif prefix is keys.Prefix.EXPIRY:
-            _, topic, stamp = keys.unpack_expiry_key(pair.key)
-            if (topic, stamp) not in messages:
-                continue  # its message was expired (or not yet read) when the Q pages were: drop it
-            indexed.add((topic, stamp))
-        elif prefix is keys.Prefix.IDEMPOTENCY:
-            topic, _, stamp = keys.unpack_idem_key(pair.key)
-            if (topic, stamp) not in messages:
-                continue
-        elif prefix is keys.Prefix.SCHEDULED:
-            top = max(top, keys.unpack_scheduled_key(pair.key)[1])  # its id was handed out at publish
-        elif prefix not in KEPT:
-            continue
-        await put(pair.key, pair.value)
-    for (topic, stamp), expires in messages.items():
-        if (topic, stamp) not in indexed:  # expired between its Q and X pages: index it again
-            await put(keys.expiry_key(expires, topic, stamp), b"")
+        if _kept(survey, pair):
+            await put(pair.key, pair.value)
+    for (topic, stamp), (x_key, x_value, origin) in survey.messages.items():
+        if x_key not in survey.indexed:  # expired (or arrived) between its Q and X pages: index it again
+            await put(x_key, x_value)
+        if origin is not None and (topic, origin, stamp) not in survey.mapped:  # released between SR and Q
+            await put(keys.released_key(topic, origin, stamp), b"")
     await flush()
-    return written, top, version_floor(end, top, time.time())
+    return written, survey.top, version_floor(end, survey.top, time.time())
+
+
+def _kept(survey: _Survey, pair: Pair) -> bool:
+    """Whether restore writes this pair: a page boundary may have split it from what it belongs to."""
+    prefix = keys.prefix_of(pair.key)
+    if prefix is keys.Prefix.META or prefix not in KEPT:
+        return False  # this store's format record stands; soft state is the roles'
+    if prefix is keys.Prefix.EXPIRY:
+        _, topic, stamp = keys.unpack_expiry_key(pair.key)
+        if (topic, stamp) in survey.messages:
+            return True
+        # Its message is gone (expired, or not yet published when the Q pages were read); kept only
+        # where it is the janitor's hold on a released message's SR entry, which it clears in time.
+        origin = _released_origin(pair.value)
+        return origin is not None and (topic, origin, stamp) in survey.mapped
+    if prefix is keys.Prefix.IDEMPOTENCY:
+        topic, _, stamp = keys.unpack_idem_key(pair.key)
+        return (topic, stamp) in survey.messages
+    if prefix is keys.Prefix.SCHEDULED:
+        _, origin, topic = keys.unpack_scheduled_key(pair.key)
+        return (topic, origin) not in survey.released  # released while S, SR and Q were read: Q's copy stays
+    if prefix is keys.Prefix.RELEASED:
+        topic, origin, stamp = keys.unpack_released_key(pair.key)
+        return (topic, stamp) in survey.messages or (topic, origin, stamp) in survey.kept_maps
+    return True
+
+
+def _released_origin(x_value: bytes) -> bytes | None:
+    """The publish id an X entry's value names (a released message's, as the janitor reads it), or None."""
+    return decode_id(x_value[1:].decode("ascii", "replace")) if x_value.startswith(RELEASED_MARK) else None
