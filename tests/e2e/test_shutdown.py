@@ -291,3 +291,53 @@ async def test_stuck_store_still_exits_in_bounded_time(fleet):
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
+
+
+_HANG_AT_START = """
+import asyncio, runpy
+import upf_pusher.hub as hub
+
+async def start(self):
+    print("hub start hangs", flush=True)  # as a store call whose write lock another process holds
+    await asyncio.Event().wait()
+
+hub.Hub.start = start
+runpy.run_module("upf", run_name="__main__")
+"""
+
+
+async def test_sigterm_while_the_start_hangs_still_exits_in_bounded_time(fleet):
+    """A store call at start that never returns: SIGTERM gives up on the start, and the process is gone
+    within the grace plus the watchdog's slack, not at the orchestrator's SIGKILL."""
+    from upf_edge.lifecycle import EXIT_OVERDUE, WATCHDOG_SLACK_SECS
+
+    port = free_port()
+    env = role_env(fleet, UPF_BIND=f"127.0.0.1:{port}", UPF_WORKERS="1", UPF_NODE_ID="sdHang")
+    p = Process("upfhang", [sys.executable, "-c", _HANG_AT_START], env, fleet.tmp / "upfhang.log", port, "/")
+    fleet.roles.append(p)
+    t0 = time.monotonic()
+    while "hub start hangs" not in p.log():
+        assert p.proc.poll() is None and time.monotonic() - t0 < 30 * TIMEOUT_FACTOR, p.log()
+        await asyncio.sleep(0.1)
+    p.proc.send_signal(signal.SIGTERM)
+    code, took = await wait_exit(p, GRACE + WATCHDOG_SLACK_SECS)
+    assert code in (0, EXIT_OVERDUE), (code, p.log())
+    assert took < (GRACE + WATCHDOG_SLACK_SECS + 1) * TIMEOUT_FACTOR, took
+    assert "Traceback" not in p.log()
+
+
+async def test_supervisor_exits_70_when_a_workers_stop_failed(fleet):
+    """A worker's stop cut by its watchdog (a publish stuck in its commit) is the supervisor's failed
+    stop too: exit 70 as one process would, not 0."""
+    from upf_edge.lifecycle import EXIT_OVERDUE
+
+    upf = start(fleet, "upfw", "upf", UPF_NODE_ID="sdSup", UPF_WORKERS="2", UPF_SHUTDOWN_GRACE_SECS="1")
+    async with httpx.AsyncClient(timeout=60) as c:
+        with write_lock(fleet.store):
+            publish = asyncio.create_task(c.post(f"{upf.base}/sdSupStuck", content=b"x"))
+            await asyncio.sleep(0.5)
+            upf.proc.send_signal(signal.SIGTERM)
+            code, _ = await wait_exit(upf, 1 + 6 + 3)
+        publish.cancel()
+        await asyncio.gather(publish, return_exceptions=True)
+    assert code == EXIT_OVERDUE, (code, upf.log())

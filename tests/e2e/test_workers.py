@@ -253,18 +253,23 @@ def test_sigterm_to_the_supervisor_stops_every_worker(fleet):
     assert "pusher stopped" in role.log()
 
 
-def test_a_busy_port_stops_the_supervisor_at_start(fleet, tmp_path):
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_a_busy_port_stops_the_supervisor_at_start(fleet, tmp_path, workers):
     """Workers share the port with each other only: a port another server holds fails at start, as it
-    does for one process, instead of joining that server's SO_REUSEPORT group."""
+    does for one process, instead of joining that server's SO_REUSEPORT group. One process says so in
+    the same line, before anything started: no traceback, nothing left running on a closed store."""
     with socket.socket() as other:
         other.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)  # even one that would share
         other.bind(("127.0.0.1", 0))
         other.listen()
         port = other.getsockname()[1]
         env = {k: v for k, v in os.environ.items() if not k.startswith("UPF_")}
-        env.update(UPF_WORKERS="2", UPF_BIND=f"127.0.0.1:{port}", UPF_STORE_PATH=str(tmp_path / "upf.db"))
+        env.update(UPF_WORKERS=workers, UPF_BIND=f"127.0.0.1:{port}", UPF_STORE_PATH=str(tmp_path / "upf.db"))
         out = subprocess.run(
             [sys.executable, "-m", "upf"], env=env, capture_output=True, text=True, timeout=60 * TIMEOUT_FACTOR
         )
-    assert out.returncode == 1
+    assert out.returncode == 1, out.stderr
     assert "UPF_BIND" in out.stderr and "upf: worker" not in out.stdout
+    said = [line for line in out.stderr.splitlines() if line.startswith("upf:")]  # the rest is the log
+    assert said[0].startswith(f"upf: cannot bind UPF_BIND 127.0.0.1:{port}: ") and len(said) == 1, out.stderr
+    assert "Traceback" not in out.stderr

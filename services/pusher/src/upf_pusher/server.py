@@ -582,26 +582,39 @@ class Pusher:
     async def start(
         self, *, host: str | None = None, port: int | None = None, sock: socket.socket | None = None
     ) -> None:
-        """Run the fallback's lifespan startup, start the hub, then listen (settings' bind address by default)."""
-        if self.lifespan is not None:
-            await self.lifespan.startup()
-        self.gate = await AccessGate.acquire(self.store, self.settings.auth_default_access)
-        try:
-            await self.limiter.reset_node(self.hub.node)  # this node holds no subscription yet
-        except Exception:  # a store down at start must not keep the pusher down; the janitor sweeps later
-            log.warning("subscription counts not cleared at start", exc_info=True)
-        await self.hub.start()
+        """Bind (settings' bind address by default), run the fallback's lifespan startup, start the hub,
+        then listen. The bind comes first so a busy port fails before anything runs; a start that fails
+        or is cancelled (a SIGTERM while a store call hangs) stops what it had started, as its caller
+        closes the store next."""
+        own = sock is None
         if sock is None:
             bind_host = self.settings.bind_host if host is None else host
-            sock = socket.create_server(
-                (bind_host, self.settings.bind_port if port is None else port),
-                family=socket.AF_INET6 if ":" in bind_host else socket.AF_INET,
-                backlog=4096,
-            )
-        else:
+            family = socket.AF_INET6 if ":" in bind_host else socket.AF_INET
+            sock = socket.socket(family, socket.SOCK_STREAM)
+            try:  # socket.create_server's options, without its listen: the port refuses until we serve
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                if family == socket.AF_INET6:
+                    sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+                sock.bind((bind_host, self.settings.bind_port if port is None else port))
+            except BaseException:
+                sock.close()
+                raise
+        gate: AccessGate | None = None
+        try:
+            if self.lifespan is not None:
+                await self.lifespan.startup()
+            gate = self.gate = await AccessGate.acquire(self.store, self.settings.auth_default_access)
+            try:
+                await self.limiter.reset_node(self.hub.node)  # this node holds no subscription yet
+            except Exception:  # a store down at start must not keep the pusher down; the janitor sweeps later
+                log.warning("subscription counts not cleared at start", exc_info=True)
+            await self.hub.start()
             sock.listen(4096)
-        self._acceptor = Acceptor(asyncio.get_running_loop(), sock, lambda: HttpProtocol(self))
-        self._acceptor.start()
+            self._acceptor = Acceptor(asyncio.get_running_loop(), sock, lambda: HttpProtocol(self))
+            self._acceptor.start()
+        except BaseException:
+            await self._undo_start(sock if own else None, gate)
+            raise
         log.info(
             "pusher listening",
             extra={
@@ -611,6 +624,21 @@ class Pusher:
                 "handler": self.handler is not None,
             },
         )
+
+    async def _undo_start(self, sock: socket.socket | None, gate: AccessGate | None) -> None:
+        """Stop what a failed start began: the hub's loops (they would run on under a closed store), the
+        gate's watch, the fallback's lifespan; close the socket it bound."""
+        self.closing = True
+        if self._acceptor is not None:
+            self._acceptor.close()
+            self._acceptor = None
+        elif sock is not None:
+            sock.close()
+        await self.hub.stop()
+        if gate is not None:
+            await gate.release()
+        if self.lifespan is not None:
+            await self.lifespan.shutdown()
 
     async def check_store(self) -> bool:
         try:

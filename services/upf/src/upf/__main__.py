@@ -18,6 +18,9 @@ import os
 import signal
 import socket
 import sys
+import threading
+from collections.abc import Awaitable
+from typing import TypeVar
 
 from upf_edge.gcpolicy import settle_gc
 from upf_edge.lifecycle import arm_exit_watchdog
@@ -31,22 +34,35 @@ from . import __version__
 
 log = logging.getLogger("upf")
 
+T = TypeVar("T")
+
 
 async def run_with_pusher(settings: Settings, sock: socket.socket | None = None) -> None:
     """The pusher's front door serves everything: subscriptions and ops itself, the writer's hot routes
     through its plain function (``handler``: parsed once, no ASGI), the writer's cold routes through its
     ASGI app (``fallback``). The pusher never imports the writer: both arrive here as callables.
-    ``sock`` is a worker's SO_REUSEPORT socket when a supervisor runs several (UPF_WORKERS)."""
+    ``sock`` is the port, bound by ``main`` before anything starts (a worker's SO_REUSEPORT socket when a
+    supervisor runs several: UPF_WORKERS); it listens once the pusher serves."""
     from upf_janitor import Janitor
     from upf_pusher.server import serve
 
     # One telemetry for every role of the process: one /metrics (the pusher's front door) covers them all.
     telemetry = setup_telemetry("upf", __version__)
+    # Opening the embedded store may block the loop (its write lock): until then SIGTERM's default
+    # action ends the process. From here the handler arms the exit watchdog itself, so a stop ends the
+    # process within the grace plus its slack even while the start below still hangs.
     store = await open_store(settings)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
+    watchdog: list[threading.Timer] = []
+
+    def on_stop() -> None:
+        if not watchdog:
+            watchdog.append(arm_exit_watchdog(settings.shutdown_grace_secs))
+        stop.set()
+
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, on_stop)
     fallback = handler = None
     if "writer" in settings.roles:
         from upf_writer.app import create_app
@@ -56,7 +72,14 @@ async def run_with_pusher(settings: Settings, sock: socket.socket | None = None)
         fallback = create_app(settings, store, telemetry=telemetry)
         handler = fallback.front
     try:
-        pusher = await serve(settings, store, fallback=fallback, handler=handler, telemetry=telemetry, sock=sock)  # type: ignore[arg-type]  # litestar types its ASGI app with its own aliases, not the bridge's Callable
+        pusher = await _unless_stopped(
+            serve(settings, store, fallback=fallback, handler=handler, telemetry=telemetry, sock=sock),  # type: ignore[arg-type]  # litestar types its ASGI app with its own aliases, not the bridge's Callable
+            stop,
+            settings.shutdown_grace_secs,
+        )
+        if pusher is None:
+            log.warning("start given up at a stop signal")
+            return
         janitor_task = None
         if "janitor" in settings.roles:
             janitor_task = asyncio.create_task(Janitor(store, settings, telemetry).run(stop))
@@ -78,7 +101,6 @@ async def run_with_pusher(settings: Settings, sock: socket.socket | None = None)
         await stop.wait()
         # Graceful: in-flight publishes answered, streams ended (ws 1001), affinity released, all
         # within the grace; the janitor finishes its pass in what is left of it, else is cancelled.
-        arm_exit_watchdog(settings.shutdown_grace_secs)
         deadline = loop.time() + settings.shutdown_grace_secs
         await pusher.stop()
         if janitor_task is not None:
@@ -89,6 +111,24 @@ async def run_with_pusher(settings: Settings, sock: socket.socket | None = None)
     finally:
         await store.close()
         telemetry.shutdown()
+
+
+async def _unless_stopped(start: Awaitable[T], stop: asyncio.Event, grace: float) -> T | None:
+    """``start``'s result, or None when ``stop`` is set first: the start is then cancelled (it stops what
+    it had started) and given the grace to unwind. A store call at start that never returns (its write
+    lock held by another process, a stalled disk) must not keep a stopped process up."""
+    started = asyncio.ensure_future(start)
+    stopped = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait((started, stopped), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopped.cancel()
+    if not started.done():
+        started.cancel()
+        await asyncio.wait((started,), timeout=grace)
+        if not started.done() or started.cancelled() or started.exception() is not None:
+            return None  # an error while unwinding a start given up: the stop goes on
+    return started.result()
 
 
 def main() -> None:
@@ -114,7 +154,7 @@ def main() -> None:
     install_loop_policy()
     try:
         if "pusher" in roles:
-            from .workers import Supervisor, become_worker, listen_socket, worker_env_index
+            from .workers import Supervisor, become_worker, bind_error, listen_socket, worker_env_index
 
             worker = worker_env_index()
             if worker is not None:  # one of the supervisor's workers: the port is shared (SO_REUSEPORT)
@@ -123,7 +163,12 @@ def main() -> None:
             elif settings.workers > 1:
                 sys.exit(Supervisor(settings).run())
             else:
-                asyncio.run(run_with_pusher(settings))
+                try:  # bound before anything starts, as the supervisor does: a busy port is one line, exit 1
+                    sock = listen_socket(settings.bind_host, settings.bind_port, reuse_port=False)
+                except OSError as exc:
+                    print(bind_error(settings, exc), file=sys.stderr)
+                    sys.exit(1)
+                asyncio.run(run_with_pusher(settings, sock=sock))
         elif "writer" in roles:
             from upf_writer.__main__ import build_server
 

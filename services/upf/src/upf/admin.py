@@ -33,6 +33,9 @@ _TOPIC = re.compile(r"[-_A-Za-z0-9]{1,64}")
 _USER = re.compile(r"[-_.@+A-Za-z0-9]{1,64}")
 _DURATION = re.compile(r"(\d+)([smhd])")
 _UNIT = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+MAX_EXPIRES_SECS = 3650 * 86400
+"""The longest ``--expires``: ten years. ntfy has no stated bound (its durations overflow silently past
+~292 years); past a calendar a token's record could not be stored or its date printed."""
 
 
 class UsageError(Exception):
@@ -67,7 +70,22 @@ def _expiry(text: str | None, now: float) -> int:
     m = _DURATION.fullmatch(text.strip())
     if m is None:
         raise UsageError(f"--expires takes a duration such as 30d, 12h or 90m, got {text!r}")
-    return int(now) + int(m.group(1)) * _UNIT[m.group(2)]
+    secs = int(m.group(1)) * _UNIT[m.group(2)]
+    if secs > MAX_EXPIRES_SECS:
+        raise UsageError(f"--expires is at most 3650d (ten years), got {text!r}")
+    return int(now) + secs
+
+
+def _expires(expires: int, now: float) -> str:
+    """A token's expiry for a listing; one the token API dated past any calendar is printed as is."""
+    if not expires:
+        return "never expires"
+    if expires <= now:
+        return "expired"
+    try:
+        return f"expires {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(expires))}"
+    except (OverflowError, OSError, ValueError):
+        return f"expires at unix time {expires}"
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -228,16 +246,7 @@ async def _token(store: Store, args: argparse.Namespace) -> str:
     lines = []
     for name in names:
         for record in (await store.list_tokens(name)).values():
-            expires = (
-                "never expires"
-                if not record.expires
-                else (
-                    "expired"
-                    if record.expires <= now
-                    else f"expires {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(record.expires))}"
-                )
-            )
-            lines.append(f"{name}: {record.hint}... {record.label or '(no label)'}, {expires}")
+            lines.append(f"{name}: {record.hint}... {record.label or '(no label)'}, {_expires(record.expires, now)}")
     return "\n".join(lines) or "no tokens"
 
 
@@ -263,8 +272,21 @@ async def _vapid(store: Store, args: argparse.Namespace) -> str:
     return "\n".join(f"{topic}: {key}" for topic, key in await store.vapid_bindings()) or "no restricted topics"
 
 
+def _creates(args: argparse.Namespace) -> bool:
+    """The commands that may make a new store: users and ACL entries may be set up before the server
+    first runs (README), and ``restore`` goes into a new store. Any other command on a store file that
+    does not exist is a mistyped UPF_STORE_PATH: opening it would create an empty store and report on it."""
+    if args.command == "restore":
+        return True
+    if args.command == "user":
+        return bool(args.action == "add")
+    return args.command == "access" and not args.reset and args.permission is not None
+
+
 async def _run(args: argparse.Namespace) -> str:
     settings = load_settings()
+    if not settings.fdb_cluster_file and not _creates(args) and not os.path.exists(settings.store_path):
+        raise UsageError(f"no store at {settings.store_path} (UPF_STORE_PATH): check the path")
     if args.command == "restore":
         return await _restore(settings, args)
     store = await open_store(settings)

@@ -6,7 +6,7 @@ them, and each is its own pusher node (``<UPF_NODE_ID>-w<i>``) on the shared sto
 only through it, exactly as separate pusher hosts do. The janitor runs in worker 0 only. The parent
 restarts a worker that dies (with backoff), forwards SIGTERM/SIGINT (each worker then stops gracefully:
 ``Pusher.stop``), and exits once the workers have stopped, killing any that outlive
-UPF_SHUTDOWN_GRACE_SECS plus a slack.
+UPF_SHUTDOWN_GRACE_SECS plus a slack; it exits 70, as one process would, when a worker's stop failed.
 
 The parent holds the port (bound with SO_REUSEPORT, never listening) for its whole life, so a worker
 restart always finds it and a second server cannot take it; it first checks that no one else has it,
@@ -26,9 +26,10 @@ import subprocess
 import sys
 import time
 
+from upf_edge.lifecycle import EXIT_OVERDUE
 from upf_keyspace import Settings
 
-__all__ = ["WORKER_ENV", "Supervisor", "become_worker", "listen_socket", "worker_env_index"]
+__all__ = ["WORKER_ENV", "Supervisor", "become_worker", "bind_error", "listen_socket", "worker_env_index"]
 
 log = logging.getLogger("upf.workers")
 
@@ -79,6 +80,11 @@ def listen_socket(host: str, port: int, *, reuse_port: bool = True) -> socket.so
         sock.close()
         raise
     return sock
+
+
+def bind_error(settings: Settings, exc: OSError) -> str:
+    """The one line a busy or bad UPF_BIND gets, from the supervisor and from one process alike."""
+    return f"upf: cannot bind UPF_BIND {settings.bind_host}:{settings.bind_port}: {exc}"
 
 
 def _reserve(host: str, port: int) -> socket.socket:
@@ -137,6 +143,10 @@ class Supervisor:
             code = w.proc.returncode
             w.proc = None
             if self.stopping:
+                if code not in (0, -signal.SIGTERM, -signal.SIGINT):
+                    # Its stop did not finish (its watchdog's 70, a crash): the supervisor's did not either.
+                    log.warning("worker's stop failed", extra={"worker": w.index, "code": code})
+                    self._failed_stop()
                 continue
             if code == 2:  # a configuration error: restarting cannot fix it
                 log.error("worker exited with a configuration error", extra={"worker": w.index})
@@ -149,6 +159,11 @@ class Supervisor:
             log.warning("worker died; restarting", extra={"worker": w.index, "code": code, "delay": w.backoff})
             w.backoff = min(w.backoff * 2, BACKOFF_MAX_SECS)
 
+    def _failed_stop(self) -> None:
+        """Exit 70 (EX_SOFTWARE, as a process whose own watchdog ended it) unless a worse status is set."""
+        if self.exit_code == 0:
+            self.exit_code = EXIT_OVERDUE
+
     def _stop(self, signum: int = signal.SIGTERM) -> None:
         self.stopping = True
         for w in self.workers:
@@ -157,13 +172,12 @@ class Supervisor:
                     w.proc.send_signal(signum)
 
     def run(self) -> int:
-        """Serve until SIGTERM/SIGINT; return the exit code (2 when a worker reports a bad setting)."""
+        """Serve until SIGTERM/SIGINT; return the exit code (2 when a worker reports a bad setting, 70 when a
+        worker's stop did not finish: it exited 70 or was killed at the deadline)."""
         try:
             hold = _reserve(self.settings.bind_host, self.settings.bind_port)
         except OSError as exc:
-            print(
-                f"upf: cannot bind UPF_BIND {self.settings.bind_host}:{self.settings.bind_port}: {exc}", file=sys.stderr
-            )
+            print(bind_error(self.settings, exc), file=sys.stderr)
             return 1
         self.port = hold.getsockname()[1]
         rfd, wfd = os.pipe()
@@ -196,6 +210,7 @@ class Supervisor:
                                 w.proc.kill()
                                 w.proc.wait()
                                 w.proc = None
+                                self._failed_stop()
                         continue
                     timeout: float | None = max(0.0, min(0.1, deadline - time.monotonic()))
                 else:
