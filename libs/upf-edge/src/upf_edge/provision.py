@@ -3,10 +3,11 @@
 
 Why: a deployment described by files (compose, a Helm chart) should not need a ``upf user add`` run by
 hand. Declared records are marked provisioned; each start makes the store match the declaration:
-records declared are written, provisioned records no longer declared are removed (all of them when
-nothing is declared), and records made with the CLI are left alone. A declared token has one owner:
-moving it to another user takes it from the first. Every role of a fleet applies it, so every role
-must carry the same declaration (one started without it removes the provisioned records).
+records declared are written, provisioned records no longer declared are removed, and records made
+with the CLI are left alone. A declared token has one owner: moving it to another user takes it from
+the first. Every role of a fleet that has a declaration applies it (so those must carry the same
+one); a role with none changes nothing (``AccessGate.start``), so the records never depend on which
+role of a split deployment started last.
 
 Formats (comma-separated entries, as ntfy's lists):
 - ``UPF_AUTH_USERS``: ``name:bcrypt-hash:role`` (a hash, never a password: ``upf`` prints none)
@@ -79,8 +80,8 @@ def load_provisioning(env: Mapping[str, str] | None = None) -> Provisioning:
 
 
 async def apply_provisioning(store: Store, wanted: Provisioning) -> None:
-    """Make the store's provisioned records equal ``wanted`` (CLI-made records are untouched), also
-    when it is empty: a declaration emptied removes what an earlier one provisioned."""
+    """Make the store's provisioned records equal ``wanted`` (CLI-made records are untouched). An empty
+    ``wanted`` would remove them all: the gate does not apply one (a role with no declaration)."""
     state = await store.auth_state()
     for name, user in state.users.items():
         if user.provisioned and name not in wanted.users:
