@@ -294,7 +294,7 @@ async def test_stuck_store_still_exits_in_bounded_time(fleet):
 
 
 _HANG_AT_START = """
-import asyncio, runpy
+import asyncio, runpy, sys
 import upf_pusher.hub as hub
 
 async def start(self):
@@ -302,18 +302,21 @@ async def start(self):
     await asyncio.Event().wait()
 
 hub.Hub.start = start
-runpy.run_module("upf", run_name="__main__")
+runpy.run_module(sys.argv.pop(1), run_name="__main__")  # the role reads its own argv
 """
 
 
-async def test_sigterm_while_the_start_hangs_still_exits_in_bounded_time(fleet):
+@pytest.mark.parametrize("module", ["upf", "upf_pusher"])
+async def test_sigterm_while_the_start_hangs_still_exits_in_bounded_time(fleet, module):
     """A store call at start that never returns: SIGTERM gives up on the start, and the process is gone
-    within the grace plus the watchdog's slack, not at the orchestrator's SIGKILL."""
+    within the grace plus the watchdog's slack, not at the orchestrator's SIGKILL (the split pusher
+    too: it had no handler before its start ended, so SIGTERM killed it with no stop at all)."""
     from upf_edge.lifecycle import EXIT_OVERDUE, WATCHDOG_SLACK_SECS
 
     port = free_port()
     env = role_env(fleet, UPF_BIND=f"127.0.0.1:{port}", UPF_WORKERS="1", UPF_NODE_ID="sdHang")
-    p = Process("upfhang", [sys.executable, "-c", _HANG_AT_START], env, fleet.tmp / "upfhang.log", port, "/")
+    argv = [sys.executable, "-c", _HANG_AT_START, module]
+    p = Process("upfhang", argv, env, fleet.tmp / "upfhang.log", port, "/")
     fleet.roles.append(p)
     t0 = time.monotonic()
     while "hub start hangs" not in p.log():
@@ -321,7 +324,8 @@ async def test_sigterm_while_the_start_hangs_still_exits_in_bounded_time(fleet):
         await asyncio.sleep(0.1)
     p.proc.send_signal(signal.SIGTERM)
     code, took = await wait_exit(p, GRACE + WATCHDOG_SLACK_SECS)
-    assert code in (0, EXIT_OVERDUE), (code, p.log())
+    assert code in (0, EXIT_OVERDUE), (code, p.log())  # not -SIGTERM: the stop ran
+    assert "start given up at a stop signal" in p.log()
     assert took < (GRACE + WATCHDOG_SLACK_SECS + 1) * TIMEOUT_FACTOR, took
     assert "Traceback" not in p.log()
 

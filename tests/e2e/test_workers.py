@@ -273,3 +273,22 @@ def test_a_busy_port_stops_the_supervisor_at_start(fleet, tmp_path, workers):
     said = [line for line in out.stderr.splitlines() if line.startswith("upf:")]  # the rest is the log
     assert said[0].startswith(f"upf: cannot bind UPF_BIND 127.0.0.1:{port}: ") and len(said) == 1, out.stderr
     assert "Traceback" not in out.stderr
+
+
+def test_a_busy_port_stops_upf_pusher_at_start_in_one_line(fleet, tmp_path) -> None:
+    """The split role as ``upf``: a busy port is one line and exit 1, no traceback (it bound before
+    starting anything, so nothing runs on)."""
+    with socket.socket() as other:
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        port = other.getsockname()[1]
+        env = {k: v for k, v in os.environ.items() if not k.startswith("UPF_")}
+        env.update(UPF_BIND=f"127.0.0.1:{port}", UPF_STORE_PATH=str(tmp_path / "upf.db"))
+        out = subprocess.run(
+            [sys.executable, "-m", "upf_pusher"], env=env, capture_output=True, text=True, timeout=60 * TIMEOUT_FACTOR
+        )
+    assert out.returncode == 1, out.stderr
+    said = [line for line in out.stderr.splitlines() if line.startswith("upf-pusher:")]
+    assert said == [f"upf-pusher: cannot bind UPF_BIND 127.0.0.1:{port}: [Errno 98] Address already in use"], out.stderr
+    assert "Traceback" not in out.stderr
+

@@ -15,15 +15,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import signal
 import socket
 import sys
-import threading
-from collections.abc import Awaitable
-from typing import TypeVar
 
 from upf_edge.gcpolicy import settle_gc
-from upf_edge.lifecycle import arm_exit_watchdog
+from upf_edge.lifecycle import stop_event, unless_stopped
 from upf_edge.limits_os import raise_open_files_limit
 from upf_edge.loop import install_loop_policy
 from upf_edge.provision import load_provisioning
@@ -33,8 +29,6 @@ from upf_keyspace.telemetry import configure_logging, setup_telemetry
 from . import __version__
 
 log = logging.getLogger("upf")
-
-T = TypeVar("T")
 
 
 async def run_with_pusher(settings: Settings, sock: socket.socket | None = None) -> None:
@@ -52,17 +46,8 @@ async def run_with_pusher(settings: Settings, sock: socket.socket | None = None)
     # action ends the process. From here the handler arms the exit watchdog itself, so a stop ends the
     # process within the grace plus its slack even while the start below still hangs.
     store = await open_store(settings)
-    stop = asyncio.Event()
+    stop = stop_event(settings.shutdown_grace_secs)
     loop = asyncio.get_running_loop()
-    watchdog: list[threading.Timer] = []
-
-    def on_stop() -> None:
-        if not watchdog:
-            watchdog.append(arm_exit_watchdog(settings.shutdown_grace_secs))
-        stop.set()
-
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, on_stop)
     fallback = handler = None
     if "writer" in settings.roles:
         from upf_writer.app import create_app
@@ -72,7 +57,7 @@ async def run_with_pusher(settings: Settings, sock: socket.socket | None = None)
         fallback = create_app(settings, store, telemetry=telemetry)
         handler = fallback.front
     try:
-        pusher = await _unless_stopped(
+        pusher = await unless_stopped(
             serve(settings, store, fallback=fallback, handler=handler, telemetry=telemetry, sock=sock),  # type: ignore[arg-type]  # litestar types its ASGI app with its own aliases, not the bridge's Callable
             stop,
             settings.shutdown_grace_secs,
@@ -111,24 +96,6 @@ async def run_with_pusher(settings: Settings, sock: socket.socket | None = None)
     finally:
         await store.close()
         telemetry.shutdown()
-
-
-async def _unless_stopped(start: Awaitable[T], stop: asyncio.Event, grace: float) -> T | None:
-    """``start``'s result, or None when ``stop`` is set first: the start is then cancelled (it stops what
-    it had started) and given the grace to unwind. A store call at start that never returns (its write
-    lock held by another process, a stalled disk) must not keep a stopped process up."""
-    started = asyncio.ensure_future(start)
-    stopped = asyncio.ensure_future(stop.wait())
-    try:
-        await asyncio.wait((started, stopped), return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        stopped.cancel()
-    if not started.done():
-        started.cancel()
-        await asyncio.wait((started,), timeout=grace)
-        if not started.done() or started.cancelled() or started.exception() is not None:
-            return None  # an error while unwinding a start given up: the stop goes on
-    return started.result()
 
 
 def main() -> None:
