@@ -291,4 +291,3 @@ def test_a_busy_port_stops_upf_pusher_at_start_in_one_line(fleet, tmp_path) -> N
     said = [line for line in out.stderr.splitlines() if line.startswith("upf-pusher:")]
     assert said == [f"upf-pusher: cannot bind UPF_BIND 127.0.0.1:{port}: [Errno 98] Address already in use"], out.stderr
     assert "Traceback" not in out.stderr
-
