@@ -10,15 +10,37 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 
 from .errors import NOT_FOUND
 from .handler import NO_BODY, Handler, Reply
 from .http11 import HttpError, RequestBody, error_response, find_head_end, parse_head, reply_response
 
-__all__ = ["serve_handler", "HandlerServer", "NOT_FOUND", "HEAD_TIMEOUT_SECS"]
+__all__ = ["serve_handler", "HandlerServer", "NOT_FOUND", "HEAD_TIMEOUT_SECS", "bound_socket", "bind_error"]
 
 HEAD_TIMEOUT_SECS = 10.0
 _READ = 65536
+
+
+def bound_socket(host: str, port: int, *, reuse_port: bool = False) -> socket.socket:
+    """A bound TCP socket, not yet listening: a busy port fails before a role starts anything, and the
+    port refuses connections until the role serves. ``reuse_port``: workers sharing one port
+    (SO_REUSEPORT), each binding its own. An IPv6 host (``::``) takes IPv4 too."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if reuse_port:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        sock.bind((host, port))
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+def bind_error(host: str, port: int, exc: OSError) -> str:
+    """The one line a busy or bad UPF_BIND gets (the program prefixes its name), from every program."""
+    return f"cannot bind UPF_BIND {host}:{port}: {exc}"
 
 
 class HandlerServer:

@@ -14,6 +14,7 @@ from upf_edge.lifecycle import stop_event, unless_stopped
 from upf_edge.limits_os import raise_open_files_limit
 from upf_edge.loop import install_loop_policy
 from upf_edge.provision import load_provisioning
+from upf_edge.serve import bind_error
 from upf_keyspace import SettingsError, load_settings, open_store
 from upf_keyspace.telemetry import configure_logging, setup_telemetry
 
@@ -41,7 +42,7 @@ async def _run() -> None:
         except OSError as exc:
             if exc.errno not in (errno.EADDRINUSE, errno.EADDRNOTAVAIL, errno.EACCES):
                 raise
-            raise BindError(f"cannot bind UPF_BIND {settings.bind_host}:{settings.bind_port}: {exc}") from None
+            raise BindError(bind_error(settings.bind_host, settings.bind_port, exc)) from None
         if pusher is None:
             log.warning("start given up at a stop signal")
             return

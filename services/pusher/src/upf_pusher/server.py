@@ -50,6 +50,7 @@ from upf_edge.limiter import RequestLimiter, presents_credentials
 from upf_edge.limits import LIMITS_DOCS
 from upf_edge.limits_os import Acceptor, PeerCounter
 from upf_edge.ops import MetricsAccess, OpsRoutes
+from upf_edge.serve import bound_socket
 from upf_keyspace import Settings, Store
 from upf_keyspace import telemetry as tm
 
@@ -588,17 +589,9 @@ class Pusher:
         closes the store next."""
         own = sock is None
         if sock is None:
-            bind_host = self.settings.bind_host if host is None else host
-            family = socket.AF_INET6 if ":" in bind_host else socket.AF_INET
-            sock = socket.socket(family, socket.SOCK_STREAM)
-            try:  # socket.create_server's options, without its listen: the port refuses until we serve
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-                if family == socket.AF_INET6:
-                    sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
-                sock.bind((bind_host, self.settings.bind_port if port is None else port))
-            except BaseException:
-                sock.close()
-                raise
+            sock = bound_socket(
+                self.settings.bind_host if host is None else host, self.settings.bind_port if port is None else port
+            )
         gate: AccessGate | None = None
         try:
             if self.lifespan is not None:

@@ -121,19 +121,25 @@ def main() -> None:
     install_loop_policy()
     try:
         if "pusher" in roles:
-            from .workers import Supervisor, become_worker, bind_error, listen_socket, worker_env_index
+            from upf_edge.serve import bind_error, bound_socket
+
+            from .workers import Supervisor, become_worker, worker_env_index
 
             worker = worker_env_index()
             if worker is not None:  # one of the supervisor's workers: the port is shared (SO_REUSEPORT)
                 become_worker(worker[1])
-                asyncio.run(run_with_pusher(settings, sock=listen_socket(settings.bind_host, settings.bind_port)))
+                asyncio.run(
+                    run_with_pusher(
+                        settings, sock=bound_socket(settings.bind_host, settings.bind_port, reuse_port=True)
+                    )
+                )
             elif settings.workers > 1:
                 sys.exit(Supervisor(settings).run())
             else:
                 try:  # bound before anything starts, as the supervisor does: a busy port is one line, exit 1
-                    sock = listen_socket(settings.bind_host, settings.bind_port, reuse_port=False)
+                    sock = bound_socket(settings.bind_host, settings.bind_port)
                 except OSError as exc:
-                    print(bind_error(settings, exc), file=sys.stderr)
+                    print(f"upf: {bind_error(settings.bind_host, settings.bind_port, exc)}", file=sys.stderr)
                     sys.exit(1)
                 asyncio.run(run_with_pusher(settings, sock=sock))
         elif "writer" in roles:

@@ -27,9 +27,10 @@ import sys
 import time
 
 from upf_edge.lifecycle import EXIT_OVERDUE
+from upf_edge.serve import bind_error, bound_socket
 from upf_keyspace import Settings
 
-__all__ = ["WORKER_ENV", "Supervisor", "become_worker", "bind_error", "listen_socket", "worker_env_index"]
+__all__ = ["WORKER_ENV", "Supervisor", "become_worker", "worker_env_index"]
 
 log = logging.getLogger("upf.workers")
 
@@ -64,35 +65,12 @@ def become_worker(parent: int) -> None:
         os.kill(os.getpid(), signal.SIGTERM)
 
 
-def _family(host: str) -> socket.AddressFamily:
-    return socket.AF_INET6 if ":" in host else socket.AF_INET
-
-
-def listen_socket(host: str, port: int, *, reuse_port: bool = True) -> socket.socket:
-    """A bound TCP socket for the pusher to listen on; every worker binds its own (SO_REUSEPORT)."""
-    sock = socket.socket(_family(host), socket.SOCK_STREAM)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        if reuse_port:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-        sock.bind((host, port))
-    except BaseException:
-        sock.close()
-        raise
-    return sock
-
-
-def bind_error(settings: Settings, exc: OSError) -> str:
-    """The one line a busy or bad UPF_BIND gets, from the supervisor and from one process alike."""
-    return f"upf: cannot bind UPF_BIND {settings.bind_host}:{settings.bind_port}: {exc}"
-
-
 def _reserve(host: str, port: int) -> socket.socket:
     """Fail if the port is taken (as one process would), then hold it for the workers."""
-    probe = listen_socket(host, port, reuse_port=False)  # EADDRINUSE if anyone, even another group, has it
+    probe = bound_socket(host, port)  # EADDRINUSE if anyone, even another group, has it
     port = probe.getsockname()[1]
     probe.close()
-    return listen_socket(host, port)
+    return bound_socket(host, port, reuse_port=True)
 
 
 class _Worker:
@@ -177,7 +155,7 @@ class Supervisor:
         try:
             hold = _reserve(self.settings.bind_host, self.settings.bind_port)
         except OSError as exc:
-            print(bind_error(self.settings, exc), file=sys.stderr)
+            print(f"upf: {bind_error(self.settings.bind_host, self.settings.bind_port, exc)}", file=sys.stderr)
             return 1
         self.port = hold.getsockname()[1]
         rfd, wfd = os.pipe()
