@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 
 from upf_keyspace import Settings
+from upf_pusher.transports import frame_refill
 
 
 class FakeTransport(asyncio.Transport):
@@ -61,6 +62,7 @@ class FakeHub:
 
     def __init__(self) -> None:
         self.settings = Settings()
+        self.frame_refill = frame_refill(self.settings.keepalive_secs)
         self.events: list[str] = []
         self.detached = 0
 

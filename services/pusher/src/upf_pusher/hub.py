@@ -35,6 +35,7 @@ from upf_keyspace import telemetry as tm
 
 from .release import release_loop
 from .session import Close, Command, Read, Send, SessionConfig
+from .transports import frame_refill
 
 if TYPE_CHECKING:
     from .transports import Subscriber
@@ -170,6 +171,8 @@ class Hub:
         self.metrics = HubMetrics(self.telemetry.registry)
         self.node = settings.node_id
         self.config = SessionConfig(batch=READ_BATCH, slow_after=settings.slow_subscriber_timeout_secs)
+        self.frame_refill = frame_refill(settings.keepalive_secs)
+        """A WebSocket's frame budget's refill a second (``transports.frame_refill``)."""
         self.subs: set[Subscriber] = set()
         """Every attached subscriber (streams and polls), for the sweep, the safety poll and shutdown."""
         self.by_topic: dict[str, Subscriber | set[Subscriber]] = {}

@@ -22,7 +22,7 @@ connection cut as slow is reset (SO_LINGER 0, then close): its queued bytes are 
 of sitting in FIN-WAIT-1 for minutes.
 
 A WebSocket peer can make the server work and write without reading (pings). Its frames have a budget
-(``FRAME_BURST``, then ``FRAME_REFILL_PER_SEC``; beyond it, close 1008); of the pongs owed at most one
+(``FRAME_BURST``, then ``frame_refill``; beyond it, close 1008); of the pongs owed at most one
 is ever pending (RFC 6455 5.5.3 allows answering only the latest ping); and while the write buffer is
 above its high-water mark, or a pong is owed, the connection is not read at all (``pause_reading``) and
 the session counts as paused, so a peer that pings but never reads is cut as slow like any other.
@@ -86,9 +86,19 @@ _HELD_WRITE = 1
 _HELD_PONG = 2
 FRAME_BURST = 64
 FRAME_REFILL_PER_SEC = 2.0
-"""A client may send FRAME_BURST frames at once, then this many a second; beyond, it is closed with 1008.
-ntfy's clients send a ping a minute at most: a flood of pings costs the server ~3.6 us of parsing each
-(~0.8 s of CPU per second at loopback speed) and is cut after its first read instead."""
+"""A client may send FRAME_BURST frames at once, then this many a second (plus the pongs our keepalive
+pings ask for: ``frame_refill``); beyond, it is closed with 1008. ntfy's clients send a ping a minute at
+most: a flood of pings costs the server ~3.6 us of parsing each (~0.8 s of CPU per second at loopback
+speed) and is cut after its first read instead."""
+
+
+def frame_refill(keepalive_secs: float) -> float:
+    """Client frames a second a WebSocket's budget refills: ``FRAME_REFILL_PER_SEC`` and one for each of
+    our keepalive pings. Why: a client that answers every ping (as RFC 6455 asks) would otherwise
+    spend the budget at a keepalive under 0.5 s and be closed for doing what it must."""
+    return FRAME_REFILL_PER_SEC + 1.0 / keepalive_secs
+
+
 PONG_CHECK_SECS = 0.1
 """How often a connection owing a pong checks whether the previous one has left (rare: flooders only)."""
 WS_PONG_WAIT_SECS = 15.0
@@ -350,7 +360,7 @@ class WsSubscriber(Subscriber):
         self.held = 0
         """Why reading is paused: ``_HELD_WRITE`` (above the high-water mark), ``_HELD_PONG`` (a pong owed)."""
         self.budget: float = FRAME_BURST
-        """Client frames it may still send now (a token bucket: ``FRAME_REFILL_PER_SEC``, up to ``FRAME_BURST``)."""
+        """Client frames it may still send now (a token bucket: ``hub.frame_refill``, up to ``FRAME_BURST``)."""
         self.budget_at = 0.0
 
     def accept(self) -> None:
@@ -476,7 +486,7 @@ class WsSubscriber(Subscriber):
     def _spend(self, n: int) -> bool:
         """Take ``n`` frames from the budget; False when the peer sends faster than the bucket allows."""
         now = _monotonic()
-        self.budget = min(FRAME_BURST, self.budget + (now - self.budget_at) * FRAME_REFILL_PER_SEC) - n
+        self.budget = min(FRAME_BURST, self.budget + (now - self.budget_at) * self.hub.frame_refill) - n
         self.budget_at = now
         return self.budget >= 0
 

@@ -99,6 +99,20 @@ async def test_websocket_declines_compression_and_answers_pings(pusher: Pusher, 
         assert json.loads(await ws.recv())["message"] == "after-ping"
 
 
+async def test_a_client_answering_fast_keepalives_stays_connected(start_pusher: Any, store: Store) -> None:
+    """At the lowest keepalive (0.05 s: 20 pings a second) a real client that answers every ping is
+    not closed as a flood: at the frame budget's 2 a second it was cut within ~4 s."""
+    p = await start_pusher(keepalive_secs=0.05)
+    ws = await websockets.connect(f"ws://127.0.0.1:{p.port}/fast/ws", ping_interval=None)
+    try:
+        assert json.loads(await ws.recv())["event"] == "open"
+        await asyncio.sleep(5)  # ~100 pings answered
+        await publish(store, "fast", "still-here")
+        assert json.loads(await asyncio.wait_for(ws.recv(), 2000 * MS))["message"] == "still-here"
+    finally:
+        await ws.close()
+
+
 async def test_stop_closes_subscribers_cleanly(start_pusher: Any, clients: Any) -> None:
     """On stop, a WebSocket gets close code 1001 and a stream gets its last chunk."""
     p = await start_pusher()

@@ -16,6 +16,7 @@ from upf_pusher.transports import WsSubscriber
 
 PING = bytes([0x89, 0x84]) + b"\0\0\0\0" + b"ping"
 PONG = bytes([0x8A, 0x04]) + b"ping"
+PONG_FROM_CLIENT = bytes([0x8A, 0x80]) + b"\0\0\0\0"  # a masked empty pong: the answer to our keepalive
 
 
 def make() -> tuple[WsSubscriber, FakeTransport, FakeHub]:
@@ -81,3 +82,19 @@ async def test_the_budget_refills() -> None:
     t.unsent = 0
     sub.data_received(PING * 10)
     assert not t.closed
+
+
+async def test_a_client_answering_every_keepalive_ping_keeps_its_budget() -> None:
+    """At a keepalive under 0.5 s a client that answers each ping sends more than FRAME_REFILL_PER_SEC
+    frames a second; the pongs our pings ask for refill the budget too, so it is never closed."""
+    sub, t, hub = make()
+    keepalive = 0.1
+    hub.frame_refill = transports.frame_refill(keepalive)
+    for _ in range(3 * transports.FRAME_BURST):  # three bursts' worth: past the bucket at 2 a second
+        sub.budget_at -= keepalive  # one keepalive later
+        t.unsent = 0
+        sub.data_received(PONG_FROM_CLIENT)
+        assert not t.closed
+    sub.budget_at -= keepalive
+    sub.data_received(PING * (transports.FRAME_BURST + 2))  # a flood is still cut
+    assert t.closed
