@@ -54,6 +54,13 @@ __all__ = ["RequestLimiter", "IDLE_SECS", "presents_credentials"]
 
 log = logging.getLogger("upf.edge.limiter")
 
+UNCOUNT_RETRY_SECS = (0.5, 1.0, 2.0, 4.0, 8.0, 15.0, 30.0, 60.0, 60.0, 60.0, 60.0, 60.0)
+"""The waits between retries of a failed subscription uncount (~6 min in all). Why: a store that fails
+for a moment (a full file, a FoundationDB recovery) must not leave the visitor's count one too high, so
+that it meets 42903 with fewer subscriptions than its limit until this node restarts; the uncount
+sets the count read in its transaction less one, so an attempt that did commit but reported a failure
+can take one too many off, letting the visitor one more subscription: the safe side of a limit."""
+
 IDLE_SECS = 60.0
 """A visitor's leased tokens unused this long are dropped (bounds the memory of many visitors)."""
 
@@ -420,8 +427,9 @@ class RequestLimiter:
             raise NtfyError(TOO_MANY_SUBSCRIPTIONS)
 
     def close_subscription(self, visitor: str | None, node: str) -> None:
-        """The subscription ended: uncount it in the background (a failure leaves the count to the
-        node's restart or the janitor's dead-node sweep)."""
+        """The subscription ended: uncount it in the background, retried while the store fails
+        (``UNCOUNT_RETRY_SECS``); past the last retry the count is left to the node's restart or the
+        janitor's dead-node sweep."""
         if visitor is None:
             return
         task = asyncio.get_running_loop().create_task(self._close(visitor, node))
@@ -429,10 +437,16 @@ class RequestLimiter:
         task.add_done_callback(self._tasks.discard)
 
     async def _close(self, visitor: str, node: str) -> None:
-        try:
-            await self.store.close_subscription(visitor, node)
-        except Exception:
-            log.warning("subscription uncount failed", exc_info=True)
+        for attempt, delay in enumerate((*UNCOUNT_RETRY_SECS, None)):
+            try:
+                await self.store.close_subscription(visitor, node)
+                return
+            except Exception as exc:
+                if delay is None:
+                    log.warning("subscription uncount abandoned", exc_info=True, extra={"attempts": attempt + 1})
+                    return
+                log.warning("subscription uncount failed", extra={"retry_secs": delay, "error": type(exc).__name__})
+            await asyncio.sleep(delay)
 
     # --- subscriber-based limiting for UnifiedPush topics (ntfy's visitor-subscriber-rate-limiting) --------
     def wants_rates(self, topics: Sequence[str]) -> bool:

@@ -11,6 +11,7 @@ import ipaddress
 
 import pytest
 
+from upf_edge import limiter as limiter_module
 from upf_edge.access import UNAUTHORIZED, hash_password
 from upf_edge.errors import STORE_UNAVAILABLE, NtfyError
 from upf_edge.gate import AccessGate
@@ -24,6 +25,7 @@ from upf_edge.limits import (
     LimitConfig,
     success_headers,
 )
+from upf_keyspace import StoreError, errors
 from upf_keyspace.auth import AuthState, User
 from upf_keyspace.limits import Bucket, Failure, Lease, fail, take, take_count
 
@@ -302,6 +304,42 @@ async def test_subscriptions_are_counted_and_uncounted():
     await lim.open_subscription("ip:192.0.2.1", "n1")
     await lim.open_subscription(None, "n1")  # exempt: not counted
     assert sum(store.subs.values()) == 2
+
+
+async def test_a_failed_uncount_is_retried_until_the_store_takes_it(monkeypatch: pytest.MonkeyPatch):
+    """A store that fails for a moment does not leave the visitor one subscription short of its limit."""
+    monkeypatch.setattr(limiter_module, "UNCOUNT_RETRY_SECS", (0.01, 0.01, 0.01))
+    lim, store, _ = limiter(subscriptions=1)
+    await lim.open_subscription("ip:192.0.2.1", "n1")
+    real, failures = store.close_subscription, [2]
+
+    async def flaky(visitor: str, node: str) -> None:
+        if failures[0]:
+            failures[0] -= 1
+            raise StoreError(errors.NOT_COMMITTED)
+        await real(visitor, node)
+
+    store.close_subscription = flaky  # type: ignore[method-assign]
+    lim.close_subscription("ip:192.0.2.1", "n1")
+    await asyncio.sleep(0.2)
+    assert failures == [0] and sum(store.subs.values()) == 0
+    await lim.open_subscription("ip:192.0.2.1", "n1")  # the slot is free again
+
+
+async def test_an_uncount_the_store_never_takes_is_abandoned_after_its_retries(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(limiter_module, "UNCOUNT_RETRY_SECS", (0.01, 0.01))
+    lim, store, _ = limiter(subscriptions=1)
+    await lim.open_subscription("ip:192.0.2.1", "n1")
+    calls = [0]
+
+    async def broken(visitor: str, node: str) -> None:
+        calls[0] += 1
+        raise StoreError(errors.NOT_COMMITTED)
+
+    store.close_subscription = broken  # type: ignore[method-assign]
+    lim.close_subscription("ip:192.0.2.1", "n1")
+    await asyncio.sleep(0.2)
+    assert calls == [3] and not lim._tasks  # the first try and two retries, then no task left
 
 
 async def test_an_admitted_request_carries_what_its_bucket_holds():
