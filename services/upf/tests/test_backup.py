@@ -4,6 +4,7 @@ stay, the commit version is raised past the fence, and pages are bounded (more k
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import time
@@ -230,3 +231,33 @@ async def test_repaired_ttl_entries_let_the_janitor_clear_idempotency_and_releas
     finally:
         await dst.close()
     assert left == [[], [], [], []]
+
+
+async def test_restore_refuses_a_store_a_running_node_uses(tmp_path: Path) -> None:
+    """A running server's store holds no durable state until its first publish, so it passes as empty;
+    a fresh heartbeat (what every running pusher writes) makes the CLI refuse in one line and write
+    nothing, and one older than the janitor's dead-node age (3 heartbeats: 30 s) lets it through."""
+    now = int(time.time())
+    src = await open_store(Settings(store_path=str(tmp_path / "a.db")))
+    try:
+        await src.publish("upLIVE", Envelope(time=now, expires=now + 3600, message="kept"))
+        await bk.backup(src, str(tmp_path / "b"))
+    finally:
+        await src.close()
+    dst = await open_store(Settings(store_path=str(tmp_path / "c.db")))
+    try:
+        await dst.heartbeat("node-a", int(time.time()) - 5)
+        r = _upf(tmp_path / "c.db", "restore", str(tmp_path / "b"))
+        assert r.returncode == 1 and r.stderr.count("\n") == 1 and "Traceback" not in r.stderr, r.stderr
+        assert re.search(r"UPF node node-a uses this store \(its heartbeat is [56] s old\)", r.stderr), r.stderr
+        assert await bk._empty(dst)
+        await dst.heartbeat("node-a", int(time.time()) - 31)  # stopped: its heartbeat is past the dead-node age
+        r = _upf(tmp_path / "c.db", "restore", str(tmp_path / "b"))
+        assert r.returncode == 0, r.stderr
+    finally:
+        await dst.close()
+    dst = await open_store(Settings(store_path=str(tmp_path / "c.db")))
+    try:
+        assert [s.envelope.message for s in await dst.read_after("upLIVE", None)] == ["kept"]
+    finally:
+        await dst.close()

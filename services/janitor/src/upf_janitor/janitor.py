@@ -32,6 +32,13 @@ log = logging.getLogger("upf.janitor")
 
 DEAD_AFTER_HEARTBEATS = 3
 """A node silent for this many heartbeat intervals is dead: its records are swept."""
+
+
+def dead_after(settings: Settings) -> int:
+    """Seconds of silence after which a node is dead (``DEAD_AFTER_HEARTBEATS`` heartbeats, at least 1)."""
+    return max(1, int(round(settings.heartbeat_secs * DEAD_AFTER_HEARTBEATS)))
+
+
 EXPIRE_BATCH = 500
 SWEEP_BATCH = 500
 BUCKET_BATCH = 500
@@ -73,7 +80,7 @@ class Janitor:
         self.store = store
         self.metrics = JanitorMetrics((tm.current() if telemetry is None else telemetry).registry)
         self.interval = settings.janitor_interval_secs
-        self.dead_after = max(1, int(round(settings.heartbeat_secs * DEAD_AFTER_HEARTBEATS)))
+        self.dead_after = dead_after(settings)
         self.burst = settings.limit_request_burst
         self.refill_secs = settings.limit_request_refill_secs
         self.stats_every = settings.stats_sample_secs

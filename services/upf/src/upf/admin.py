@@ -150,13 +150,14 @@ async def _backup(store: Store, args: argparse.Namespace) -> str:
 
 async def _restore(settings: Settings, args: argparse.Namespace) -> str:
     """Restore, then (store closed) lift its stamp floor above every restored id."""
+    from upf_janitor.janitor import dead_after
     from upf_keyspace.msgid import encode_id
 
     from .backup import restore
 
     store = await open_store(settings)
     try:
-        n, top, floor = await restore(store, args.file)
+        n, top, floor = await restore(store, args.file, live_after=dead_after(settings))
     finally:
         await store.close()
     last = f"; the newest restored id is {encode_id(top)}" if top else ""

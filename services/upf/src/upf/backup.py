@@ -306,12 +306,35 @@ def version_floor(end: End, top: bytes, now: float) -> int:
     return fenced + max(0, int((now - end.fenced_at) * VERSIONS_PER_SEC) + 1)
 
 
-async def restore(store: Store, path: str) -> tuple[int, bytes, int]:
+async def _live_node(store: Store, now: int, max_age: int) -> tuple[str, int] | None:
+    """A node whose heartbeat is at most ``max_age`` seconds old, with that age (None: none)."""
+
+    async def body(tr):
+        for k, v in await tr.get_range(*keys.liveness_range(), snapshot=True):
+            age = now - keys.unpack_i64(v)
+            if age <= max_age:
+                return keys.unpack_liveness_key(k), max(0, age)
+        return None
+
+    return await store.db.transact(body)
+
+
+async def restore(store: Store, path: str, *, live_after: int = 0) -> tuple[int, bytes, int]:
     """Write a backup into an empty store; returns (keys written, the largest message stamp, the
-    commit version the store must be raised to -- by the caller, once this handle is closed)."""
+    commit version the store must be raised to -- by the caller, once this handle is closed).
+    ``live_after``: refuse while a node heartbeated this recently (seconds; 0: no check). Why: a
+    running server's store holds no durable state until its first publish, so it passes as empty,
+    and its commits between the restore and the stamp floor's raise would take ids that sort before
+    the restored ones."""
     header, end, survey, pairs = _read(path)
     if header.store_format > await store.db.transact(_format):
         raise BackupError(f"the backup's store format {header.store_format} is newer than this UPF's")
+    if live_after and (live := await _live_node(store, int(time.time()), live_after)) is not None:
+        node, age = live
+        raise BackupError(
+            f"UPF node {node} uses this store (its heartbeat is {age} s old): stop every UPF process on it "
+            f"first; if it has stopped, retry in {live_after - age + 1} s"
+        )
     if not await _empty(store):
         raise BackupError("the store is not empty: restore only into a new store")
     batch: list[tuple[bytes, bytes]] = []
