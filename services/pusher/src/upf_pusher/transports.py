@@ -368,6 +368,11 @@ class WsSubscriber(Subscriber):
         if head is not None:
             self._put(head)
         self.budget_at = _monotonic()  # the last time the peer was heard from (``_spend`` moves it)
+        ws = self.ws
+        if ws is not None:  # frames came before the 101 (``data_received``): answered after it
+            self._received(ws)
+            if not self.held and not self.transport.is_closing():
+                self.transport.resume_reading()
 
     def silent(self, now: float) -> bool:
         return self.head is None and now - self.budget_at > self.hub.settings.keepalive_secs + WS_PONG_WAIT_SECS
@@ -461,8 +466,19 @@ class WsSubscriber(Subscriber):
             return
         ws = self._core()
         ws.receive_data(data)
+        self.unparsed += len(data)
+        if self.head is not None:
+            # Sent before our 101 (pipelined behind the upgrade, or while the store resolves the
+            # subscription): its answers (a pong, a close) must not precede the 101, so the core keeps
+            # them and reading stops; accept() writes the 101, then takes them.
+            self.transport.pause_reading()
+            return
+        self._received(ws)
+
+    def _received(self, ws: ServerProtocol) -> None:
+        """Act on what the core parsed: the frame budget, the UTF-8 check, its answers, its release."""
         frames: list[Frame] = ws.events_received()  # type: ignore[assignment]  # after the handshake, only frames
-        unparsed = self.unparsed + len(data)
+        unparsed = self.unparsed
         for frame in frames:  # a frame sent with a longer length than needed only keeps the core held
             unparsed -= framing.ws_client_frame_size(len(frame.data))
         self.unparsed = unparsed

@@ -590,6 +590,27 @@ async def test_invalid_utf8_text_frame_closes_with_1007(pusher: Pusher) -> None:
         writer.close()
 
 
+async def test_frames_pipelined_behind_the_upgrade_are_answered_after_the_101(pusher: Pusher) -> None:
+    """A ping, then a close, sent with the upgrade request (before the 101 could arrive): the 101 comes
+    first, then the pong, then the close's echo. The pong came before the 101, so the client could not
+    read the head."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", pusher.port)
+    writer.write(
+        b"GET /early/ws HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+        b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+        + _client_frame(0x9, b"hi")
+        + _client_frame(0x8, (1000).to_bytes(2, "big"))
+    )
+    try:
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+        assert head.startswith(b"HTTP/1.1 101"), head[:40]
+        assert await asyncio.wait_for(reader.readexactly(4), 5) == b"\x8a\x02hi"
+        assert await _close_code(reader) == 1000
+        assert await asyncio.wait_for(reader.read(), 5) == b""  # then the server closes
+    finally:
+        writer.close()
+
+
 async def test_two_websocket_keys_are_400_not_an_exception(pusher: Pusher, caplog: Any) -> None:
     """Two Sec-WebSocket-Key headers: a 400 handshake error, no traceback."""
     reader, writer, head = await _ws_upgrade(pusher.port, "Sec-WebSocket-Key: AAAAAAAAAAAAAAAAAAAAAA==\r\n")
