@@ -219,6 +219,44 @@ def test_subscriber_based_limiting_charges_a_unifiedpush_topics_subscriber_and_5
     assert stored(upf.base, "upRate00000001") == ["plain", "a", "b"]
 
 
+def test_matrix_and_web_push_publishes_meet_subscriber_based_limiting_as_in_ntfy(fleet) -> None:
+    """ntfy publishes a Matrix push to its pushkey's URL: the request is charged to the topic's
+    subscriber (a homeserver serves many users from one address), a ``?up=1`` pushkey whose topic has
+    no subscriber is rejected so the homeserver drops the pusher, and an ``aes128gcm`` body (Web
+    Push, whose endpoint has no ``up=1``) is UnifiedPush mode: 507 50701 without a subscriber."""
+    public = "http://push.test"
+    upf = fleet.start(
+        "upf",
+        node="mxrate",
+        UPF_LIMIT_SUBSCRIBER_RATE="true",
+        UPF_PUBLIC_URL=public,
+        **{**LIMITED, "UPF_LIMIT_REQUEST_BURST": "3", "UPF_LIMIT_REQUEST_REFILL_SECS": "600"},
+    )
+
+    def from_(source: str) -> httpx.Client:
+        return httpx.Client(base_url=upf.base, timeout=10, transport=httpx.HTTPTransport(local_address=source))
+
+    def notify(topic: str) -> dict[str, list[str]]:
+        return {"notification": {"devices": [{"pushkey": f"{public}/{topic}?up=1"}]}}
+
+    with from_("127.0.0.2") as phone, from_("127.0.0.3") as homeserver, from_("127.0.0.4") as app_server:
+        r = homeserver.post("/_matrix/push/v1/notify", json=notify("upMxNobody0001"))
+        assert (r.status_code, r.json()) == (200, {"rejected": [f"{public}/upMxNobody0001?up=1"]})
+        assert phone.get("/upMxRate000001/json", params={"poll": "1"}).status_code == 200  # the phone: 2 left
+        for _ in range(2):
+            r = homeserver.post("/_matrix/push/v1/notify", json=notify("upMxRate000001"))
+            assert (r.status_code, r.json()) == (200, {"rejected": []}), r.text
+        r = homeserver.post("/_matrix/push/v1/notify", json=notify("upMxRate000001"))
+        assert r.status_code == 429 and error_body(r)["code"] == 42901  # the phone's budget is spent
+        # the homeserver paid only for the push to a topic without a subscriber (no one else to charge)
+        assert all(homeserver.post("/not-up-shaped", content="x").status_code == 200 for _ in range(2))
+        assert homeserver.post("/not-up-shaped", content="x").status_code == 429
+        r = app_server.post("/upWpNobody0001", content=b"\x00" * 40, headers={"Content-Encoding": "aes128gcm"})
+        assert r.status_code == 507 and error_body(r)["code"] == 50701, r.text
+    assert len(stored(upf.base, "upMxRate000001")) == 2
+    assert stored(upf.base, "upMxNobody0001") == [] and stored(upf.base, "upWpNobody0001") == []
+
+
 def test_the_fleets_total_topics_cap_refuses_a_new_topic_with_42904_and_keeps_the_known_ones(fleet) -> None:
     env = {**LIMITED, "UPF_LIMIT_TOTAL_TOPICS": "3"}
     upf = fleet.start("upf", node="topics", **env)

@@ -218,7 +218,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     keepalive_secs: Annotated[float, var(_secs, ge=0.05, le=3600)] = 45.0
     heartbeat_secs: Annotated[float, var(_secs, ge=0.05, le=3600)] = 10.0
     janitor_interval_secs: Annotated[float, var(_secs, ge=0.05, le=86400)] = 30.0
-    public_url: Annotated[str, var(_public_url, blank_is_value=True)] = "http://localhost:8080"
+    public_url: Annotated[str, var(_public_url)] = ""
+    """The base URL phones and app servers reach UPF at; "" (unset): no Matrix gateway (500 50003, as
+    ntfy without base-url: a homeserver then uses another gateway instead of being told to drop its
+    pushers), a relative Web Push ``Location``, and no VAPID ``aud`` that verifies."""
     store_path: Annotated[str, var(_text, blank_is_value=True)] = "data/upf.db"
     """The embedded store's file; ignored when fdb_cluster_file is set."""
     fdb_cluster_file: Annotated[str, var(_cluster_file, name="FDB_CLUSTER_FILE")] = ""

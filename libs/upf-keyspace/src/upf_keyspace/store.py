@@ -309,6 +309,10 @@ class Store:
         """The subscriber a UnifiedPush publish to ``topic`` is charged to (see ``ops.limits``)."""
         return await self.db.transact(ops.limits.rate_visitor, topic, now)
 
+    async def rate_visitor_at(self, topic: str) -> float | None:
+        """When ``topic``'s last subscriber subscribed (None: no record kept)."""
+        return await self.db.transact(ops.limits.rate_visitor_at, topic)
+
     async def sweep_rate_visitors(
         self, now: float, after: bytes | None = None, limit: int = 500
     ) -> tuple[int, bytes | None]:

@@ -116,8 +116,9 @@ class WriterFront:
                 decoded, params = decode_headers(headers), decode_query(query)
                 ctx = self.ctx
                 forwarded = forwarded_of(decoded, headers, self._forwarded)
-                who = await ctx.identify(decoded.get("authorization"), auth_param(params), client, forwarded)
-                await ctx.admit(who.user, client, forwarded)
+                # A bad login is still a 401 (and a failed login counted), but no request is spent: the
+                # check reads nothing, and ntfy limits it not (an app server checks each new endpoint).
+                await ctx.identify(decoded.get("authorization"), auth_param(params), client, forwarded)
                 ingest.validate_topic(topic)
                 if not ingest.unifiedpush_requested(decoded, params):
                     raise NtfyError(ingest.NOT_FOUND)
@@ -237,7 +238,7 @@ class WriterFront:
             limiter = ctx.limiter
             assert limiter is not None  # enter() checked it
             if not limiter.publish_local(visitor, ingested.topic):  # 507, 42908, 42904, 507: after the ACL
-                await limiter.admit_publish(visitor, ingested.topic, ingest.unifiedpush_requested(headers, params))
+                await limiter.admit_publish(visitor, ingested.topic, ingest.unifiedpush_mode(headers, params))
             payload, replayed = await publish_one(ctx, ingested, headers, len(body), start_ns, route)
         except Exception as exc:
             return self._refused(exc, route)

@@ -42,7 +42,7 @@ import base64
 import binascii
 import re
 from collections.abc import Mapping
-from urllib.parse import unquote, urlsplit
+from urllib.parse import parse_qsl, unquote, urlsplit
 
 import msgspec
 
@@ -66,6 +66,7 @@ __all__ = [
     "validate_topic",
     "validate_topic_list",
     "parse_params",
+    "unifiedpush_mode",
     "unifiedpush_requested",
     "build_envelope",
     "ingest_publish",
@@ -107,6 +108,7 @@ __all__ = [
     "METHOD_NOT_ALLOWED",
     "MESSAGE_TOO_LARGE",
     "MATRIX_TOO_LARGE",
+    "PUBLIC_URL_MISSING",
     "JSON_TOO_LARGE",
     "INTERNAL_ERROR",
     "STORE_UNAVAILABLE",
@@ -155,6 +157,9 @@ MESSAGE_TOO_LARGE = Problem(
 MATRIX_TOO_LARGE = Problem(41302, 413, "Matrix request is larger than the max allowed length")
 JSON_TOO_LARGE = Problem(41303, 413, "JSON body too large")
 INTERNAL_ERROR = Problem(50001, 500, "internal server error")
+PUBLIC_URL_MISSING = Problem(
+    50003, 500, "internal server error: base-url must be be configured for this feature", "https://ntfy.sh/docs/config/"
+)  # ntfy's words (its setting is base-url; UPF's is UPF_PUBLIC_URL)
 
 CATALOG: tuple[Problem, ...] = (
     EMAIL_DISABLED,
@@ -184,6 +189,7 @@ CATALOG: tuple[Problem, ...] = (
     MATRIX_TOO_LARGE,
     JSON_TOO_LARGE,
     INTERNAL_ERROR,
+    PUBLIC_URL_MISSING,
     STORE_UNAVAILABLE,
 )
 
@@ -196,7 +202,9 @@ class Limits(msgspec.Struct, frozen=True):
 
     max_message_bytes: int = 4096
     default_ttl_secs: int = 2_419_200
-    public_url: str = "http://localhost:8080"
+    public_url: str = ""
+    """``UPF_PUBLIC_URL`` without its trailing slash; "" when unset (no Matrix gateway, as ntfy
+    without base-url)."""
     max_field_bytes: int = 1024
     delay_min_secs: int = 10
     delay_max_secs: int = 259_200
@@ -357,6 +365,18 @@ def _read_bool(headers: Mapping[str, str], query: Mapping[str, str], names: tupl
 
 def unifiedpush_requested(headers: Mapping[str, str], query: Mapping[str, str]) -> bool:
     """``up``/``unifiedpush``/``x-unifiedpush`` as a header or query parameter (the GET discovery check)."""
+    return _read_bool(headers, query, _UNIFIEDPUSH)
+
+
+def unifiedpush_mode(headers: Mapping[str, str], query: Mapping[str, str]) -> bool:
+    """Whether a publish is in ntfy's UnifiedPush mode, which subscriber-based limiting refuses with 507
+    when the topic has no subscriber: ``up`` asked for, or an ``aes128gcm`` body (a Web Push message,
+    whose endpoint carries no ``up=1``), but not a poll request (``X-Poll-ID``), as in ntfy's
+    ``parsePublishParams``."""
+    if read_param(headers, query, _POLL_ID):
+        return False
+    if "content-encoding" in headers and go_trim(headers["content-encoding"]).lower() == "aes128gcm":
+        return True
     return _read_bool(headers, query, _UNIFIEDPUSH)
 
 
@@ -903,6 +923,9 @@ class MatrixOutcome(msgspec.Struct, frozen=True):
 
     pushkey: str
     ingested: Ingested | None = None
+    unifiedpush: bool = False
+    """The pushkey asks for ntfy's UnifiedPush mode (``?up=1``), whose publish subscriber-based
+    limiting refuses with 507 while the topic has no subscriber (ntfy publishes to the pushkey's URL)."""
 
     @property
     def rejected(self) -> bool:
@@ -937,4 +960,7 @@ def ingest_matrix(body: bytes, *, now: int, limits: Limits) -> MatrixOutcome:
         return MatrixOutcome(pushkey)
     params = Params(unifiedpush=True, ttl=limits.default_ttl_secs)
     envelope = build_envelope(params, body, now=now, limits=limits)
-    return MatrixOutcome(pushkey, Ingested(topic, envelope))
+    query: dict[str, str] = {}
+    for name, value in parse_qsl(urlsplit(pushkey).query, keep_blank_values=True):
+        query.setdefault(name, value)  # the first value wins, as Go's Query().Get
+    return MatrixOutcome(pushkey, Ingested(topic, envelope), _read_bool({}, query, _UNIFIEDPUSH))

@@ -189,6 +189,35 @@ async def test_matrix_errors(client: AsyncTestClient) -> None:
     assert_ntfy_error(await client.post("/_matrix/push/v1/notify", content=big), 413, 41302)
 
 
+async def test_matrix_gateway_without_a_public_url_is_ntfys_50003(settings: Settings, store: Store) -> None:
+    """Unset, UPF_PUBLIC_URL matches no pushkey: ntfy without base-url answers 500 50003 to discovery and
+    to every push, so a homeserver uses another gateway; a 200 {"rejected":[...]} made it delete the
+    pusher (UPF's old default, http://localhost:8080, matched no phone's pushkey)."""
+    async with in_process(create_app(msgspec.structs.replace(settings, public_url=""), store)) as c:
+        assert_ntfy_error(await c.get("/_matrix/push/v1/notify"), 500, 50003)
+        body = matrix_body("http://localhost:8080/upMatrixTopic1?up=1")
+        assert_ntfy_error(await c.post("/_matrix/push/v1/notify", content=body), 500, 50003)
+    assert await stored(store, "upMatrixTopic1") == []
+    assert Settings().public_url == ""  # the default
+
+
+async def test_a_matrix_pushkey_is_rejected_only_when_its_topic_had_no_subscribe_for_12_hours(store: Store) -> None:
+    """The 507 of subscriber-based limiting may come from a writer's cached answer (5 s) just after a
+    subscribe; the pushkey is rejected (the homeserver deletes the pusher) only when the store says
+    the topic's last subscribe is unknown or older than 12 h, as ntfy's topic last access."""
+    from types import SimpleNamespace
+
+    from upf_writer.routes.publish import MATRIX_REJECT_AFTER_SECS, _subscriber_gone
+
+    now = 1_800_000_000
+    ctx = SimpleNamespace(require_store=lambda: store, clock=lambda: now)
+    await store.set_rate_visitors(["upRecent000001"], "ip:192.0.2.1", now - 3600)
+    await store.set_rate_visitors(["upStale0000001"], "ip:192.0.2.2", now - MATRIX_REJECT_AFTER_SECS - 1)
+    assert not await _subscriber_gone(ctx, "upRecent000001")  # type: ignore[arg-type]
+    assert await _subscriber_gone(ctx, "upStale0000001")  # type: ignore[arg-type]
+    assert await _subscriber_gone(ctx, "upNever0000001")  # type: ignore[arg-type]
+
+
 # --- other routes ------------------------------------------------------------------------------------
 async def test_discovery_and_small_routes(client: AsyncTestClient) -> None:
     assert (await client.get("/upX?up=1")).json() == {"unifiedpush": {"version": 1}}

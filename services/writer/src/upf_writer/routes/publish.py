@@ -19,6 +19,7 @@ from litestar.types import ControllerRouterHandler
 
 from upf_edge import NtfyError
 from upf_edge.errors import INSUFFICIENT_STORAGE
+from upf_edge.limits import NO_SUBSCRIBER
 from upf_keyspace import Published, Store, StoreError, message_from_envelope
 from upf_keyspace import telemetry as tm
 
@@ -137,6 +138,8 @@ def build(ctx: WriterContext) -> list[ControllerRouterHandler]:
 
     @get("/_matrix/push/v1/notify", name="matrix_discovery")
     async def matrix_discovery() -> Response[bytes]:
+        if not limits.public_url:
+            raise NtfyError(ingest.PUBLIC_URL_MISSING)
         return Response(schemas.MATRIX_DISCOVERY, media_type=_JSON)
 
     @route("/_matrix/push/v1/notify", http_method=["POST"], name="matrix_notify", status_code=200)
@@ -148,7 +151,8 @@ def build(ctx: WriterContext) -> list[ControllerRouterHandler]:
             client = request.client.host if request.client else ""
             forwarded = header_list(request.scope["headers"], ctx.settings.proxy_forwarded_header.lower())
             who = await ctx.identify(headers.get("authorization"), None, client, forwarded)
-            visitor = await ctx.admit(who.user, client, forwarded)
+            if not limits.public_url:  # ntfy's order: after the login, before the body
+                raise NtfyError(ingest.PUBLIC_URL_MISSING)
             limit = limits.max_message_bytes - 1  # ntfy: 4096 bytes or more is too large
             ingest.check_content_length(headers, limit, ingest.MATRIX_TOO_LARGE)
             body = await read_body(request.receive, limit)  # type: ignore[arg-type]  # litestar's ASGI aliases
@@ -157,15 +161,25 @@ def build(ctx: WriterContext) -> list[ControllerRouterHandler]:
             outcome = ingest.ingest_matrix(body, now=ctx.clock(), limits=limits)
             if outcome.ingested is None:
                 log.info("matrix pushkey rejected", extra={"reason": "not this server or no valid topic"})
-                return Response(schemas.encode(schemas.MatrixResponse((outcome.pushkey,))), media_type=_JSON)
-            gate.authorize(who, (outcome.ingested.topic,), write=True)
+                return _matrix_rejected(outcome.pushkey)
+            topic = outcome.ingested.topic
+            # ntfy publishes to the pushkey's URL: the request limit charges the topic's subscriber when
+            # subscriber-based limiting applies to it (not the homeserver, which serves many users).
+            visitor = await ctx.admit(who.user, client, forwarded, topic)
+            gate.authorize(who, (topic,), write=True)
             if ctx.settings.vapid_restrict and not await ctx.require_store().vapid_admit(
-                outcome.ingested.topic, None, bind=False
+                topic, None, bind=False
             ):  # a homeserver carries no VAPID key: a topic bound to one refuses it
                 raise NtfyError(ingest.VAPID_KEY_REFUSED)
             limiter = ctx.limiter
             assert limiter is not None  # admit() checked it
-            await limiter.admit_publish(visitor, outcome.ingested.topic, False)  # 42908, 42904, 507 50702 (not 50701)
+            try:  # 507 50701 (a ?up=1 pushkey's topic nobody subscribed to), 42908, 42904, 507 50702
+                await limiter.admit_publish(visitor, topic, outcome.unifiedpush)
+            except NtfyError as exc:
+                if exc.problem is NO_SUBSCRIBER and await _subscriber_gone(ctx, topic):
+                    log.info("matrix pushkey rejected", extra={"reason": "no subscriber for 12 h"})
+                    return _matrix_rejected(outcome.pushkey)
+                raise
             await publish_one(ctx, outcome.ingested, headers, len(body), start_ns, "matrix")
         except ClientGone:
             raise
@@ -175,3 +189,20 @@ def build(ctx: WriterContext) -> list[ControllerRouterHandler]:
         return Response(schemas.encode(schemas.MatrixResponse()), media_type=_JSON)
 
     return [matrix_discovery, matrix_notify]
+
+
+MATRIX_REJECT_AFTER_SECS = 12 * 3600
+"""A UnifiedPush pushkey whose topic has had no subscriber for this long is rejected, so the homeserver
+drops a pusher nobody reads (ntfy's matrixRejectPushKeyForUnifiedPushTopicWithoutRateVisitorAfter);
+sooner it gets the 507, which a homeserver retries."""
+
+
+async def _subscriber_gone(ctx: WriterContext, topic: str) -> bool:
+    """Whether ``topic``'s last subscribe (its rate visitor's time) is unknown or older than
+    ``MATRIX_REJECT_AFTER_SECS``: a record is kept a day past it, so unknown means longer still."""
+    at = await ctx.require_store().rate_visitor_at(topic)
+    return at is None or ctx.clock() - at > MATRIX_REJECT_AFTER_SECS
+
+
+def _matrix_rejected(pushkey: str) -> Response[bytes]:
+    return Response(schemas.encode(schemas.MatrixResponse((pushkey,))), media_type=_JSON)
