@@ -107,3 +107,26 @@ async def test_clears_the_other_limits_state_a_dead_node_or_time_leaves_behind(s
 
     assert await store.db.transact(left) == (["live"], [True], [day_of(now)], 0, ["upNewTopic0001"])
     assert await store.topic_count() == 1
+
+
+async def test_a_pass_clears_commit_markers_a_minute_old(store):
+    """The FoundationDB driver's commit markers (none on this store, so set here) go once a minute
+    old; a younger one, which a transact call may still read after a 1021, stays."""
+    import os
+
+    from upf_keyspace.ops.janitor import MARKER_KEEP_SECS
+
+    now = int(time.time())
+    old = keys.commit_marker_key(now - MARKER_KEEP_SECS - 5, os.urandom(16))
+    young = keys.commit_marker_key(now - 2, os.urandom(16))
+
+    async def put(tr):
+        tr.set(old, b"\x00" * 10)
+        tr.set(young, b"\x00" * 10)
+
+    async def markers(tr):
+        return [k for k, _ in await tr.get_range(*keys.prefix_range(keys.Prefix.COMMIT_MARKER))]
+
+    await store.db.transact(put)
+    await Janitor(store, Settings(heartbeat_secs=10)).run_once(now)
+    assert await store.db.transact(markers) == [young]

@@ -35,7 +35,9 @@ of key can never collide::
     ├── "RSN" / node:str / visitor:str                  -> ""                     reverse of RS, for dead-node sweeps
     ├── "RV"  / topic:str                               -> limits.RateVisitor (msgpack) a UnifiedPush topic's subscriber
     ├── "TA"  / topic:str                               -> last access unix secs (LE i64)  an active topic (total-topics cap)
-    └── "TN"                                            -> counter (LE i64)       how many TA entries there are
+    ├── "TN"                                            -> counter (LE i64)       how many TA entries there are
+    └── "TX"  / second:int / txid:bytes                 -> stamp (10 bytes)       FoundationDB commit marker: that
+                                                                                 commit applied (read after a 1021)
 
 Stamps are 12 bytes: 10 commit bytes assigned at commit plus a 2-byte user version, so one
 transaction's Q, X, IN and ID entries of one message share one stamp: one message, one id.
@@ -46,6 +48,11 @@ commit of the second wins, which is the entry's meaning), and the newest entry b
 cursor for that time. The janitor clears an entry with the message it names. A topic with no entry
 before the time (rows written before the index existed) is scanned instead, one bounded batch per
 transaction (``ops.read.scan_time``); those rows age out with their TTL.
+
+TX is written by the FoundationDB driver only: each write transaction of a ``transact`` call also
+sets the call's marker (its start second, a random txid) to its commit's stamp, so the attempt after
+a commit_unknown_result (1021) can tell whether that commit applied, and then not apply it twice
+(``drivers/foundation.py``). The janitor clears markers a minute old with one range clear.
 """
 
 from __future__ import annotations
@@ -153,6 +160,10 @@ __all__ = [
     "active_topic_range",
     "unpack_active_topic_key",
     "topic_count_key",
+    "commit_marker_key",
+    "commit_marker_value_incomplete",
+    "commit_markers_before",
+    "unpack_commit_marker_key",
     "shard_of",
     "pack_i64",
     "ONE",
@@ -217,6 +228,7 @@ class Prefix(str, enum.Enum):
     RATE_VISITOR = "RV"
     ACTIVE_TOPIC = "TA"
     TOPIC_COUNT = "TN"
+    COMMIT_MARKER = "TX"
 
 
 _P: Any = types.SimpleNamespace(**{m.name: m.value for m in Prefix})
@@ -744,3 +756,26 @@ def unpack_active_topic_key(key: bytes) -> str:
 
 def topic_count_key() -> bytes:
     return _pack(_P.TOPIC_COUNT)
+
+
+# --- TX ---------------------------------------------------------------------------------------------
+def commit_marker_key(second: int, txid: bytes) -> bytes:
+    """Built past ``_prefix``'s cache: a txid never recurs, it would only evict the hot keys."""
+    return _prefix(_P.COMMIT_MARKER) + _enc(second) + _enc(txid)
+
+
+def commit_marker_value_incomplete() -> bytes:
+    """A versionstamped value that becomes the bare 10-byte commit stamp: the placeholder, then its
+    offset (0)."""
+    return _PLACEHOLDER + b"\x00\x00\x00\x00"
+
+
+def commit_markers_before(second: int) -> tuple[bytes, bytes]:
+    """Every commit marker of a second before ``second``."""
+    p = _prefix(_P.COMMIT_MARKER)
+    return p + b"\x00", p + _enc(second)
+
+
+def unpack_commit_marker_key(key: bytes) -> tuple[int, bytes]:
+    second, txid = _unpack(key, Prefix.COMMIT_MARKER, 2)
+    return second, txid

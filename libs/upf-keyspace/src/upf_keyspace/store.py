@@ -261,6 +261,10 @@ class Store:
     async def sweep_node(self, node: str, now: int, max_age: int, limit: int = 500) -> int | None:
         return await self.db.transact(ops.janitor.sweep_node, node, now, max_age, limit)
 
+    async def clear_commit_markers(self, now: int) -> None:
+        """Drop the FoundationDB driver's commit markers a minute old (see ``ops.janitor``)."""
+        await self.db.transact(ops.janitor.clear_commit_markers, now)
+
     async def lease_tokens(self, visitor: str, want: int, now: float, burst: int, refill_secs: float) -> Lease:
         """Up to ``want`` request tokens from ``visitor``'s fleet-wide bucket (see ``ops.limits``)."""
         return await self.db.transact(ops.limits.lease, visitor, want, now, burst, refill_secs)

@@ -7,6 +7,7 @@ The other limits' state goes the same way: the subscription counts of a node who
 stale or gone (a pusher that died cannot uncount its subscriptions), refilled failed-login buckets,
 the daily message counts of days past, UnifiedPush topics' rate visitors a day old whose topic
 no node holds, and active topics unused for 16 hours (ntfy's topic expunging, for the 42904 cap).
+Last, the FoundationDB driver's commit markers a minute old (one range clear; ``ops.janitor``).
 
 Bounded batches keep each transaction far below FoundationDB's 5 s / 10 MB limits and let writers
 and pushers interleave; several janitors may run at once (their transactions conflict and retry,
@@ -146,6 +147,7 @@ class Janitor:
             if after is None:
                 break
         await self.store.sample_stats(now, self.stats_every, STATS_SAMPLES)
+        await self.store.clear_commit_markers(now)
         self.passes += 1
         metrics.passes.add()
         self.last = result

@@ -66,7 +66,8 @@ async def run(
     driver: str, tr: Any, fn: Callable[..., Awaitable[T]], args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> T:
     """The retry loop both drivers share: run ``fn(tr, ...)`` and commit; on a store error let the
-    transaction decide (``on_error`` backs off and resets, or re-raises), counting what happened."""
+    transaction decide (``on_error`` backs off and resets, or raises the error that ends the loop:
+    its own when the back-off itself failed), counting what happened under the code raised."""
     transacted(driver)
     while True:
         try:
@@ -76,8 +77,8 @@ async def run(
         except errors.StoreError as exc:
             try:
                 await tr.on_error(exc)
-            except BaseException:
-                failed(driver, exc.code)
+            except BaseException as ended:
+                failed(driver, ended.code if isinstance(ended, errors.StoreError) else exc.code)
                 raise
             retried(driver, exc.code)
         except BaseException:

@@ -6,6 +6,12 @@ thread. The callback only hops threads; the future is read on the loop, where it
 Transaction timeout and retry limit are set once, at open. Watches are returned as awaitables the
 caller must pair with a timeout (a watch on an unreachable cluster never fires nor fails).
 
+commit_unknown_result (1021) is retried by FoundationDB's rules, but a write body is not run twice
+for it: every write commit of ``transact`` also sets a commit marker (keys: TX; CouchDB's
+fabric2_txids), and the attempt after a 1021 reads it first. Present: that commit applied, and its
+result is returned with its stamp. Absent: it never will (FoundationDB's guarantee once 1021 is
+raised), so the body runs again. A timeout (1031) has no such guarantee and stays an error.
+
 Unexercised on the machines this was written on: no libfdb_c or cluster can be installed there. The
 contract suite runs against it wherever FDB_CLUSTER_FILE names a reachable cluster.
 """
@@ -13,10 +19,13 @@ contract suite runs against it wherever FDB_CLUSTER_FILE names a reachable clust
 from __future__ import annotations
 
 import asyncio
+import functools
+import os
+import time
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
-from .. import errors
+from .. import errors, keys
 from . import _metrics
 from ._turns import TurnGroups
 
@@ -26,6 +35,8 @@ API_VERSION = 730
 _TIMEOUT_MS = 5_000
 _RETRY_LIMIT = 100
 T = TypeVar("T")
+_MARKER_VALUE = keys.commit_marker_value_incomplete()
+_UNSET: Any = object()
 
 
 def load_bindings() -> Any:
@@ -74,6 +85,30 @@ def _wrap(exc: BaseException) -> BaseException:
     return exc
 
 
+def _discard(f: asyncio.Future[Any]) -> None:
+    """Let go of a failed attempt's future: cancel it, or take its error (else asyncio logs 'Future
+    exception was never retrieved' when it is collected)."""
+    if not f.cancel() and not f.cancelled():
+        f.exception()
+
+
+def _retrieved(f: asyncio.Future[Any]) -> None:
+    if not f.cancelled():
+        f.exception()
+
+
+def _settle(out: asyncio.Future[bytes], src: asyncio.Future[bytes]) -> None:
+    """Pass the binding's versionstamp on to the future the body was handed."""
+    if src.cancelled():
+        out.cancel()
+    elif out.done():
+        src.exception()
+    elif (exc := src.exception()) is not None:
+        out.set_exception(exc)
+    else:
+        out.set_result(src.result())
+
+
 class _FdbWatch:
     __slots__ = ("_future",)
 
@@ -90,15 +125,63 @@ class _FdbWatch:
         self._future.cancel()
 
 
-class FoundationTransaction:
-    __slots__ = ("_db", "_tr", "_loop", "_user_version", "_watches")
+_Unknown = tuple[Any, "asyncio.Future[bytes] | None", list[_FdbWatch]]
+"""What an attempt whose commit raised 1021 handed out: its result, stamp future and watches."""
 
-    def __init__(self, db: FoundationDatabase) -> None:
+
+class FoundationTransaction:
+    __slots__ = (
+        "_db",
+        "_tr",
+        "_loop",
+        "_user_version",
+        "_watches",
+        "_stamp",
+        "_wrote",
+        "_marker",
+        "_result",
+        "_unknown",
+    )
+
+    def __init__(self, db: FoundationDatabase, marker: bytes | None = None) -> None:
         self._db = db
         self._tr = db._db.create_transaction()
         self._loop = db._loop
         self._user_version = 0
         self._watches: list[_FdbWatch] = []
+        self._stamp: asyncio.Future[bytes] | None = None
+        self._wrote = False
+        self._marker = marker
+        """Set by ``transact``: the key a write commit also sets, so a 1021 can be resolved."""
+        self._result: Any = _UNSET
+        self._unknown: _Unknown | None = None
+
+    async def _attempt(self, fn: Callable[..., Awaitable[T]], args: tuple[Any, ...], kwargs: dict[str, Any]) -> T:
+        """One attempt of ``transact``. After a 1021, the marker says whether that commit applied:
+        then its result is the answer (its stamp the marker's), not a second run of ``fn``."""
+        unknown = self._unknown
+        if unknown is not None:
+            assert self._marker is not None
+            stamp = await self.get(self._marker, snapshot=True)
+            self._unknown = None
+            if stamp is not None:
+                result, future, watches = unknown
+                if future is not None and not future.done():
+                    future.set_result(stamp[:10])
+                for w in watches:  # the binding failed them with the 1021; a caller may never look
+                    w._future.add_done_callback(_retrieved)
+                return cast(T, result)
+            self._drop(unknown)
+        result = await fn(self, *args, **kwargs)
+        self._result = result
+        return result
+
+    def _drop(self, attempt: _Unknown) -> None:
+        _, stamp, watches = attempt
+        if stamp is not None:
+            _discard(stamp)
+        for w in watches:
+            _discard(w._future)
 
     async def get(self, key: bytes, *, snapshot: bool = False) -> bytes | None:
         src = self._tr.snapshot if snapshot else self._tr
@@ -146,21 +229,27 @@ class FoundationTransaction:
         return list(await asyncio.gather(*(self.get_range(b, e, limit=n, snapshot=snapshot) for b, e, n in ranges)))
 
     def set(self, key: bytes, value: bytes) -> None:
+        self._wrote = True
         self._tr.set(key, value)
 
     def clear(self, key: bytes) -> None:
+        self._wrote = True
         self._tr.clear(key)
 
     def clear_range(self, begin: bytes, end: bytes) -> None:
+        self._wrote = True
         self._tr.clear_range(begin, end)
 
     def add(self, key: bytes, param: bytes) -> None:
+        self._wrote = True
         self._tr.add(key, param)
 
     def set_versionstamped_key(self, key: bytes, value: bytes) -> None:
+        self._wrote = True
         self._tr.set_versionstamped_key(key, value)
 
     def set_versionstamped_value(self, key: bytes, value: bytes) -> None:
+        self._wrote = True
         self._tr.set_versionstamped_value(key, value)
 
     def add_read_conflict_range(self, begin: bytes, end: bytes) -> None:
@@ -172,8 +261,11 @@ class FoundationTransaction:
         return uv
 
     def get_versionstamp(self) -> Awaitable[bytes]:
-        # Key futures fake ``bytes``; take the real value (fdb-facts.md §2).
-        return _bridge(self._loop, self._tr.get_versionstamp(), lambda f: bytes(f.value))
+        """The driver's future, not the binding's: the marker may be what resolves it (after a
+        1021), and a failed attempt's is cancelled rather than left failed."""
+        if self._stamp is None:
+            self._stamp = self._loop.create_future()
+        return self._stamp
 
     def watch(self, key: bytes) -> _FdbWatch:
         w = _FdbWatch(_bridge(self._loop, self._tr.watch(key), lambda f: f.wait()))
@@ -181,19 +273,52 @@ class FoundationTransaction:
         return w
 
     async def commit(self) -> None:
+        fdb_stamp = None
+        if self._wrote:  # a read-only commit writes no marker and has no stamp (2021)
+            if self._marker is not None:
+                self._tr.set_versionstamped_value(self._marker, _MARKER_VALUE)
+            if self._stamp is not None:
+                fdb_stamp = self._tr.get_versionstamp()  # before commit (fdb-facts.md §2)
         await _bridge(self._loop, self._tr.commit(), lambda f: f.wait())
+        stamp = self._stamp
+        if stamp is None or stamp.done():
+            return
+        if fdb_stamp is None:
+            stamp.set_exception(errors.StoreError(errors.NO_COMMIT_VERSION))
+            stamp.exception()  # retrieved: a read-only caller may never await it
+            return
+        # Key futures fake ``bytes``; take the real value (fdb-facts.md §2).
+        bridged = _bridge(self._loop, fdb_stamp, lambda f: bytes(f.value))
+        bridged.add_done_callback(functools.partial(_settle, stamp))
 
     async def on_error(self, exc: BaseException) -> None:
+        """Back off and reset as FoundationDB decides, or raise the error that ends the loop: on_error's
+        own when it fails (a timeout during the back-off, say), not the one it was given."""
         if not isinstance(exc, errors.StoreError):
             raise exc
+        attempt: _Unknown = (self._result, self._stamp, self._watches)
+        self._result, self._stamp, self._watches = _UNSET, None, []
+        if exc.code == errors.COMMIT_UNKNOWN_RESULT and self._wrote and self._marker and attempt[0] is not _UNSET:
+            self._unknown = attempt  # the next attempt reads the marker first
+        else:
+            self._drop(attempt)
         try:
             await _bridge(self._loop, self._tr.on_error(exc.code), lambda f: f.wait())
-        except errors.StoreError:
-            raise exc from None
+        except BaseException as ended:
+            if self._unknown is not None:
+                self._drop(self._unknown)
+                self._unknown = None
+            if isinstance(ended, errors.StoreError) and ended.code == exc.code:
+                raise exc from None
+            raise
         self._user_version = 0
-        self._watches.clear()
+        self._wrote = False
 
     def cancel(self) -> None:
+        self._drop((None, self._stamp, self._watches))
+        if self._unknown is not None:
+            self._drop(self._unknown)
+            self._unknown = None
         self._tr.cancel()
 
 
@@ -210,7 +335,10 @@ class FoundationDatabase:
         return FoundationTransaction(self)
 
     async def transact(self, fn: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> T:
-        return await _metrics.run("foundationdb", self.create_transaction(), fn, args, kwargs)
+        # The marker key is chosen once per call, outside the retry loop: every attempt sets the same one.
+        tr = FoundationTransaction(self, keys.commit_marker_key(int(time.time()), os.urandom(16)))
+        result: T = await _metrics.run("foundationdb", tr, FoundationTransaction._attempt, (fn, args, kwargs), {})
+        return result
 
     async def transact_grouped(self, fn: Callable[..., Awaitable[list[T]]], item: Any, **kwargs: Any) -> T:
         return await self._groups.run(fn, item, kwargs)

@@ -7,6 +7,11 @@ from ..msgid import decode_id
 from .inbox import SWEPT
 from .publish import RELEASED_MARK, add_tally, unindex_time
 
+MARKER_KEEP_SECS = 60
+"""How long a FoundationDB commit marker (keys: TX) is kept. Only its own ``transact`` call reads it,
+on the attempt after a commit_unknown_result, within the 5 s transaction timeout; the rest is room
+for clock skew between the writer's host and the janitor's."""
+
 
 async def expire(tr: Transaction, now: int, limit: int, keep_released_secs: int = 0) -> int:
     """Delete up to ``limit`` messages whose expiry is before ``now``, with their X and ID (or SR)
@@ -87,3 +92,9 @@ async def sweep_node(tr: Transaction, node: str, now: int, max_age: int, limit: 
     else:  # more to sweep: a node alive after all must learn it lost these (see ops.inbox.heartbeat)
         tr.set(keys.liveness_key(node), SWEPT)
     return len(rows)
+
+
+async def clear_commit_markers(tr: Transaction, now: int) -> None:
+    """Clear the commit markers older than ``MARKER_KEEP_SECS``: one blind range clear (no read, so no
+    conflict with the writers setting theirs), cheap too on the embedded store, which writes none."""
+    tr.clear_range(*keys.commit_markers_before(now - MARKER_KEEP_SECS))
