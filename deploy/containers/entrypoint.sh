@@ -11,11 +11,17 @@ fi
 
 # 1. FoundationDB cluster file. Compose passes the connection string in FDB_CLUSTER_FILE_CONTENTS (the same
 #    convention as the official FoundationDB image), because a role container has no file of its own to mount:
-#    write it where FDB_CLUSTER_FILE points. The client library may rewrite the file when coordinators change,
-#    so it lives in a directory this non-root user owns.
+#    write it where FDB_CLUSTER_FILE points (default /var/lib/upf/fdb.cluster, in the home this non-root user
+#    owns), creating its directory. The client library may rewrite the file when coordinators change, so the
+#    directory must stay writable. A path the user cannot write stops the container with one line saying so,
+#    not a shell error.
 if [ -n "${FDB_CLUSTER_FILE_CONTENTS:-}" ]; then
     FDB_CLUSTER_FILE="${FDB_CLUSTER_FILE:-/var/lib/upf/fdb.cluster}"
-    printf '%s\n' "$FDB_CLUSTER_FILE_CONTENTS" > "$FDB_CLUSTER_FILE"
+    if ! { mkdir -p -- "$(dirname -- "$FDB_CLUSTER_FILE")" \
+            && printf '%s\n' "$FDB_CLUSTER_FILE_CONTENTS" > "$FDB_CLUSTER_FILE"; } 2>/dev/null; then
+        echo "upf-entrypoint: cannot write FDB_CLUSTER_FILE=$FDB_CLUSTER_FILE as uid $(id -u): point it at a directory that user can write (the image's /var/lib/upf/fdb.cluster) or mount one there" >&2
+        exit 1
+    fi
     export FDB_CLUSTER_FILE
 fi
 

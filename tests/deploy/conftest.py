@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -60,7 +61,14 @@ def nginx_bin() -> str:
 
 
 def render_ingress_config(
-    workdir: Path, writer_ports: Sequence[int], pusher_ports: Sequence[int], listen_port: int
+    workdir: Path,
+    writer_ports: Sequence[int],
+    pusher_ports: Sequence[int],
+    listen_port: int,
+    *,
+    listen_options: str = "",
+    http_extra: Sequence[str] = (),
+    server_extra: Sequence[str] = (),
 ) -> Path:
     """Write an nginx.conf that is deploy/ingress/nginx.conf with only the host-specific lines changed.
 
@@ -68,6 +76,11 @@ def render_ingress_config(
     repository's rule files (the same files the ingress image copies), and the pid, log and temp paths
     move into ``workdir`` so nginx runs unprivileged. Every replacement must match exactly, so an edit
     to the shipped file fails here instead of silently testing something else.
+
+    ``listen_options`` are added to the listen directive (``proxy_protocol``); ``http_extra`` and
+    ``server_extra`` are directives added to the http and server blocks, for tests that
+    stand in for the deployment around the ingress (its own address on compose's network, a PROXY
+    protocol balancer in front).
     """
     text = (INGRESS_DIR / "nginx.conf").read_text()
     workdir.mkdir(parents=True, exist_ok=True)
@@ -79,9 +92,8 @@ def render_ingress_config(
             raise AssertionError(f"deploy/ingress/nginx.conf: expected {count} of {old!r}, found {found}")
         text = text.replace(old, new)
 
-    replace("user www-data;\n", "")  # workers run as whoever runs the test
     replace("worker_processes auto;", "worker_processes 1;")
-    replace("pid /run/nginx.pid;", f"pid {workdir}/nginx.pid;")
+    replace("pid /var/lib/nginx/nginx.pid;", f"pid {workdir}/nginx.pid;")
     replace("error_log stderr crit;", f"error_log {workdir}/error.log notice;")
     replace(
         "access_log /dev/stdout upf_private;",
@@ -89,12 +101,17 @@ def render_ingress_config(
         + "".join(
             f"    {kind}_temp_path {workdir}/{kind}_temp;\n"
             for kind in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi")
-        ),
+        )
+        + "".join(f"    {line}\n" for line in http_extra),
     )
     replace("include /etc/nginx/upf/", f"include {INGRESS_DIR}/", count=2)
     replace("        server writer:8080;\n", "".join(f"        server 127.0.0.1:{p};\n" for p in writer_ports))
     replace("        server pusher:8080;\n", "".join(f"        server 127.0.0.1:{p};\n" for p in pusher_ports))
-    replace("listen 8080;", f"listen 127.0.0.1:{listen_port};")
+    replace(
+        "        listen 8080;\n",
+        f"        listen {' '.join(filter(None, (f'127.0.0.1:{listen_port}', listen_options)))};\n"
+        + "".join(f"        {line}\n" for line in server_extra),
+    )
     conf = workdir / "nginx.conf"
     conf.write_text(text)
     return conf
@@ -126,6 +143,7 @@ class Ingress:
     port: int
     conf: Path
     workdir: Path
+    proc: subprocess.Popen[bytes] | None = None
 
     @property
     def ws_url(self) -> str:
@@ -150,16 +168,15 @@ def wait_for_port(port: int, timeout: float, proc: subprocess.Popen[bytes] | Non
 
 
 @pytest.fixture
-def start_ingress(
-    nginx_bin: str, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Callable[[Sequence[int], Sequence[int]], Ingress]]:
-    """Start real nginx with the shipped config in front of the given writer and pusher ports."""
+def start_ingress(nginx_bin: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., Ingress]]:
+    """Start real nginx with the shipped config in front of the given writer and pusher ports (keyword
+    arguments go to render_ingress_config)."""
     started: list[tuple[subprocess.Popen[bytes], Ingress]] = []
 
-    def start(writer_ports: Sequence[int], pusher_ports: Sequence[int]) -> Ingress:
+    def start(writer_ports: Sequence[int], pusher_ports: Sequence[int], **render: Any) -> Ingress:
         workdir = tmp_path_factory.mktemp("ingress")
         port = free_port()
-        conf = render_ingress_config(workdir, writer_ports, pusher_ports, port)
+        conf = render_ingress_config(workdir, writer_ports, pusher_ports, port, **render)
         checked = nginx_test(nginx_bin, conf)
         assert checked.returncode == 0, checked.stderr
         proc = subprocess.Popen(
@@ -167,7 +184,7 @@ def start_ingress(
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
-        ingress = Ingress(url=f"http://127.0.0.1:{port}", port=port, conf=conf, workdir=workdir)
+        ingress = Ingress(url=f"http://127.0.0.1:{port}", port=port, conf=conf, workdir=workdir, proc=proc)
         started.append((proc, ingress))
         try:
             wait_for_port(port, 10, proc)

@@ -178,14 +178,105 @@ def test_fdb_cluster_string_is_one_fixed_address(normalised: dict[str, Any]) -> 
 
 
 def test_network_prefix_moves_everything_together(repo: Path) -> None:
-    """Overriding UPF_NET_PREFIX (a subnet clash on the host) keeps subnet, address and cluster string consistent."""
-    config = compose_config(repo, BASE, MULTI, env={"UPF_NET_PREFIX": "10.201.7"})
+    """Overriding UPF_NET_PREFIX (a subnet clash on the host) keeps subnet, addresses, cluster string,
+    the trusted ingress and the exempt load generator consistent."""
+    config = compose_config(repo, BASE, MULTI, profiles=("loadgen",), env={"UPF_NET_PREFIX": "10.201.7"})
     services = config["services"]
-    assert config["networks"]["upf"]["ipam"]["config"][0]["subnet"] == "10.201.7.0/24"
+    (ipam,) = config["networks"]["upf"]["ipam"]["config"]
+    assert ipam["subnet"] == "10.201.7.0/24"
+    assert ipam["ip_range"].startswith("10.201.7.")
+    for name in ("fdb", "fdb-log", "fdb-storage-1", "fdb-storage-2", "ingress", "loadgen"):
+        assert fixed_address(services[name]).startswith("10.201.7."), name
     for name in ("fdb", "fdb-log", "fdb-storage-1", "fdb-storage-2"):
-        assert services[name]["networks"]["upf"]["ipv4_address"].startswith("10.201.7."), name
         assert env_of(services[name])["FDB_CLUSTER_FILE_CONTENTS"] == "docker:docker@10.201.7.10:4500", name
-    assert env_of(services["writer"])["FDB_CLUSTER_FILE_CONTENTS"] == "docker:docker@10.201.7.10:4500"
+    writer = env_of(services["writer"])
+    assert writer["FDB_CLUSTER_FILE_CONTENTS"] == "docker:docker@10.201.7.10:4500"
+    assert writer["UPF_PROXY_TRUSTED"] == fixed_address(services["ingress"])
+    assert fixed_address(services["loadgen"]) in writer["UPF_LIMIT_EXEMPT"].split(",")
+
+
+def fixed_address(service: dict[str, Any]) -> str:
+    networks = service.get("networks")
+    assert isinstance(networks, dict), f"no fixed address: networks is {networks!r}"
+    return str(networks["upf"]["ipv4_address"])
+
+
+def role_settings(env: dict[str, str]) -> Any:
+    """The settings a role would start with from this environment (the roles' own loader)."""
+    from upf_keyspace.settings import load_settings
+
+    return load_settings({k: v for k, v in env.items() if k.startswith("UPF_")})
+
+
+@pytest.mark.parametrize("view", ["raw", "normalised"])
+def test_every_role_trusts_exactly_the_ingress(view: str, request: pytest.FixtureRequest) -> None:
+    """Clients reach the roles through the ingress, so the roles must take the client from the ingress's
+    X-Forwarded-For: UPF_PROXY_TRUSTED is the ingress's fixed address (the same text in the raw file),
+    and nothing else. Unset, every client is the ingress and all share one visitor's limits."""
+    services = request.getfixturevalue(view)["services"]
+    ingress = fixed_address(services["ingress"])
+    for role in ROLES:
+        assert env_of(services[role]).get("UPF_PROXY_TRUSTED") == ingress, role
+
+
+def test_the_trusted_ingress_is_one_ip_the_roles_accept(normalised: dict[str, Any]) -> None:
+    """An IP, not the service name (the settings resolve names once, at start, and the ingress may not
+    exist yet) and not a range (another container could forward as anyone); the roles' loader takes it."""
+    services = normalised["services"]
+    ingress = ipaddress.ip_address(fixed_address(services["ingress"]))
+    for role in ROLES:
+        settings = role_settings(env_of(services[role]))
+        assert settings.proxy_trusted == (f"{ingress}/32",), role
+        exempt = [ipaddress.ip_network(n) for n in settings.limit_exempt]
+        assert not any(ingress in n for n in exempt), "an exempt ingress would exempt every client"
+
+
+@pytest.mark.parametrize("view", ["raw", "normalised"])
+def test_the_load_generator_is_exempt_and_loopback_stays(view: str, request: pytest.FixtureRequest) -> None:
+    """The loadgen profile drives thousands of subscriptions from one address through the ingress: its
+    fixed address is in every role's UPF_LIMIT_EXEMPT, next to loopback (the containers' health checks)."""
+    services = request.getfixturevalue(view)["services"]
+    loadgen = fixed_address(services["loadgen"])
+    for role in ROLES:
+        exempt = env_of(services[role]).get("UPF_LIMIT_EXEMPT", "").split(",")
+        assert loadgen in exempt, role
+        assert {"127.0.0.0/8", "::1"} <= set(exempt), role
+
+
+def test_fixed_addresses_are_distinct_and_outside_the_dynamic_range(
+    normalised: dict[str, Any], multi: dict[str, Any]
+) -> None:
+    """Every fixed address is in the subnet and outside ip_range, the range containers without one are
+    given addresses from: a scaled or restarted role can never take the ingress's or fdb's address first."""
+    for config in (normalised, multi):
+        (ipam,) = config["networks"]["upf"]["ipam"]["config"]
+        subnet, dynamic = ipaddress.ip_network(ipam["subnet"]), ipaddress.ip_network(ipam["ip_range"])
+        assert dynamic.subnet_of(subnet)  # type: ignore[arg-type]
+        fixed = {
+            name: ipaddress.ip_address(fixed_address(s))
+            for name, s in config["services"].items()
+            if isinstance(s.get("networks"), dict)
+        }
+        assert {"fdb", "ingress"} <= set(fixed)
+        assert len(set(fixed.values())) == len(fixed), fixed
+        for name, address in fixed.items():
+            assert address in subnet and address not in dynamic, (name, address)
+            assert address not in (subnet.network_address, subnet.network_address + 1, subnet.broadcast_address)
+    assert "loadgen" in {n for n, s in normalised["services"].items() if isinstance(s.get("networks"), dict)}
+
+
+def test_public_url_is_unset_unless_given(repo: Path) -> None:
+    """UPF_PUBLIC_URL is what clients use (Matrix pushkeys must start with it; Web Push replies and the
+    VAPID audience use it), and no default can know it: unset, the Matrix gateway answers ntfy's 500
+    50003, so homeservers use another gateway rather than being told to drop their pushers (a default of
+    http://localhost:PORT matched no phone's pushkey). Set, it reaches every role."""
+    unset = compose_config(repo, BASE, env={"UPF_HTTP_PORT": "9090"})["services"]
+    assert unset["ingress"]["ports"] == ["9090:8080"]
+    for role in ROLES:
+        assert env_of(unset[role]).get("UPF_PUBLIC_URL", "") == "", role
+    explicit = compose_config(repo, BASE, env={"UPF_HTTP_PORT": "9090", "UPF_PUBLIC_URL": "https://push.example.org"})
+    for role in ROLES:
+        assert env_of(explicit["services"][role])["UPF_PUBLIC_URL"] == "https://push.example.org", role
 
 
 def test_fdb_image_matches_the_locked_bindings(repo: Path, normalised: dict[str, Any]) -> None:

@@ -18,9 +18,10 @@ import shutil
 import stat
 import subprocess
 import sys
+import tempfile
 import threading
 import tomllib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -186,7 +187,7 @@ def test_roles_carry_the_locked_fdb_client(repo: Path, name: str) -> None:
     assert ("COPY", "--from=fdb /usr/lib/libfdb_c.so /usr/lib/libfdb_c.so") in final_stage(instrs)
 
 
-@pytest.mark.parametrize("name", [*PACKAGES])
+@pytest.mark.parametrize("name", [*PACKAGES, "ingress"])
 def test_runs_as_a_non_root_user(repo: Path, name: str) -> None:
     stage = final_stage(instructions(repo / f"deploy/containers/{name}.Containerfile"))
     users = [args for word, args in stage if word == "USER"]
@@ -309,11 +310,17 @@ def test_build_stage_produces_a_self_contained_environment(
 # --- the entrypoint ---------------------------------------------------------------------------------
 
 
-def run_entrypoint(
-    repo: Path, tmp_path: Path, script: str, env: dict[str, str], hostname: str | None = None
-) -> dict[str, str]:
+def entrypoint_process(
+    repo: Path,
+    tmp_path: Path,
+    script: str,
+    env: dict[str, str],
+    hostname: str | None = None,
+    as_user: Sequence[str] = (),
+) -> subprocess.CompletedProcess[str]:
     """Run deploy/containers/entrypoint.sh under /bin/sh (dash, as in the image) with a stand-in console
-    script that prints the environment it was started with."""
+    script that prints the environment it was started with (``as_user``: a command prefix that switches
+    user)."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(exist_ok=True)
     fake = bin_dir / script
@@ -324,13 +331,20 @@ def run_entrypoint(
         uname.write_text(f"#!/bin/sh\necho '{hostname}'\n")
         uname.chmod(0o755)
     full_env = {"PATH": f"{bin_dir}:/usr/bin:/bin", **env}
-    result = subprocess.run(
-        ["/bin/sh", str(repo / "deploy/containers/entrypoint.sh"), script],
+    return subprocess.run(
+        [*as_user, "/bin/sh", str(repo / "deploy/containers/entrypoint.sh"), script],
         env=full_env,
         capture_output=True,
         text=True,
         timeout=30,
     )
+
+
+def run_entrypoint(
+    repo: Path, tmp_path: Path, script: str, env: dict[str, str], hostname: str | None = None
+) -> dict[str, str]:
+    """entrypoint_process that must succeed: the environment the console script was started with."""
+    result = entrypoint_process(repo, tmp_path, script, env, hostname)
     assert result.returncode == 0, result.stderr
     return dict(line.split("=", 1) for line in result.stdout.splitlines() if "=" in line)
 
@@ -374,6 +388,57 @@ def test_entrypoint_writes_the_cluster_file(repo: Path, tmp_path: Path) -> None:
     assert cluster_file.read_text() == "docker:docker@10.89.73.10:4500\n"
     assert env["FDB_CLUSTER_FILE"] == str(cluster_file)
     assert env["UPF_NODE_ID"].startswith("writer-")
+
+
+def test_entrypoint_creates_the_cluster_file_directory(repo: Path, tmp_path: Path) -> None:
+    """A FDB_CLUSTER_FILE in a directory that does not exist yet (a fresh volume, a new path) gets it."""
+    cluster_file = tmp_path / "state" / "fdb" / "fdb.cluster"
+    env = run_entrypoint(
+        repo,
+        tmp_path,
+        "upf-pusher",
+        {"FDB_CLUSTER_FILE": str(cluster_file), "FDB_CLUSTER_FILE_CONTENTS": "docker:docker@10.89.73.10:4500"},
+    )
+    assert cluster_file.read_text() == "docker:docker@10.89.73.10:4500\n"
+    assert env["FDB_CLUSTER_FILE"] == str(cluster_file)
+
+
+def assert_refused_in_one_line(result: subprocess.CompletedProcess[str], cluster_file: Path) -> None:
+    assert result.returncode == 1, (result.stdout, result.stderr)
+    assert result.stdout == "", "the role started anyway"
+    (line,) = result.stderr.splitlines()
+    assert line.startswith("upf-entrypoint: cannot write FDB_CLUSTER_FILE=") and str(cluster_file) in line, line
+
+
+def test_entrypoint_refuses_an_unwritable_cluster_file_in_one_line(repo: Path, tmp_path: Path) -> None:
+    """A path that cannot be written (here: under a regular file, which even root cannot create a
+    directory in) stops the container with one line naming the variable and the path, not a shell error."""
+    (tmp_path / "plain").write_text("")
+    cluster_file = tmp_path / "plain" / "fdb.cluster"
+    env = {"FDB_CLUSTER_FILE": str(cluster_file), "FDB_CLUSTER_FILE_CONTENTS": "docker:docker@10.89.73.10:4500"}
+    assert_refused_in_one_line(entrypoint_process(repo, tmp_path, "upf-writer", env), cluster_file)
+
+
+def test_entrypoint_refuses_a_directory_its_user_cannot_write(repo: Path) -> None:
+    """What the old samples' /etc/foundationdb/fdb.cluster did in the image: a directory the non-root user
+    cannot create or write in. Run as an unprivileged user (root can write anywhere)."""
+    as_user: list[str] = []
+    if os.geteuid() == 0:
+        if shutil.which("setpriv") is None:
+            pytest.skip("running as root without setpriv: cannot run the entrypoint as an unprivileged user")
+        as_user = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+    base = Path(tempfile.mkdtemp(prefix="upf-entrypoint-"))  # reachable by that user, unlike tmp_path
+    try:
+        base.chmod(0o755)
+        locked = base / "etc"
+        locked.mkdir(mode=0o555)
+        locked.chmod(0o555)
+        for cluster_file in (locked / "fdb.cluster", locked / "foundationdb" / "fdb.cluster"):
+            env = {"FDB_CLUSTER_FILE": str(cluster_file), "FDB_CLUSTER_FILE_CONTENTS": "docker:docker@10.89.73.10:4500"}
+            result = entrypoint_process(repo, base, "upf-writer", env, as_user=as_user)
+            assert_refused_in_one_line(result, cluster_file)
+    finally:
+        shutil.rmtree(base)
 
 
 def test_entrypoint_leaves_the_store_alone_without_fdb(repo: Path, tmp_path: Path) -> None:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import ipaddress
 import re
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import pytest
+import yaml
 
 from upf_keyspace.settings import load_settings, variables
 
@@ -63,3 +65,34 @@ def test_sample_values_load(repo: Path, tmp_path: Path, role: str) -> None:
 def test_samples_agree_on_the_shard_count(repo: Path) -> None:
     counts = {role: entries(repo / f"deploy/config/{role}.env.sample")[0].get("UPF_SHARD_COUNT") for role in ROLES}
     assert counts["writer"] == counts["pusher"] == counts["janitor"] is not None, counts
+
+
+@pytest.mark.parametrize("role", ROLES)
+def test_sample_cluster_file_is_where_the_image_can_write_it(repo: Path, role: str) -> None:
+    """The path compose.yaml uses, in the home the role images give their user (uid 10001): the
+    entrypoint writes FDB_CLUSTER_FILE_CONTENTS there, and the client rewrites it when coordinators
+    change. (/etc/foundationdb does not exist in the images and the user could not create it.)"""
+    active, _ = entries(repo / f"deploy/config/{role}.env.sample")
+    compose = yaml.safe_load((repo / "compose.yaml").read_text())["x-upf-env"]
+    assert active["FDB_CLUSTER_FILE"] == compose["FDB_CLUSTER_FILE"]
+    for image in ("writer", "pusher", "janitor", "upf"):
+        containerfile = (repo / f"deploy/containers/{image}.Containerfile").read_text()
+        (home,) = re.findall(r"useradd [^\n]*--home-dir (\S+) --create-home", containerfile)
+        assert PurePosixPath(active["FDB_CLUSTER_FILE"]).is_relative_to(home), (image, home)
+
+
+@pytest.mark.parametrize("role", ["writer", "pusher"])
+def test_client_facing_samples_set_the_trusted_proxy(repo: Path, role: str) -> None:
+    """Writers and pushers sit behind the ingress: their samples set UPF_PROXY_TRUSTED (to an IP), or
+    every client would be the ingress and share one visitor's limits."""
+    active, _ = entries(repo / f"deploy/config/{role}.env.sample")
+    assert active.get("UPF_PROXY_TRUSTED"), f"{role}.env.sample leaves UPF_PROXY_TRUSTED unset"
+    for item in active["UPF_PROXY_TRUSTED"].split(","):
+        ipaddress.ip_network(item)  # an IP or a range, never a name resolved once at start
+
+
+def test_public_url_is_not_called_informational(repo: Path) -> None:
+    """The Matrix gateway, Web Push replies and the VAPID audience all use UPF_PUBLIC_URL."""
+    for role in ROLES:
+        text = (repo / f"deploy/config/{role}.env.sample").read_text()
+        assert "informational" not in text.lower(), role

@@ -11,16 +11,26 @@ import base64
 import hashlib
 import http.client
 import json
+import os
 import queue
 import re
+import resource
+import shutil
+import signal
 import socketserver
+import subprocess
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect as ws_connect
+
+from tests.deploy.conftest import render_ingress_config, wait_for_port
 
 HOLD_SECS = 2.0
 """How long a fake pusher waits between the two chunks of a stream."""
@@ -390,3 +400,165 @@ def test_access_log_names_routes_never_topics(ingress) -> None:
     assert '"GET /{topics}/auth" 200' in text and '"GET /v1/health" 200' in text
     for leak in ("SECRET", "OTHERsecret", "auth=", "since=", "?"):
         assert leak not in text, text
+
+
+# --- stopping and reloading -------------------------------------------------------------------------
+
+
+def main_context(conf: str) -> str:
+    """nginx.conf's main context: what stands before the first block."""
+    return conf.split("events {", 1)[0]
+
+
+def shutdown_timeout(repo: Path) -> int:
+    (value,) = re.findall(r"^worker_shutdown_timeout\s+(\S+);", main_context(shipped_nginx_conf(repo)), re.M)
+    return _seconds(value)
+
+
+def shipped_nginx_conf(repo: Path) -> str:
+    return (repo / "deploy/ingress/nginx.conf").read_text()
+
+
+def test_graceful_stop_and_reload_are_bounded(repo: Path) -> None:
+    """worker_shutdown_timeout in the main context, a few seconds: a graceful stop (the image's
+    STOPSIGNAL SIGQUIT) or a reload would otherwise wait for streams that never end."""
+    assert 1 <= shutdown_timeout(repo) <= 10
+    stop = [a for w, a in instructions_of(repo / "deploy/containers/ingress.Containerfile") if w == "STOPSIGNAL"]
+    assert stop == ["SIGQUIT"]
+
+
+def instructions_of(path: Path) -> list[tuple[str, str]]:
+    """A Containerfile's one-line instructions (USER, STOPSIGNAL ...): (INSTRUCTION, arguments)."""
+    out = []
+    for line in path.read_text().splitlines():
+        if line.strip() and not line.lstrip().startswith("#") and not line.startswith(" "):
+            word, _, rest = line.partition(" ")
+            out.append((word.upper(), rest.strip()))
+    return out
+
+
+def held_websocket(url: str) -> Any:
+    """A WebSocket through the ingress that the fake pusher holds open until the client closes it."""
+    return ws_connect(f"{url}/{TOPIC}/ws", open_timeout=10)
+
+
+def test_graceful_stop_with_an_open_websocket_ends_in_time(repo: Path, ingress) -> None:
+    """SIGQUIT (what `compose stop` sends the ingress) with a WebSocket held open: nginx closes it and
+    exits after worker_shutdown_timeout instead of waiting for the stream to end."""
+    url, *_ = ingress
+    bound = shutdown_timeout(repo)
+    with held_websocket(url.ws_url) as ws:
+        assert ws.recv(timeout=10).startswith("pusher-")  # the tunnel is up
+        started = time.monotonic()
+        url.proc.send_signal(signal.SIGQUIT)
+        try:
+            url.proc.wait(timeout=bound + 10)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"nginx still running {bound + 10}s after SIGQUIT with one open WebSocket")
+        took = time.monotonic() - started
+    assert took <= bound + 5, f"the graceful stop took {took:.1f}s"
+
+
+def test_reload_picks_up_a_new_config_and_closes_old_streams_in_time(repo: Path, ingress) -> None:
+    """`nginx -s reload` (what the docs say to run after scaling): new requests are served at once by the
+    new workers, and a WebSocket held by an old worker is closed within worker_shutdown_timeout."""
+    url, *_ = ingress
+    bound = shutdown_timeout(repo)
+    with held_websocket(url.ws_url) as ws:
+        assert ws.recv(timeout=10).startswith("pusher-")  # the tunnel is up
+        started = time.monotonic()
+        url.proc.send_signal(signal.SIGHUP)
+        time.sleep(0.5)
+        status, body = get(url.url, "/v1/health")
+        assert (status, body.split()[0]) == (200, "writer")
+        with pytest.raises(ConnectionClosed):
+            ws.recv(timeout=bound + 10)
+        took = time.monotonic() - started
+    assert took <= bound + 5, f"the old worker held the WebSocket {took:.1f}s after the reload"
+    assert url.proc.poll() is None, "the reload stopped nginx"
+
+
+# --- running as the image's user --------------------------------------------------------------------
+
+
+def image_user(repo: Path) -> tuple[int, int]:
+    (user,) = [a for w, a in instructions_of(repo / "deploy/containers/ingress.Containerfile") if w == "USER"]
+    uid, _, gid = user.partition(":")
+    assert uid.isdigit() and gid.isdigit(), f"USER {user}: numeric, so a runtime can check it is not root"
+    return int(uid), int(gid)
+
+
+def test_ingress_image_gives_its_user_what_nginx_writes(repo: Path, nginx_bin: str) -> None:
+    """The image runs nginx as a non-root user (no `user` directive, which only a root master could act
+    on), and hands that user the pid file's directory and Debian's compiled temp paths."""
+    uid, _ = image_user(repo)
+    assert uid != 0
+    conf = shipped_nginx_conf(repo)
+    assert not re.search(r"^\s*user\s", conf, re.M), "a `user` directive is ignored (with a warning) when not root"
+    (pid,) = re.findall(r"^pid\s+(\S+);", main_context(conf), re.M)
+    built = subprocess.run([nginx_bin, "-V"], capture_output=True, text=True, timeout=30).stderr
+    temp_paths = re.findall(r"--http-\w+-temp-path=(\S+)", built)
+    assert temp_paths, built
+    containerfile = (repo / "deploy/containers/ingress.Containerfile").read_text().replace("\\\n", " ")
+    owned = {
+        path
+        for command in re.findall(r"install -d -o www-data -g www-data [^&]*", containerfile)
+        for path in command.split()
+        if path.startswith("/")
+    }
+    assert str(Path(pid).parent) in owned, (pid, owned)
+    assert set(temp_paths) <= owned, (temp_paths, owned)
+
+
+def test_shipped_config_runs_and_reloads_as_the_image_user(repo: Path, nginx_bin: str, fake, free_port) -> None:
+    """The shipped config under the image's non-root uid (the tests' own uid when they do not run as root),
+    its pid and temp files in a directory that uid owns as in the image: it starts without a warning,
+    serves, takes `nginx -s reload` from that same user (`compose exec ingress nginx -s reload`), and stops."""
+    uid, gid = image_user(repo)
+    as_user: list[str] = []
+    wanted = int(re.findall(r"^worker_rlimit_nofile\s+(\d+);", shipped_nginx_conf(repo), re.M)[0])
+    # A container's hard descriptor limit comes from its runtime (Docker and podman: 524288 or more); a
+    # lower one here makes the workers' setrlimit fail, which nginx logs as an alert and goes on.
+    limit_too_low = resource.getrlimit(resource.RLIMIT_NOFILE)[1] < wanted
+    if os.geteuid() == 0:
+        if shutil.which("setpriv") is None:
+            pytest.skip("running as root without setpriv: cannot start nginx as the image's user")
+        as_user = ["setpriv", f"--reuid={uid}", f"--regid={gid}", "--clear-groups"]
+    else:
+        uid = os.geteuid()
+    writer, pusher = fake("writer"), fake("pusher")
+    base = Path(tempfile.mkdtemp(prefix="upf-ingress-user-"))  # reachable by that uid, unlike tmp_path
+    proc = None
+    try:
+        base.chmod(0o755)
+        state = base / "var" / "lib" / "nginx"
+        state.mkdir(parents=True)
+        if os.geteuid() == 0:
+            os.chown(state, uid, gid)
+        state.chmod(0o750)
+        port = free_port()
+        conf = render_ingress_config(state, [writer.port], [pusher.port], port)
+        command = [nginx_bin, "-p", str(state), "-c", str(conf), "-e", str(state / "error.log")]
+        proc = subprocess.Popen(
+            [*as_user, *command, "-g", "daemon off;"], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        )
+        wait_for_port(port, 10, proc)
+        master = Path(f"/proc/{proc.pid}/status").read_text()
+        assert re.search(rf"^Uid:\s+{uid}\s", master, re.M), master
+        assert get(f"http://127.0.0.1:{port}", "/v1/health")[0] == 200
+        reload = subprocess.run([*as_user, *command, "-s", "reload"], capture_output=True, text=True, timeout=30)
+        assert reload.returncode == 0, reload.stderr
+        time.sleep(0.5)
+        assert get(f"http://127.0.0.1:{port}", "/v1/health")[0] == 200
+        proc.send_signal(signal.SIGQUIT)
+        _, stderr = proc.communicate(timeout=20)
+        assert proc.returncode == 0, stderr
+        log = stderr.decode() + (state / "error.log").read_text()
+        if limit_too_low:
+            log = re.sub(r".*\[alert\].*setrlimit\(RLIMIT_NOFILE.*\n", "", log)
+        assert not re.search(r"\[(warn|alert|emerg|crit)\]", log), log
+    finally:
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        shutil.rmtree(base)
