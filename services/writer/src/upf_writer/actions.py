@@ -21,6 +21,8 @@ from typing import Any
 
 import msgspec
 
+from upf_edge.params import GO_SPACE
+
 __all__ = ["ACTIONS_MAX", "Action", "ActionsError", "parse_actions", "encode_actions", "count_json_actions"]
 
 ACTIONS_MAX = 3
@@ -32,8 +34,6 @@ _BOOLS = ("true", "yes", "1", "false", "no", "0")
 # Go's regexp ``^([-.\w]+)\s*=\s*``: \w and \s are ASCII-only in RE2 (\s is [\t\n\f\r ], no \v).
 _KEY = re.compile(r"([-.0-9A-Za-z_]+)[\t\n\f\r ]*=[\t\n\f\r ]*")
 _SPACE = " \t\r\n"
-_GO_SPACE = "\t\n\v\f\r \x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009\u200a\u2028\u2029\u202f\u205f\u3000"
-"""Go's unicode.IsSpace, what strings.TrimSpace trims (as ``ingest.go_trim``)."""
 _EOF = "\0"
 """ntfy's end-of-input rune is 0, so a NUL in the input also ends a section (its width is 1)."""
 
@@ -76,7 +76,7 @@ class _Draft:
 
 def parse_actions(text: str, new_id: Callable[[], str] = _random_id) -> list[Action]:
     """The actions of ``text`` (JSON if it starts with ``[``, else ntfy's simple format), validated."""
-    text = text.strip(_GO_SPACE)
+    text = text.strip(GO_SPACE)
     drafts = _from_json(text) if text.startswith("[") else _SimpleParser(text).parse()
     if len(drafts) > ACTIONS_MAX:
         raise ActionsError(f"only {ACTIONS_MAX} actions allowed")
@@ -242,7 +242,7 @@ class _SimpleParser:
         while True:
             r, w = self._peek()
             if r in ",;" + _EOF:
-                value = self.text[start : self.pos].strip(_GO_SPACE)
+                value = self.text[start : self.pos].strip(GO_SPACE)
                 self.pos += w
                 return value, r != ","
             self.pos += w

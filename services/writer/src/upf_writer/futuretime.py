@@ -14,6 +14,8 @@ import datetime as dt
 import math
 import re
 
+from upf_edge.params import GO_SPACE
+
 __all__ = ["parse_future_time", "go_parse_duration"]
 
 _INT64_MAX = (1 << 63) - 1
@@ -24,8 +26,6 @@ _GO_PART = re.compile(r"([0-9]*)(?:\.([0-9]*))?([^0-9.]*)")
 _NTFY_DURATION = re.compile(r"([0-9]+)[\t\n\f\r ]*(d|days?|h|hours?|m|mins?|minutes?|s|secs?|seconds?)", re.IGNORECASE)
 _NTFY_UNIT = {"d": 86400, "h": 3600, "m": 60, "s": 1}
 _GO_INT = re.compile(r"[+-]?[0-9]+")
-_GO_SPACE = "\t\n\v\f\r \x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009\u200a\u2028\u2029\u202f\u205f\u3000"
-"""Go's unicode.IsSpace, what strings.TrimSpace trims (as ``ingest.go_trim``; str.strip() also strips \\x1c-\\x1f)."""
 
 
 def go_parse_duration(text: str) -> float | None:
@@ -127,7 +127,7 @@ def _natural(text: str, now: int) -> int | None:
 
 def parse_future_time(text: str, now: int) -> int | None:
     """The unix time ``text`` names, relative to ``now``; None when ntfy could not parse it either."""
-    s = text.strip(_GO_SPACE)
+    s = text.strip(GO_SPACE)
     if _GO_INT.fullmatch(s) and s[0] != "-":  # strconv.Atoi's form; a negative time is in the past
         digits = s.lstrip("+0")
         if len(digits) <= 19:  # more overflows Go's int64 (and past 4,300 digits Python's int() raises)

@@ -39,7 +39,6 @@ them in order with the messages.
 from __future__ import annotations
 
 import base64
-import binascii
 import re
 from collections.abc import Mapping
 from urllib.parse import parse_qsl, unquote, urlsplit
@@ -48,6 +47,7 @@ import msgspec
 
 from upf_edge import NtfyError, Problem, vapid
 from upf_edge.errors import NOT_FOUND, STORE_UNAVAILABLE
+from upf_edge.params import PRIORITIES, go_trim, read_param
 from upf_keyspace import Envelope, Settings
 
 from .actions import ActionsError, count_json_actions, encode_actions, parse_actions
@@ -250,13 +250,6 @@ def validate_topic_list(topics: str) -> list[str]:
 
 # --- parameters -------------------------------------------------------------------------------------
 # Go's unicode.IsSpace (what strings.TrimSpace trims); Python's str.strip() also strips \x1c-\x1f.
-_GO_SPACE = "\t\n\v\f\r \x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009\u200a\u2028\u2029\u202f\u205f\u3000"
-
-
-def go_trim(text: str) -> str:
-    return text.strip(_GO_SPACE)
-
-
 _TITLE = ("x-title", "title", "t")
 _MESSAGE = ("x-message", "message", "m")
 _PRIORITY = ("x-priority", "priority", "prio", "p")
@@ -274,89 +267,11 @@ _IDEMPOTENCY = ("idempotency-key", "x-idempotency-key")
 _SEQUENCE_ID = ("x-sequence-id", "sequence-id", "sequence_id", "sid")
 _POLL_ID = ("x-poll-id", "poll-id", "poll_id")
 
-# RFC 9218's Priority header (``u=3, i``), which proxies such as Cloudflare add; ntfy ignores it.
-_RFC9218_MEMBER = r"(?:u=[0-7]|i(?:=\?[01])?)"
-_RFC9218_RE = re.compile(rf"{_RFC9218_MEMBER}(?:[ \t]*,[ \t]*{_RFC9218_MEMBER})*")
-_PRIORITIES = {
-    "1": 1, "min": 1,
-    "2": 2, "low": 2,
-    "3": 3, "default": 3,
-    "4": 4, "high": 4,
-    "5": 5, "max": 5, "urgent": 5,
-}  # fmt: skip
 _URL_RE = re.compile(r"^https?://")
 _IDEM_RE = re.compile(r"[\x20-\x7e]{1,200}")
 _TTL_RE = re.compile(r"[0-9]+")
 TRIGGERED = "triggered"
 ATTACHMENT_MESSAGE = "You received a file: %s"
-
-
-_EWORD_RE = re.compile(r"=\?([^?\s]+)\?([BbQq])\?([^?\s]*)\?=")
-_Q_HEX_RE = re.compile(rb"=([0-9A-Fa-f]{2})")
-
-
-def _decode_word(charset: str, kind: str, text: str) -> str | None:
-    try:
-        if kind in "Bb":
-            raw = base64.b64decode(text, validate=True)
-        else:
-            raw = _Q_HEX_RE.sub(lambda m: bytes.fromhex(m.group(1).decode()), text.replace("_", " ").encode("ascii"))
-    except (binascii.Error, ValueError, UnicodeEncodeError):
-        return None
-    charset = charset.lower()
-    if charset == "utf-8":
-        return raw.decode("utf-8", "replace")
-    if charset == "iso-8859-1":
-        return raw.decode("latin-1")
-    if charset == "us-ascii":
-        return raw.decode("ascii", "replace")
-    return None
-
-
-def _decode_header_value(value: str) -> str:
-    """RFC 2047 encoded-words (``=?UTF-8?B?...?=``) decoded as Go's mime.WordDecoder does: charsets
-    utf-8, iso-8859-1 and us-ascii; whitespace between two encoded words dropped; a word that does
-    not decode is kept as it came."""
-    if "=?" not in value:
-        return value
-    out: list[str] = []
-    pos = 0
-    previous_was_word = False
-    for m in _EWORD_RE.finditer(value):
-        between = value[pos : m.start()]
-        if not (previous_was_word and between.strip(" \t") == ""):
-            out.append(between)
-        decoded = _decode_word(m.group(1), m.group(2), m.group(3))
-        out.append(m.group(0) if decoded is None else decoded)
-        previous_was_word = decoded is not None
-        pos = m.end()
-    out.append(value[pos:])
-    return "".join(out)
-
-
-def _header(headers: Mapping[str, str], name: str) -> str:
-    raw = headers.get(name)
-    if not raw:
-        return ""
-    value = go_trim(_decode_header_value(raw))
-    if name == "priority" and _RFC9218_RE.fullmatch(value):
-        return ""
-    return value
-
-
-def read_param(headers: Mapping[str, str], query: Mapping[str, str], names: tuple[str, ...]) -> str:
-    """ntfy's readParam: every name as a header, then every name as a lower-case query key."""
-    for name in names:
-        value = _header(headers, name)
-        if value:
-            return value
-    for name in names:
-        raw = query.get(name)
-        if raw:
-            value = go_trim(raw)
-            if value:
-                return value
-    return ""
 
 
 def _read_bool(headers: Mapping[str, str], query: Mapping[str, str], names: tuple[str, ...]) -> bool:
@@ -383,7 +298,7 @@ def unifiedpush_mode(headers: Mapping[str, str], query: Mapping[str, str]) -> bo
 def _parse_priority(text: str) -> int:
     if not text:
         return 0
-    found = _PRIORITIES.get(text.lower())
+    found = PRIORITIES.get(text.lower())
     if found is None:
         raise NtfyError(PRIORITY_INVALID)
     return found
