@@ -1,4 +1,5 @@
-"""What a subscribe request asks for: the topics in the path, ``since=`` and ``poll=``. Pure: no I/O.
+"""What a subscribe request asks for: the topics in the path, ``since=``, ``poll=`` and the filters
+(``id``, ``message``, ``title``, ``priority``, ``tags``). Pure: no I/O.
 
 ntfy's rules (ntfy-protocol.md section 4), with UPF's differences: an id is our 16-char base64url
 stamp (a global position, valid for every topic of the connection); a 12-char ntfy-style id, or any
@@ -11,11 +12,15 @@ import re
 from collections.abc import Callable, Mapping
 
 from upf_edge.errors import NtfyError, Problem
+from upf_edge.params import PRIORITIES, go_trim, read_param
 from upf_keyspace import SINCE_ALL, SINCE_LATEST, SINCE_NONE, Since, decode_id
+
+from .filters import Filter
 
 __all__ = [
     "TRANSPORTS",
     "SINCE_INVALID",
+    "PRIORITY_INVALID",
     "TOO_MANY_TOPICS",
     "TOPIC_INVALID",
     "Subscribe",
@@ -23,6 +28,7 @@ __all__ = [
     "parse_topics",
     "parse_since",
     "parse_bool",
+    "parse_filter",
     "parse_subscribe",
 ]
 
@@ -45,6 +51,8 @@ _UNIT_SECS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "μs": 1e-6, "ms": 1e-3, "s":
 SINCE_INVALID = Problem(
     40008, 400, "invalid since parameter", "https://ntfy.sh/docs/subscribe/api/#fetch-cached-messages"
 )
+PRIORITY_INVALID = Problem(40007, 400, "invalid priority parameter", "https://ntfy.sh/docs/publish/#message-priority")
+"""A ``priority=`` filter item that is no priority (ntfy's errHTTPBadRequestPriorityInvalid)."""
 TOPIC_INVALID = Problem(40009, 400, "invalid request: topic invalid")
 TOO_MANY_TOPICS = Problem(40093, 400, "invalid request: too many topics")
 """UPF's code (ntfy has no per-subscribe cap): the first code after the writer's 40091/40092."""
@@ -53,17 +61,28 @@ TOO_MANY_TOPICS = Problem(40093, 400, "invalid request: too many topics")
 class Subscribe:
     """A validated subscribe request."""
 
-    __slots__ = ("topics", "topics_raw", "transport", "since", "poll")
+    __slots__ = ("topics", "topics_raw", "transport", "since", "poll", "filter")
 
-    def __init__(self, topics: tuple[str, ...], topics_raw: str, transport: str, since: Since, poll: bool) -> None:
+    def __init__(
+        self,
+        topics: tuple[str, ...],
+        topics_raw: str,
+        transport: str,
+        since: Since,
+        poll: bool,
+        filter: Filter | None = None,
+    ) -> None:
         self.topics = topics
         self.topics_raw = topics_raw
         self.transport = transport
         self.since = since
         self.poll = poll
+        self.filter = filter
+        """None when the request names no filter (the usual case: its session then carries none)."""
 
     def __repr__(self) -> str:
-        return f"Subscribe({self.topics_raw!r}, {self.transport!r}, {self.since!r}, poll={self.poll})"
+        flt = "" if self.filter is None else f", {self.filter!r}"
+        return f"Subscribe({self.topics_raw!r}, {self.transport!r}, {self.since!r}, poll={self.poll}{flt})"
 
 
 def match_subscribe_path(path: str) -> tuple[str, str] | None:
@@ -147,6 +166,48 @@ def _param(headers: Mapping[str, str], query: Mapping[str, str], names: tuple[st
     return None
 
 
+# --- filters ----------------------------------------------------------------------------------------
+_ID = ("x-id", "id")
+_MESSAGE = ("x-message", "message", "m")
+_TITLE = ("x-title", "title", "t")
+_TAGS = ("x-tags", "tags", "tag", "ta")
+_PRIORITY = ("x-priority", "priority", "prio", "p")
+_FILTER_NAMES = frozenset(_ID + _MESSAGE + _TITLE + _TAGS + _PRIORITY)
+
+
+def _as_utf8(value: str) -> str:
+    """A header value's octets as UTF-8: the request head is decoded as latin-1, ntfy reads UTF-8."""
+    return value if value.isascii() else value.encode("latin-1", "replace").decode("utf-8", "replace")
+
+
+def parse_filter(headers: Mapping[str, str], query: Mapping[str, str]) -> Filter | None:
+    """ntfy's parseQueryFilters: None when no filter is asked for; a priority that is none of ntfy's
+    names or numbers is 40007. Lists split on commas with blank items dropped, items not trimmed
+    (ntfy's SplitNoEmpty); priorities are trimmed and lower-cased (ParsePriority)."""
+    if _FILTER_NAMES.isdisjoint(headers) and _FILTER_NAMES.isdisjoint(query):
+        return None  # the usual subscribe: not one of the names, as a header or a query key
+    headers = {n: _as_utf8(headers[n]) for n in _FILTER_NAMES if n in headers}
+    priorities: set[int] = set()
+    for item in read_param(headers, query, _PRIORITY).split(","):
+        if item:
+            name = go_trim(item).lower()
+            p = PRIORITIES.get(name) if name else 0  # ntfy's ParsePriority: a blank item is 0, no message's
+            if p is None:
+                raise NtfyError(PRIORITY_INVALID)
+            priorities.add(p)
+    flt = Filter(
+        id=read_param(headers, query, _ID),
+        message=read_param(headers, query, _MESSAGE),
+        title=read_param(headers, query, _TITLE),
+        priorities=tuple(sorted(priorities)),
+        tags=tuple(t for t in read_param(headers, query, _TAGS).split(",") if t),
+    )
+    return None if flt == _NO_FILTER else flt
+
+
+_NO_FILTER = Filter()
+
+
 def parse_subscribe(
     topics_raw: str,
     transport: str,
@@ -162,4 +223,4 @@ def parse_subscribe(
     since_text = _param(headers, query, ("x-since", "since", "si")) or ""
     t = now() if callable(now) else now
     since = parse_since(since_text, poll=poll, now=t)
-    return Subscribe(topics, topics_raw, transport, since, poll)
+    return Subscribe(topics, topics_raw, transport, since, poll, parse_filter(headers, query))

@@ -58,7 +58,7 @@ from . import __version__
 from .asgi_bridge import INTERNAL_ERROR, MAX_BODY, ASGIApp, Cycle, Lifespan
 from .hub import Hub
 from .query import Subscribe, match_subscribe_path, parse_subscribe
-from .session import Session
+from .session import new_session
 from .transports import KeptAlive, StreamSubscriber, Subscriber, WsSubscriber, ws_handshake
 
 __all__ = ["Pusher", "serve", "HEAD_TIMEOUT", "IDLE_TIMEOUT"]
@@ -428,7 +428,7 @@ class HttpProtocol(asyncio.Protocol):
         """``_attach``'s body: (its answer, whether the hub took the subscriber)."""
         p = self.pusher
         keep = _keeps(head)
-        session = Session(req.topics, req.topics_raw, p.hub.config, poll=req.poll)
+        session = new_session(req.topics, req.topics_raw, p.hub.config, poll=req.poll, filter=req.filter)
         sub: Subscriber
         if transport_name == "ws":
             if not head.has_token(b"upgrade", b"websocket"):

@@ -22,6 +22,11 @@ Rule 2b, ``X-Cache: no``: such a row is sent only if it is above the topic's liv
 stamp when the subscription started; a poll's is above everything). Only the catch-up can meet rows at
 or below it: once LIVE, the cursor has passed every row that existed at subscribe time.
 
+Rule 2c, filters (ntfy's ``id``/``message``/``title``/``priority``/``tags``, ``filters.Filter``): a
+row that does not pass its session's filter is not sent, and the cursor moves past it all the same.
+Only a ``FilteredSession`` has a filter; a plain ``Session``'s ``filter`` is the class's None, so an
+unfiltered connection costs no more memory, and its delivery one ``is None`` test per ``Send``.
+
 Rule 3, backpressure (the overload contract): while the transport is paused no ``Read`` is issued,
 and the rows of a read that was already in flight are held in the session (at most one batch per
 topic) until the transport resumes; so the socket buffer holds at most one ``Send`` (one batch, or
@@ -40,9 +45,21 @@ import msgspec
 
 from upf_keyspace import Envelope, Message, Stored, message_from_envelope
 
+from .filters import Filter
 from .framing import event as make_event
 
-__all__ = ["Phase", "RULES", "Session", "SessionConfig", "Send", "Read", "Close", "Command"]
+__all__ = [
+    "Phase",
+    "RULES",
+    "Session",
+    "FilteredSession",
+    "SessionConfig",
+    "Send",
+    "Read",
+    "Close",
+    "Command",
+    "new_session",
+]
 
 
 class Phase(enum.Enum):
@@ -160,6 +177,9 @@ class _Topic:
 class Session:
     __slots__ = ("topics_raw", "poll", "phase", "paused", "paused_at", "topics", "config")
 
+    filter: Filter | None = None
+    """The subscriber's filters: None here, for every session but a ``FilteredSession`` (its own slot)."""
+
     def __init__(self, topics: Sequence[str], topics_raw: str, config: SessionConfig, *, poll: bool = False) -> None:
         self.topics_raw = topics_raw
         self.poll = poll
@@ -253,7 +273,12 @@ class Session:
         out: list[Command] = []
         if fresh:
             ts.cursor = fresh[-1].stamp
-            out.append(Send(rows=fresh, topics=[topic] * len(fresh)))
+            if self.filter is None:
+                out.append(Send(rows=fresh, topics=[topic] * len(fresh)))
+            else:
+                kept = self.filter.rows(fresh)
+                if kept:
+                    out.append(Send(rows=kept, topics=[topic] * len(kept)))
         return out + self._live_read(topic, ts)
 
     def read_failed(self, topic: str) -> list[Command]:
@@ -336,6 +361,8 @@ class Session:
                 continue  # X-Cache: no, and it landed before this subscription: never replayed
             rows.append(row)
             topics.append(t)
+        if rows and self.filter is not None:
+            rows, topics = self.filter.rows_and_topics(rows, topics)
         out: list[Command] = [Send(rows=rows, topics=topics)] if rows else []
         out += reads
         if done:
@@ -360,6 +387,8 @@ class Session:
                 rows += ts.buffer
                 topics += [t] * len(ts.buffer)
             ts.buffer = None
+        if rows and self.filter is not None:
+            rows, topics = self.filter.rows_and_topics(rows, topics)
         return [Send(rows=rows, topics=topics)] if rows else []
 
     def _live_read(self, topic: str, ts: _Topic) -> list[Command]:
@@ -374,6 +403,36 @@ class Session:
         for t, ts in self.topics.items():
             out += self._live_read(t, ts)
         return out
+
+
+class FilteredSession(Session):
+    """A session whose subscriber asked for filters (``filter``): the only sessions that pay for one."""
+
+    __slots__ = ("filter",)
+
+    def __init__(
+        self,
+        topics: Sequence[str],
+        topics_raw: str,
+        config: SessionConfig,
+        filter: Filter,
+        *,
+        poll: bool = False,
+    ) -> None:
+        super().__init__(topics, topics_raw, config, poll=poll)
+        self.filter = filter
+
+    def __repr__(self) -> str:
+        return f"FilteredSession({self.topics_raw!r}, {self.phase.name}, paused={self.paused}, {self.filter!r})"
+
+
+def new_session(
+    topics: Sequence[str], topics_raw: str, config: SessionConfig, *, poll: bool = False, filter: Filter | None = None
+) -> Session:
+    """A ``Session``, or a ``FilteredSession`` when ``filter`` is set."""
+    if filter is None:
+        return Session(topics, topics_raw, config, poll=poll)
+    return FilteredSession(topics, topics_raw, config, filter, poll=poll)
 
 
 def messages_of(commands: Iterable[Command]) -> list[Message]:

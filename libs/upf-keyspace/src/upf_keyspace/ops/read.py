@@ -27,6 +27,12 @@ SINCE_NONE = Since("none")
 SINCE_LATEST = Since("latest")
 
 _SCAN_BATCH = 512
+_LATEST_SCAN = 32
+"""How many of a topic's newest rows ``since=latest`` looks through for the newest cached one (one read
+of one more row than this). Rows not to be cached (``X-Cache: no``, ``poll_request``) stay in Q only
+``UPF_NOCACHE_KEEP_SECS`` for live delivery and are never replayed, so ``latest`` skips them, as ntfy
+(which never stores them) does; past this many of them on top of the queue, ``latest`` replays
+nothing, as ``none``."""
 
 
 async def read_after(tr: Transaction, topic: str, after: bytes | None, limit: int) -> list[Stored]:
@@ -82,14 +88,18 @@ async def position(tr: Transaction, topic: str, since: Since) -> bytes | None | 
         released = await tr.get_range(*keys.released_range(topic, since.stamp), limit=1, snapshot=True)
         return keys.unpack_released_key(released[0][0])[2] if released else since.stamp
     begin, end = keys.queue_range(topic)
-    if since.kind in ("none", "latest"):
-        # Not a snapshot read: a publish committing concurrently either lands before this cursor or
-        # conflicts with it and sees the affinity written in the same transaction.
-        newest = await tr.get_range(begin, end, limit=2, reverse=True)
-        skip = 0 if since.kind == "none" else 1
-        if len(newest) <= skip:
-            return None
-        return keys.unpack_queue_key(newest[skip][0])[1]
+    # "none" and "latest" are not snapshot reads: a publish committing concurrently either lands
+    # before this cursor or conflicts with it and sees the affinity written in the same transaction.
+    if since.kind == "none":
+        newest = await tr.get_range(begin, end, limit=1, reverse=True)
+        return keys.unpack_queue_key(newest[0][0])[1] if newest else None
+    if since.kind == "latest":
+        # Just before the newest row a subscriber is sent from the backlog: the newest cached one.
+        newest = await tr.get_range(begin, end, limit=_LATEST_SCAN + 1, reverse=True)
+        for i, (_, value) in enumerate(newest[:_LATEST_SCAN]):
+            if not decode_envelope(value).nocache:
+                return keys.unpack_queue_key(newest[i + 1][0])[1] if i + 1 < len(newest) else None
+        return keys.unpack_queue_key(newest[0][0])[1] if newest else None  # none cached near the top
     if since.kind == "time":
         second = max(min(since.time, _TIME_MAX), -_TIME_MAX)
         # The last message of the newest second before the time: everything after it is at or after
