@@ -329,14 +329,14 @@ async def restore(store: Store, path: str, *, live_after: int = 0) -> tuple[int,
     header, end, survey, pairs = _read(path)
     if header.store_format > await store.db.transact(_format):
         raise BackupError(f"the backup's store format {header.store_format} is newer than this UPF's")
+    if not await _empty(store):
+        raise BackupError("the store is not empty: restore only into a new store")
     if live_after and (live := await _live_node(store, int(time.time()), live_after)) is not None:
         node, age = live
         raise BackupError(
             f"UPF node {node} uses this store (its heartbeat is {age} s old): stop every UPF process on it "
             f"first; if it has stopped, retry in {live_after - age + 1} s"
         )
-    if not await _empty(store):
-        raise BackupError("the store is not empty: restore only into a new store")
     batch: list[tuple[bytes, bytes]] = []
     size = written = 0
 
