@@ -1,4 +1,4 @@
-"""Fixtures: one contract suite, run against every driver available here.
+"""Fixtures: one contract suite and the Store-level tests, run against every driver available here.
 
 The FoundationDB run needs FDB_CLUSTER_FILE naming a reachable cluster and libfdb_c; without them
 it is skipped with exactly that reason (there is no container engine to start one on these machines).
@@ -10,11 +10,15 @@ import os
 import struct
 import uuid
 
+import msgspec
 import pytest
 from fdb.tuple import Versionstamp
 
-from upf_keyspace import Settings, open_store
+from upf_keyspace import Settings, Store, keys, open_store
 from upf_keyspace.drivers.embedded import open_embedded
+
+DRIVERS = ["embedded", pytest.param("foundationdb", marks=pytest.mark.fdb)]
+"""The drivers a driver-parametrised fixture runs each test against."""
 
 
 def _fdb_unavailable() -> str | None:
@@ -30,7 +34,7 @@ def _fdb_unavailable() -> str | None:
     return None
 
 
-@pytest.fixture(params=["embedded", pytest.param("foundationdb", marks=pytest.mark.fdb)])
+@pytest.fixture(params=DRIVERS)
 async def db(request, tmp_path):
     """A Database of each driver; keys written by a test live under ``prefix`` (see below)."""
     if request.param == "embedded":
@@ -88,11 +92,76 @@ def stamp() -> type[PackableStamp]:
     return PackableStamp
 
 
+_STORE_RUN = b"\x01upf-tests/store-run"
+"""Set on a FoundationDB cluster while a Store test owns its upf root (see ``new_store``); outside the
+range ``db`` wipes, so a contract test never takes it away from a run killed mid-test."""
+_UPF_ROOT = (keys.ROOT, keys.strinc(keys.ROOT))
+
+
+async def _claim_upf_root(database) -> None:
+    """Clear the cluster's upf root for a Store test, unless a UPF store these tests did not write is
+    there (its format key without the run marker, which only a run killed mid-test leaves behind)."""
+
+    async def claim(tr):
+        if await tr.get(_STORE_RUN) is None and await tr.get(keys.format_key()) is not None:
+            return False
+        tr.clear_range(*_UPF_ROOT)
+        tr.set(_STORE_RUN, b"")
+        return True
+
+    if not await database.transact(claim):
+        pytest.fail(
+            f"the FoundationDB cluster of FDB_CLUSTER_FILE ({os.environ['FDB_CLUSTER_FILE']}) holds a UPF store "
+            "these tests did not write: refusing to clear it (point FDB_CLUSTER_FILE at a cluster for tests)"
+        )
+
+
+async def _release_upf_root(tr) -> None:
+    tr.clear_range(*_UPF_ROOT)
+    tr.clear(_STORE_RUN)
+
+
+@pytest.fixture(params=DRIVERS)
+async def new_store(request, tmp_path):
+    """Opens Stores of each driver (as ``db`` is parametrised): ``await new_store(shard_count=8)`` is
+    ``open_store`` with those settings, every call another handle (another process of a fleet) on one
+    store, closed after the test. Embedded: the file ``tmp_path / "upf.db"``. FoundationDB: the cluster
+    FDB_CLUSTER_FILE names, whose upf root is cleared before and after the test: a Store's keys live
+    under that fixed root, so they cannot take ``prefix`` as the contract suite's do, and one run at a
+    time may use a cluster. A test of the embedded driver itself overrides the parameter:
+    ``@pytest.mark.parametrize("new_store", ["embedded"], indirect=True)``."""
+    root = None
+    if request.param == "embedded":
+        base = Settings(store_path=str(tmp_path / "upf.db"))
+    else:
+        reason = _fdb_unavailable()
+        if reason:
+            pytest.skip(reason)
+        from upf_keyspace.drivers.foundation import open_foundationdb
+
+        base = Settings(fdb_cluster_file=os.environ["FDB_CLUSTER_FILE"])
+        root = await open_foundationdb(base.fdb_cluster_file)
+        try:
+            await _claim_upf_root(root)
+        except BaseException:
+            await root.close()
+            raise
+    opened: list[Store] = []
+
+    async def open_one(**settings) -> Store:
+        store = await open_store(msgspec.structs.replace(base, **settings))
+        opened.append(store)
+        return store
+
+    yield open_one
+    for store in opened:
+        await store.close()  # closing again one a test closed itself is harmless
+    if root is not None:
+        await root.transact(_release_upf_root)
+        await root.close()
+
+
 @pytest.fixture
-async def two_stores(tmp_path):
-    """Two stores on one file: two processes of a fleet."""
-    settings = Settings(store_path=str(tmp_path / "upf.db"), shard_count=4)
-    a, b = await open_store(settings), await open_store(settings)
-    yield a, b
-    await a.close()
-    await b.close()
+async def two_stores(new_store):
+    """Two handles on one store (file or cluster): two processes of a fleet."""
+    return await new_store(shard_count=4), await new_store(shard_count=4)

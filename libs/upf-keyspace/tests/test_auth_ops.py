@@ -6,16 +6,18 @@ import asyncio
 
 import pytest
 
-from upf_keyspace import Settings, keys, open_store
+from upf_keyspace import keys
 from upf_keyspace.auth import EVERYONE, Permission, Token, User, encode_record, token_digest
 from upf_keyspace.ops.auth import NoSuchUser, UserExists
 
 
 @pytest.fixture
-async def store(tmp_path):
-    s = await open_store(Settings(store_path=str(tmp_path / "upf.db"), shard_count=4))
-    yield s
-    await s.close()
+async def store(new_store):
+    return await new_store(shard_count=4)
+
+
+embedded_only = pytest.mark.parametrize("new_store", ["embedded"], indirect=True)
+"""What the embedded driver keeps in its file (``new_store``'s embedded store is ``upf.db``)."""
 
 
 ALICE = User(role="user", password_hash="$2b$12$hash-of-alice", created=1)
@@ -43,6 +45,7 @@ async def test_users_tokens_and_access_round_trip_in_one_snapshot(store):
     ]
 
 
+@embedded_only
 async def test_the_store_never_holds_a_token_or_password_in_clear(store, tmp_path):
     """Only the token's SHA-256 digest is a key; the plain token appears nowhere in the file."""
     token = "tk_" + "s3cr3t" * 4 + "abcde"
@@ -96,9 +99,9 @@ async def test_remove_token_only_when_it_exists(store):
     assert await store.remove_token("frank", "d") is False
 
 
-async def test_a_change_fires_the_auth_watch_of_another_store_handle(store, tmp_path):
-    """Two handles on one file stand for two roles: a CLI change wakes a running role's watch."""
-    other = await open_store(Settings(store_path=str(tmp_path / "upf.db"), shard_count=4))
+async def test_a_change_fires_the_auth_watch_of_another_store_handle(store, new_store):
+    """Two handles on one store stand for two roles: a CLI change wakes a running role's watch."""
+    other = await new_store(shard_count=4)
     try:
         version, watch = await other.watch_auth()
         assert version == 0

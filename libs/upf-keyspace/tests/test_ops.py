@@ -1,4 +1,5 @@
-"""UPF's operations on the embedded store: publish, read, subscribe positions, inbox, janitor."""
+"""UPF's operations on each driver's store: publish, read, subscribe positions, inbox, janitor; and the
+embedded driver's group commit of publishes."""
 
 from __future__ import annotations
 
@@ -8,16 +9,18 @@ import time
 
 import pytest
 
-from upf_keyspace import SINCE_ALL, SINCE_LATEST, SINCE_NONE, Envelope, Settings, Since, keys, open_store
+from upf_keyspace import SINCE_ALL, SINCE_LATEST, SINCE_NONE, Envelope, Since, keys
 from upf_keyspace.envelope import encode_envelope
 from upf_keyspace.msgid import decode_id, encode_id
 
 
 @pytest.fixture
-async def store(tmp_path):
-    s = await open_store(Settings(store_path=str(tmp_path / "upf.db"), shard_count=8))
-    yield s
-    await s.close()
+async def store(new_store):
+    return await new_store(shard_count=8)
+
+
+embedded_only = pytest.mark.parametrize("new_store", ["embedded"], indirect=True)
+"""The embedded driver's group commit: these hold its file's write lock (``commits_held``)."""
 
 
 def env(msg: str, t: int | None = None, ttl: int = 3600) -> Envelope:
@@ -182,12 +185,11 @@ async def test_dead_node_sweep(store):
     assert await store.db.transact(leftovers) == []
 
 
-async def test_format_version_gate(tmp_path):
+async def test_format_version_gate(new_store):
     """A store stamped by a newer format is refused at open."""
     from upf_keyspace import FormatVersionError
 
-    path = str(tmp_path / "upf.db")
-    s = await open_store(Settings(store_path=path))
+    s = await new_store()
 
     async def newer(tr):
         tr.set(keys.format_key(), keys.pack_i64(999))
@@ -195,7 +197,7 @@ async def test_format_version_gate(tmp_path):
     await s.db.transact(newer)
     await s.close()
     with pytest.raises(FormatVersionError):
-        await open_store(Settings(store_path=path))
+        await new_store()
 
 
 async def test_ping_reads_the_format(store):
@@ -204,11 +206,11 @@ async def test_ping_reads_the_format(store):
     assert await store.ping() == CURRENT_FORMAT
 
 
-async def test_drain_never_loses_a_concurrent_poke(tmp_path):
+async def test_drain_never_loses_a_concurrent_poke(new_store):
     """Publishes racing drains and clears: every poke is reported by exactly one drain, none is cleared unseen."""
     import asyncio
 
-    store = await open_store(Settings(store_path=str(tmp_path / "race.db"), shard_count=1))
+    store = await new_store(shard_count=1)
     try:
         topics = [f"r{i}" for i in range(60)]
         await store.subscribe(topics, "n1", SINCE_NONE)
@@ -247,6 +249,7 @@ def commits_held(store):
         txn.abort()
 
 
+@embedded_only
 async def test_publishes_waiting_for_one_commit_share_a_transaction_each_with_its_own_position(store):
     """Plain publishes that wait for the same commit share one grouped transaction: one 10-byte
     commit stamp, a user version each in call order, every message stored in that order, each
@@ -268,6 +271,7 @@ async def test_publishes_waiting_for_one_commit_share_a_transaction_each_with_it
     ]
 
 
+@embedded_only
 async def test_a_groups_stats_are_summed_per_slot_and_count_every_publish(store):
     """A group adds its stats once per slot (``publish_many``): the totals are still every message
     and every stored byte, whichever slots the topics fall in."""
@@ -287,6 +291,7 @@ async def test_a_groups_stats_are_summed_per_slot_and_count_every_publish(store)
     assert await store.stored_bytes() - before == sum(sizes)
 
 
+@embedded_only
 async def test_a_publish_with_a_push_topic_keeps_its_own_transaction_keyed_ones_are_grouped(store):
     """A Web Push Topic clears what another publish of a group could be writing (the message the
     topic named), so that publish is never grouped; those with an idempotency key are, in a group of
@@ -311,6 +316,7 @@ async def test_a_publish_with_a_push_topic_keeps_its_own_transaction_keyed_ones_
     assert again.duplicate and again.id == pubs[3].id and again.envelope.message == "keyed"
 
 
+@embedded_only
 async def test_keyed_publishes_in_one_group_store_each_key_once(store):
     """In one grouped transaction: a key twice stores the first and answers the second with it; a key
     an earlier commit stored answers with that message; a key whose marker outlived its message
@@ -348,6 +354,7 @@ async def test_keyed_publishes_in_one_group_store_each_key_once(store):
     assert (await store.publish("t", env("h"), idem="new")).id == a.id
 
 
+@embedded_only
 async def test_a_group_is_bounded_and_one_bad_publish_fails_alone(store):
     """At most GROUP_MAX publishes share a transaction; one the store refuses (a value over its
     limit) fails alone, and the rest of its group is stored."""
@@ -382,6 +389,7 @@ async def test_a_group_is_bounded_and_one_bad_publish_fails_alone(store):
     assert sum([len(await store.read_after(f"t{i}", None, limit=1000)) for i in range(7)]) == n
 
 
+@embedded_only
 async def test_a_cancelled_publish_still_commits_with_its_group(store):
     """A caller that goes away stops waiting, not its publish: what was handed to the group commit
     is stored, and the others of its group are answered."""

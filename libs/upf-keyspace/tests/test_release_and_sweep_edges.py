@@ -7,14 +7,12 @@ import time
 
 import pytest
 
-from upf_keyspace import Envelope, Settings, Since, keys, open_store
+from upf_keyspace import Envelope, Since, keys
 
 
 @pytest.fixture
-async def store(tmp_path):
-    s = await open_store(Settings(store_path=str(tmp_path / "upf.db"), shard_count=8))
-    yield s
-    await s.close()
+async def store(new_store):
+    return await new_store(shard_count=8)
 
 
 def env(msg: str, t: int, ttl: int = 3600, **kw) -> Envelope:

@@ -1,4 +1,4 @@
-"""Scheduled delivery, X-Cache: no live marks and /v1/stats at the store level (embedded driver)."""
+"""Scheduled delivery, X-Cache: no live marks and /v1/stats at the store level (each driver)."""
 
 from __future__ import annotations
 
@@ -8,18 +8,14 @@ import time
 import msgspec
 import pytest
 
-from upf_keyspace import SINCE_ALL, SINCE_NONE, Envelope, Settings, Since, keys, message_from_envelope, open_store
-from upf_keyspace.drivers.embedded import open_embedded
+from upf_keyspace import SINCE_ALL, SINCE_NONE, Envelope, Since, keys, message_from_envelope
 from upf_keyspace.msgid import decode_id
 from upf_keyspace.ops import stats
-from upf_keyspace.store import Store
 
 
 @pytest.fixture
-async def store(tmp_path):
-    s = await open_store(Settings(store_path=str(tmp_path / "upf.db"), shard_count=8))
-    yield s
-    await s.close()
+async def store(new_store):
+    return await new_store(shard_count=8)
 
 
 def env(msg: str, t: int | None = None, ttl: int = 3600, **kw) -> Envelope:
@@ -41,12 +37,11 @@ async def test_scheduled_is_hidden_until_released_then_keeps_its_id(store):
     assert await store.next_due() is None and await store.release_due(now + 200) == 0
 
 
-async def test_a_scheduling_rings_the_releasers_watch_and_a_release_does_not(tmp_path):
-    """The watch from watch_due fires when another handle on the file (another process) schedules a
+async def test_a_scheduling_rings_the_releasers_watch_and_a_release_does_not(new_store):
+    """The watch from watch_due fires when another handle on the store (another process) schedules a
     message; the release that follows rings nothing, so releasers do not wake one another in a loop."""
-    path = str(tmp_path / "upf.db")
-    releaser = Store(await open_embedded(path), shard_count=8)
-    writer = Store(await open_embedded(path), shard_count=8)
+    releaser = await new_store(shard_count=8)
+    writer = await new_store(shard_count=8)
     try:
         now = int(time.time())
         due, watch = await releaser.watch_due()
@@ -75,10 +70,9 @@ async def test_release_pokes_the_holder(store):
     assert drained.topics == {"t"}
 
 
-async def test_racing_releasers_release_exactly_once(tmp_path):
-    """Four handles on one file (as four processes) release the same 40 due messages concurrently."""
-    path = str(tmp_path / "upf.db")
-    stores = [Store(await open_embedded(path), shard_count=8) for _ in range(4)]
+async def test_racing_releasers_release_exactly_once(new_store):
+    """Four handles on one store (as four processes) release the same 40 due messages concurrently."""
+    stores = [await new_store(shard_count=8) for _ in range(4)]
     try:
         now = int(time.time())
         ids = {(await stores[0].schedule(f"t{i % 3}", env(f"m{i}", t=now), now)).id for i in range(40)}

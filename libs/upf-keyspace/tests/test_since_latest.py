@@ -7,15 +7,13 @@ import time
 
 import pytest
 
-from upf_keyspace import SINCE_LATEST, Envelope, Settings, open_store
+from upf_keyspace import SINCE_LATEST, Envelope
 from upf_keyspace.ops import read
 
 
 @pytest.fixture
-async def store(tmp_path):
-    s = await open_store(Settings(store_path=str(tmp_path / "upf.db"), shard_count=8))
-    yield s
-    await s.close()
+async def store(new_store):
+    return await new_store(shard_count=8)
 
 
 def env(msg: str, **kw) -> Envelope:

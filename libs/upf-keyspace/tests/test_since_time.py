@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from upf_keyspace import Envelope, Settings, Since, keys, open_store
+from upf_keyspace import Envelope, Since, keys
 from upf_keyspace.envelope import encode_envelope
 from upf_keyspace.ops import read
 from upf_keyspace.ops.publish import index_time
@@ -18,10 +18,8 @@ PER_TRANSACTION = 5_000
 
 
 @pytest.fixture
-async def store(tmp_path):
-    s = await open_store(Settings(store_path=str(tmp_path / "upf.db"), shard_count=8))
-    yield s
-    await s.close()
+async def store(new_store):
+    return await new_store(shard_count=8)
 
 
 class Counting:

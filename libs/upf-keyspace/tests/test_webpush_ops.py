@@ -8,14 +8,12 @@ import time
 import msgspec
 import pytest
 
-from upf_keyspace import Envelope, Settings, keys, open_store
+from upf_keyspace import Envelope, keys
 
 
 @pytest.fixture
-async def store(tmp_path):
-    s = await open_store(Settings(store_path=str(tmp_path / "upf.db"), shard_count=8))
-    yield s
-    await s.close()
+async def store(new_store):
+    return await new_store(shard_count=8)
 
 
 def env(msg: str, push_topic: str = "", idem: str = "", ttl: int = 3600) -> Envelope:
