@@ -49,3 +49,14 @@ async def test_bindings_are_ignored_when_restriction_is_off(client: httpx.AsyncC
     assert await store.vapid_admit("upBOUND", "BKey", bind=True)
     assert (await client.post("/upBOUND", content=b"ntfy")).status_code == 200
     assert len(await store.read_after("upBOUND", None)) == 1
+
+
+async def test_without_a_public_url_a_web_push_reply_names_its_message_by_a_relative_location(
+    settings: Settings, store: Store
+) -> None:
+    """Unset, UPF_PUBLIC_URL gives no absolute URL to build on: RFC 8030's Location is relative (RFC
+    9110 allows a URI reference), never a made-up host."""
+    async with in_process(create_app(msgspec.structs.replace(settings, public_url=""), store)) as c:
+        r = await c.post("/upNOURL", content=b"\x01", headers={"content-encoding": "aes128gcm", "ttl": "60"})
+    assert r.status_code == 201, r.text
+    assert r.headers["location"] == f"/upNOURL/m/{r.json()['id']}"
