@@ -94,3 +94,33 @@ def test_restore_refuses_a_store_with_data_and_bad_files(tmp_path: Path) -> None
     bad_dir = upf_cli(store, "backup", str(tmp_path / "no-such-dir" / "b"))
     assert bad_dir.returncode == 1 and "No such file" in bad_dir.stderr
     assert upf_cli(store, "backup").returncode == 2  # no FILE: a usage error
+
+
+def test_restore_goes_into_the_store_of_a_server_stopped_cleanly_a_moment_ago(tmp_path: Path) -> None:
+    """A running server's store, empty of messages, passes as empty, so restore refuses it while a node
+    heartbeats on it; a server stopped cleanly (SIGTERM) retires its node, so the restore right after
+    the stop is not sent away for three heartbeats."""
+    (tmp_path / "a").mkdir()
+    source = Fleet(tmp_path / "a")
+    try:
+        upf = source.start("upf", node="src", UPF_WORKERS="1")
+        assert httpx.post(upf.base + "/upRESTORE001?up=1", content="kept", timeout=5).status_code == 200
+        assert upf_cli(source.store, "backup", str(tmp_path / "b")).returncode == 0
+    finally:
+        source.stop()
+    (tmp_path / "c").mkdir()
+    target = Fleet(tmp_path / "c")
+    try:
+        target.start("upf", node="target", UPF_WORKERS="1")  # serves an empty store
+        running = upf_cli(target.store, "restore", str(tmp_path / "b"))
+        assert running.returncode == 1 and "UPF node target uses this store" in running.stderr, running.stderr
+    finally:
+        target.stop()
+    restored = upf_cli(target.store, "restore", str(tmp_path / "b"))
+    assert restored.returncode == 0, restored.stderr
+    second = Fleet(tmp_path / "c")
+    try:
+        upf = second.start("upf", node="after", UPF_WORKERS="1")
+        assert [m.message for m in asyncio.run(poll(upf.base, "upRESTORE001"))] == ["kept"]
+    finally:
+        second.stop()

@@ -252,6 +252,10 @@ class Store:
     async def heartbeat(self, node: str, now: int) -> bool:
         return await self.db.transact(ops.inbox.heartbeat, node, now)
 
+    async def retire(self, node: str) -> None:
+        """The node stopped cleanly (see ``ops.inbox.retire``)."""
+        await self.db.transact(ops.inbox.retire, node)
+
     async def expire(self, now: int, limit: int = 500) -> int:
         return await self.db.transact(ops.janitor.expire, now, limit, self.max_ttl_secs)
 
@@ -312,10 +316,6 @@ class Store:
     async def rate_visitor(self, topic: str, now: float) -> str | None:
         """The subscriber a UnifiedPush publish to ``topic`` is charged to (see ``ops.limits``)."""
         return await self.db.transact(ops.limits.rate_visitor, topic, now)
-
-    async def rate_visitor_at(self, topic: str) -> float | None:
-        """When ``topic``'s last subscriber subscribed (None: no record kept)."""
-        return await self.db.transact(ops.limits.rate_visitor_at, topic)
 
     async def sweep_rate_visitors(
         self, now: float, after: bytes | None = None, limit: int = 500

@@ -227,7 +227,8 @@ class Hub:
         self._loops = [asyncio.create_task(c) for c in loops]
 
     async def stop(self) -> None:
-        """Close every subscriber cleanly, stop the loops, and release this node's affinity."""
+        """Close every subscriber cleanly, stop the loops, release this node's affinity, and retire it
+        (its liveness record ``SWEPT``)."""
         self._closing = True
         held = set(self.by_topic) | set(self._affinity)
         for sub in list(self.subs):
@@ -247,6 +248,11 @@ class Hub:
                 await asyncio.wait_for(self.store.release(topics[i : i + HOLD_CHUNK], self.node), 5.0)
         except Exception:
             log.warning("release on shutdown failed", extra={"node": self.node, "topics": len(topics)}, exc_info=True)
+            return  # the heartbeat goes stale instead: the janitor sweeps what is still held
+        try:  # released: the janitor may sweep the rest now, and nothing takes this node for running
+            await asyncio.wait_for(self.store.retire(self.node), 5.0)
+        except Exception:
+            log.warning("retire on shutdown failed", extra={"node": self.node}, exc_info=True)
 
     def _spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
         task = asyncio.get_running_loop().create_task(coro)

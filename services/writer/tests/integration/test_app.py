@@ -201,23 +201,6 @@ async def test_matrix_gateway_without_a_public_url_is_ntfys_50003(settings: Sett
     assert Settings().public_url == ""  # the default
 
 
-async def test_a_matrix_pushkey_is_rejected_only_when_its_topic_had_no_subscribe_for_12_hours(store: Store) -> None:
-    """The 507 of subscriber-based limiting may come from a writer's cached answer (5 s) just after a
-    subscribe; the pushkey is rejected (the homeserver deletes the pusher) only when the store says
-    the topic's last subscribe is unknown or older than 12 h, as ntfy's topic last access."""
-    from types import SimpleNamespace
-
-    from upf_writer.routes.publish import MATRIX_REJECT_AFTER_SECS, _subscriber_gone
-
-    now = 1_800_000_000
-    ctx = SimpleNamespace(require_store=lambda: store, clock=lambda: now)
-    await store.set_rate_visitors(["upRecent000001"], "ip:192.0.2.1", now - 3600)
-    await store.set_rate_visitors(["upStale0000001"], "ip:192.0.2.2", now - MATRIX_REJECT_AFTER_SECS - 1)
-    assert not await _subscriber_gone(ctx, "upRecent000001")  # type: ignore[arg-type]
-    assert await _subscriber_gone(ctx, "upStale0000001")  # type: ignore[arg-type]
-    assert await _subscriber_gone(ctx, "upNever0000001")  # type: ignore[arg-type]
-
-
 # --- other routes ------------------------------------------------------------------------------------
 async def test_discovery_and_small_routes(client: AsyncTestClient) -> None:
     assert (await client.get("/upX?up=1")).json() == {"unifiedpush": {"version": 1}}

@@ -68,6 +68,13 @@ gone while the node believed it still held them (no pokes, only the safety poll,
 subscribers reconnect)."""
 
 
+async def retire(tr: Transaction, node: str) -> None:
+    """A node that stopped cleanly (its affinity released): its liveness record becomes ``SWEPT``, so the
+    janitor sweeps what it leaves (its inbox, bells) at its next pass instead of three heartbeats later,
+    and nothing takes it for running (``upf restore``). A blind write: no conflict with a sweep."""
+    tr.set(keys.liveness_key(node), SWEPT)
+
+
 async def heartbeat(tr: Transaction, node: str, now: int) -> bool:
     """Refresh liveness; False when the record was missing or ``SWEPT`` (swept as dead, wholly or in
     part), so the caller holds its topics again."""

@@ -33,7 +33,6 @@ __all__ = [
     "sweep_days",
     "open_subscription",
     "close_subscription",
-    "rate_visitor_at",
     "reset_node_subscriptions",
     "stale_subscription_nodes",
     "set_rate_visitors",
@@ -199,13 +198,6 @@ async def rate_visitor(tr: Transaction, topic: str, now: float) -> str | None:
     if now - rv.at <= RATE_VISITOR_SECS or await tr.get_range(*keys.affinity_range(topic), limit=1, snapshot=True):
         return rv.visitor
     return None
-
-
-async def rate_visitor_at(tr: Transaction, topic: str) -> float | None:
-    """When ``topic``'s last subscriber subscribed (its rate visitor's time), None when no record is
-    kept (never, or swept a day after it with no node holding the topic); a snapshot read."""
-    raw = await tr.get(keys.rate_visitor_key(topic), snapshot=True)
-    return None if raw is None else decode_rate_visitor(raw).at
 
 
 async def sweep_rate_visitors(tr: Transaction, now: float, after: bytes | None, limit: int) -> tuple[int, bytes | None]:

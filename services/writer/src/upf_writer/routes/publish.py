@@ -19,7 +19,6 @@ from litestar.types import ControllerRouterHandler
 
 from upf_edge import NtfyError
 from upf_edge.errors import INSUFFICIENT_STORAGE
-from upf_edge.limits import NO_SUBSCRIBER
 from upf_keyspace import Published, Store, StoreError, message_from_envelope
 from upf_keyspace import telemetry as tm
 
@@ -173,13 +172,11 @@ def build(ctx: WriterContext) -> list[ControllerRouterHandler]:
                 raise NtfyError(ingest.VAPID_KEY_REFUSED)
             limiter = ctx.limiter
             assert limiter is not None  # admit() checked it
-            try:  # 507 50701 (a ?up=1 pushkey's topic nobody subscribed to), 42908, 42904, 507 50702
-                await limiter.admit_publish(visitor, topic, outcome.unifiedpush)
-            except NtfyError as exc:
-                if exc.problem is NO_SUBSCRIBER and await _subscriber_gone(ctx, topic):
-                    log.info("matrix pushkey rejected", extra={"reason": "no subscriber for 12 h"})
-                    return _matrix_rejected(outcome.pushkey)
-                raise
+            # 507 50701 (a ?up=1 pushkey's topic nobody subscribed to), 42908, 42904, 507 50702. Unlike ntfy,
+            # never {"rejected":[pushkey]} for a topic without a subscriber: what UPF knows of one is when it
+            # last subscribed, not whether it was connected since, and a rejection makes the homeserver
+            # delete the pusher for good, while a 507 is retried.
+            await limiter.admit_publish(visitor, topic, outcome.unifiedpush)
             await publish_one(ctx, outcome.ingested, headers, len(body), start_ns, "matrix")
         except ClientGone:
             raise
@@ -189,19 +186,6 @@ def build(ctx: WriterContext) -> list[ControllerRouterHandler]:
         return Response(schemas.encode(schemas.MatrixResponse()), media_type=_JSON)
 
     return [matrix_discovery, matrix_notify]
-
-
-MATRIX_REJECT_AFTER_SECS = 12 * 3600
-"""A UnifiedPush pushkey whose topic has had no subscriber for this long is rejected, so the homeserver
-drops a pusher nobody reads (ntfy's matrixRejectPushKeyForUnifiedPushTopicWithoutRateVisitorAfter);
-sooner it gets the 507, which a homeserver retries."""
-
-
-async def _subscriber_gone(ctx: WriterContext, topic: str) -> bool:
-    """Whether ``topic``'s last subscribe (its rate visitor's time) is unknown or older than
-    ``MATRIX_REJECT_AFTER_SECS``: a record is kept a day past it, so unknown means longer still."""
-    at = await ctx.require_store().rate_visitor_at(topic)
-    return at is None or ctx.clock() - at > MATRIX_REJECT_AFTER_SECS
 
 
 def _matrix_rejected(pushkey: str) -> Response[bytes]:
