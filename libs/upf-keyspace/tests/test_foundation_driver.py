@@ -368,3 +368,36 @@ async def test_no_future_is_left_failed_with_nobody_to_retrieve_it(db, cluster, 
     gc.collect()
     await asyncio.sleep(0)
     assert [r.getMessage() for r in caplog.records if "never retrieved" in r.getMessage()] == []
+
+
+async def test_a_call_after_close_is_the_contracts_error_not_an_attribute_error(db) -> None:
+    """As the embedded driver answers it: a StoreError a caller handles, not a bug."""
+
+    async def body(tr):
+        return None
+
+    await db.close()
+    for call in (lambda: db.transact(body), lambda: db.transact_grouped(body, 1)):
+        with pytest.raises(errors.StoreError) as info:
+            await call()
+        assert info.value.code == errors.CLIENT_INVALID_OPERATION
+    with pytest.raises(errors.StoreError):
+        db.create_transaction()
+
+
+def test_a_binding_errors_description_is_text() -> None:
+    """The binding's FDBError.description is a c_char_p (bytes); StoreError.detail is text."""
+    err = FakeError(errors.NOT_COMMITTED)
+    err.description = b"Transaction not committed due to conflict with another transaction"  # type: ignore[assignment]
+    wrapped = foundation._wrap(err)
+    assert isinstance(wrapped, errors.StoreError)
+    assert wrapped.detail == "Transaction not committed due to conflict with another transaction"
+
+
+async def test_a_cluster_file_fdb_cannot_open_is_one_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(path: str) -> None:
+        raise FakeError(2104)  # connection_string_invalid
+
+    monkeypatch.setattr(foundation, "load_bindings", lambda: types.SimpleNamespace(open=refuse))
+    with pytest.raises(RuntimeError, match=r"FoundationDB cluster file /nowhere/fdb\.cluster cannot be used"):
+        await foundation.open_foundationdb("/nowhere/fdb.cluster")

@@ -81,7 +81,10 @@ def _bridge(loop: asyncio.AbstractEventLoop, fut: Any, convert: Callable[[Any], 
 def _wrap(exc: BaseException) -> BaseException:
     code = getattr(exc, "code", None)
     if isinstance(code, int):
-        return errors.StoreError(code, getattr(exc, "description", ""))
+        detail = getattr(exc, "description", "")
+        if isinstance(detail, bytes):  # the binding's description is a c_char_p: bytes
+            detail = detail.decode("utf-8", "replace")
+        return errors.StoreError(code, detail)
     return exc
 
 
@@ -331,10 +334,16 @@ class FoundationDatabase:
         self._loop = loop
         self._groups = TurnGroups(self.transact)
 
+    def _open(self) -> None:
+        if self._db is None:  # as the embedded driver answers a call after close
+            raise errors.StoreError(errors.CLIENT_INVALID_OPERATION, "database closed")
+
     def create_transaction(self) -> FoundationTransaction:
+        self._open()
         return FoundationTransaction(self)
 
     async def transact(self, fn: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> T:
+        self._open()
         # The marker key is chosen once per call, outside the retry loop: every attempt sets the same one.
         tr = FoundationTransaction(self, keys.commit_marker_key(int(time.time()), os.urandom(16)))
         result: T = await _metrics.run("foundationdb", tr, FoundationTransaction._attempt, (fn, args, kwargs), {})
@@ -351,7 +360,10 @@ class FoundationDatabase:
 
 async def open_foundationdb(cluster_file: str) -> FoundationDatabase:
     fdb = load_bindings()
-    db = fdb.open(cluster_file)
+    try:
+        db = fdb.open(cluster_file)
+    except Exception as exc:  # a cluster file that is missing or malformed: the binding's FDBError
+        raise RuntimeError(f"FoundationDB cluster file {cluster_file} cannot be used: {exc}") from exc
     db.options.set_transaction_timeout(_TIMEOUT_MS)
     db.options.set_transaction_retry_limit(_RETRY_LIMIT)
     loop = asyncio.get_running_loop()
