@@ -378,15 +378,23 @@ class Session:
         return out
 
     def _flush_held(self) -> list[Command]:
-        """Send what LIVE reads returned while the connection was paused."""
+        """Send what LIVE reads returned while the connection was paused, in stamp order across topics:
+        a client resumes every topic from its last id (the ntfy app sends one for all), so a later row
+        of one topic written before an earlier one of another would, were the write cut between them,
+        make the resume skip the earlier one."""
         rows: list[Stored] = []
         topics: list[str] = []
+        held = 0
         for t, ts in self.topics.items():
             if ts.buffer:
                 ts.cursor = ts.buffer[-1].stamp
                 rows += ts.buffer
                 topics += [t] * len(ts.buffer)
+                held += 1
             ts.buffer = None
+        if held > 1:
+            order = sorted(range(len(rows)), key=lambda i: rows[i].stamp)
+            rows, topics = [rows[i] for i in order], [topics[i] for i in order]
         if rows and self.filter is not None:
             rows, topics = self.filter.rows_and_topics(rows, topics)
         return [Send(rows=rows, topics=topics)] if rows else []

@@ -148,6 +148,19 @@ def test_paused_connection_stops_reading_and_resumes_from_its_cursor() -> None:
     assert_reads(cmds, ("a", stamp(3)))
 
 
+def test_rows_held_for_several_topics_are_sent_in_stamp_order() -> None:
+    """On resume, what two topics' reads returned while paused goes out interleaved by stamp, not topic
+    by topic: a client that resumes with its last id for every topic must not skip the earlier ones."""
+    s = live(("a", "b"))
+    s.poke("a")
+    s.poke("b")
+    s.write_paused(NOW)
+    assert_nothing(s.batch_read("a", [row(1), row(4)]))
+    assert_nothing(s.batch_read("b", [row(2), row(3)]))
+    cmds = s.write_resumed()
+    assert_frames_sent(cmds, "m1", "m2", "m3", "m4")
+
+
 def test_paused_during_catch_up_holds_the_buffer() -> None:
     """While catching up, a paused connection keeps what it read buffered and sends it on resume."""
     s = make(("a",))
