@@ -153,19 +153,6 @@ def parse_bool(value: str) -> bool:
     return value.strip().lower() in ("1", "yes", "true")
 
 
-def _param(headers: Mapping[str, str], query: Mapping[str, str], names: tuple[str, ...]) -> str | None:
-    """ntfy's readParam: each name as a header first (case-insensitive), then as a lower-case query key."""
-    for n in names:
-        v = headers.get(n)
-        if v is not None:
-            return v
-    for n in names:
-        v = query.get(n)
-        if v is not None:
-            return v
-    return None
-
-
 # --- filters ----------------------------------------------------------------------------------------
 _ID = ("x-id", "id")
 _MESSAGE = ("x-message", "message", "m")
@@ -218,9 +205,8 @@ def parse_subscribe(
 ) -> Subscribe:
     """Validate a subscribe request. ``headers`` has lower-case names; ``query`` holds first values."""
     topics = parse_topics(topics_raw, max_topics)
-    poll_text = _param(headers, query, ("x-poll", "poll", "po"))
-    poll = parse_bool(poll_text) if poll_text is not None else False
-    since_text = _param(headers, query, ("x-since", "since", "si")) or ""
+    poll = parse_bool(read_param(headers, query, ("x-poll", "poll", "po")))
+    since_text = read_param(headers, query, ("x-since", "since", "si"))
     t = now() if callable(now) else now
     since = parse_since(since_text, poll=poll, now=t)
     return Subscribe(topics, topics_raw, transport, since, poll, parse_filter(headers, query))

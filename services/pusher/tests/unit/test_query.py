@@ -111,6 +111,12 @@ def test_parameter_aliases_and_header_precedence() -> None:
     assert r.poll and r.since == SINCE_ALL
 
 
+def test_a_blank_header_gives_way_to_the_query_as_in_ntfys_read_param() -> None:
+    """ntfy's readParam skips a blank header and trims what it reads: the query's since/poll then count."""
+    r = parse_subscribe("a", "json", {"x-since": " ", "x-poll": ""}, {"since": " all ", "poll": "1"}, NOW)
+    assert r.since == SINCE_ALL and r.poll
+
+
 @pytest.mark.parametrize(
     "value",
     ["9" * 400 + "d", "9" * 5000, "9" * 20, "1" * 30 + "h", "106751d" * 2, "9" * 63 + "s"],
