@@ -283,6 +283,11 @@ def unifiedpush_requested(headers: Mapping[str, str], query: Mapping[str, str]) 
     return _read_bool(headers, query, _UNIFIEDPUSH)
 
 
+def _aes128gcm(headers: Mapping[str, str]) -> bool:
+    """An RFC 8291 body (``Content-Encoding: aes128gcm``): a Web Push message, UnifiedPush mode."""
+    return "content-encoding" in headers and go_trim(headers["content-encoding"]).lower() == "aes128gcm"
+
+
 def unifiedpush_mode(headers: Mapping[str, str], query: Mapping[str, str]) -> bool:
     """Whether a publish is in ntfy's UnifiedPush mode, which subscriber-based limiting refuses with 507
     when the topic has no subscriber: ``up`` asked for, or an ``aes128gcm`` body (a Web Push message,
@@ -290,7 +295,7 @@ def unifiedpush_mode(headers: Mapping[str, str], query: Mapping[str, str]) -> bo
     ``parsePublishParams``."""
     if read_param(headers, query, _POLL_ID):
         return False
-    if "content-encoding" in headers and go_trim(headers["content-encoding"]).lower() == "aes128gcm":
+    if _aes128gcm(headers):
         return True
     return _read_bool(headers, query, _UNIFIEDPUSH)
 
@@ -482,7 +487,7 @@ def parse_params(
     if overrides:
         headers = {**headers, **overrides}
     p = _present(headers, query)
-    encrypted = "content-encoding" in headers and go_trim(headers["content-encoding"]).lower() == "aes128gcm"
+    encrypted = _aes128gcm(headers)
     ttl = _parse_ttl(headers, limits.default_ttl_secs)
     idem = _parse_idempotency_key(headers)
     webpush, urgency, push_topic = _parse_webpush(headers)
