@@ -16,7 +16,9 @@ Rule 2, delivery: a connection receives only stamps newer than its per-topic cur
 moves to the last stamp handed out in a ``Send``. At most one ``Read`` per (connection, topic) is in
 flight; a poke that arrives meanwhile sets a "drain again" flag. While CATCHING_UP, the topics are
 merged in stamp order (stamps are globally ordered bytes), so a multi-topic connection replays its
-backlog in commit order; LIVE drains each topic on its own.
+backlog in commit order; LIVE drains each topic on its own (the hub writes one read round's rows to a
+connection in stamp order, ``hub.in_stamp_order``, and rows held while paused go out merged the same
+way), so order across topics holds within a round, not across rounds.
 
 Rule 2b, ``X-Cache: no``: such a row is sent only if it is above the topic's live mark (the newest
 stamp when the subscription started; a poll's is above everything). Only the catch-up can meet rows at
