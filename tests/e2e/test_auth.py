@@ -220,3 +220,81 @@ def test_malformed_declarations_stop_the_start_naming_the_variable(fleet, name: 
     env.update(UPF_STORE_PATH=fleet.store, UPF_BIND="127.0.0.1:0", UPF_WORKERS="1", **{name: value})
     r = subprocess.run([sys.executable, "-m", "upf"], env=env, capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and name in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+async def _stream_lines(base: str, path: str, headers: dict, lines: list[dict]) -> None:
+    """Read a /json stream into ``lines`` until the server ends it."""
+    async with httpx.AsyncClient(timeout=None) as c, c.stream("GET", base + path, headers=headers) as r:
+        assert r.status_code == 200
+        async for line in r.aiter_lines():
+            lines.append(json.loads(line))
+
+
+async def _ws_frames(url: str, headers: dict, frames: list[dict]) -> int | None:
+    """Read a WebSocket into ``frames`` until the server closes it; its close code."""
+    async with websockets.connect(url, additional_headers=headers) as ws:
+        try:
+            async for data in ws:
+                frames.append(json.loads(data))
+        except websockets.ConnectionClosed:
+            pass
+    return ws.close_code
+
+
+async def test_an_auth_change_ends_the_open_streams_it_revokes_and_no_other(secured, fleet):
+    """ntfy ends a user's subscriptions when its access is reset; UPF does so for every change that
+    takes a stream's access away: an ACL entry, a token, a password, a user. Streams the change does
+    not touch go on, and a revoked client that reconnects gets what a new request gets."""
+    token = cli(fleet, "token", "add", "phil")
+    phil = {"Authorization": basic("phil", "phil-pass")}
+    bearer = {"Authorization": f"Bearer {token}"}
+    ws_base = "ws" + secured.base.removeprefix("http")
+    news: list[dict] = []
+    public: list[dict] = []
+    by_token: list[dict] = []
+    by_password: list[dict] = []
+    tasks = {
+        "news": asyncio.create_task(_stream_lines(secured.base, "/news/json", phil, news)),
+        "public": asyncio.create_task(_stream_lines(secured.base, "/public/json", {}, public)),
+        "token": asyncio.create_task(_ws_frames(f"{ws_base}/upPHIL0002/ws", bearer, by_token)),
+        "password": asyncio.create_task(_ws_frames(f"{ws_base}/upPHIL0001/ws", phil, by_password)),
+    }
+
+    async def opened() -> bool:
+        return all(frames and frames[0]["event"] == "open" for frames in (news, public, by_token, by_password))
+
+    assert await until(opened)
+    root = {"Authorization": basic("root", "root-pass")}
+
+    # An ACL entry reset: phil's stream on news ends; the others go on.
+    cli(fleet, "access", "--reset", "phil", "news")
+    await asyncio.wait_for(tasks["news"], 10)
+    r = await get(secured.base, "/news/json?poll=1", phil)
+    assert (r.status_code, error_body(r)["code"]) == (403, 40301)
+    assert not any(t.done() for name, t in tasks.items() if name != "news")
+
+    # A token removed: the ws it opened is closed with 1008 (policy violation); Basic auth goes on.
+    cli(fleet, "token", "remove", "phil", token)
+    assert await asyncio.wait_for(tasks["token"], 10) == 1008
+    sent = (await post(secured.base, "upPHIL0001", "still here", phil)).json()
+    sent2 = (await post(secured.base, "public", "still public", root)).json()
+
+    async def delivered() -> bool:
+        return any(m.get("id") == sent["id"] for m in by_password) and any(m.get("id") == sent2["id"] for m in public)
+
+    assert await until(delivered)
+
+    # A password changed: the ws opened with the old one closes; the old password is now a 401.
+    cli(fleet, "user", "change-pass", "phil", password="new-pass")
+    assert await asyncio.wait_for(tasks["password"], 10) == 1008
+    with pytest.raises(websockets.InvalidStatus) as err:
+        async with websockets.connect(f"{ws_base}/upPHIL0001/ws", additional_headers=phil):
+            pass
+    assert err.value.response.status_code == 401
+    assert not tasks["public"].done()
+
+    # Everyone's read on public reset: the anonymous stream ends too.
+    cli(fleet, "access", "--reset", "*", "public")
+    await asyncio.wait_for(tasks["public"], 10)
+    assert [m["id"] for m in public if m["event"] == "message"] == [sent2["id"]]
+    assert [m["id"] for m in by_password if m["event"] == "message"] == [sent["id"]]

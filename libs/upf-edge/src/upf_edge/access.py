@@ -231,10 +231,15 @@ class Authorizer:
 
     __slots__ = ("state", "default", "_verified", "_rules", "_identities", "_decisions")
 
-    def __init__(self, state: AuthState, default: Permission = Permission.READ_WRITE) -> None:
+    def __init__(
+        self, state: AuthState, default: Permission = Permission.READ_WRITE, verified: set[bytes] | None = None
+    ) -> None:
         self.state = state
         self.default = default
-        self._verified: set[bytes] = set()
+        self._verified: set[bytes] = set() if verified is None else verified
+        """Digests of (user, password, stored hash) bcrypt accepted. They stay true in a later state
+        (a changed hash makes another digest), so the next authorizer may take them over: re-checking
+        open streams at an auth change then costs no bcrypt for passwords that did not change."""
         self._rules: dict[str | None, list[tuple[str, Permission]]] = {}
         self._identities: dict[tuple[str | None, str | None], tuple[Identity, int]] = {}
         """(Authorization, ?auth=) -> (who, the token's expiry or 0), for credentials that succeeded."""

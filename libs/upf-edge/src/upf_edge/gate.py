@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import logging
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from upf_keyspace import Store
 from upf_keyspace.auth import AuthState, Permission
@@ -22,7 +22,7 @@ from .access import ANONYMOUS, Authorizer, Identity
 from .errors import STORE_UNAVAILABLE, NtfyError
 from .provision import apply_provisioning, load_provisioning
 
-__all__ = ["AccessGate", "auth_param"]
+__all__ = ["AccessGate", "Credential", "auth_param"]
 
 log = logging.getLogger("upf.edge.gate")
 
@@ -31,6 +31,9 @@ RECHECK_SECS = 30.0
 
 
 _SHARED: weakref.WeakKeyDictionary[Store, AccessGate] = weakref.WeakKeyDictionary()
+
+Credential = tuple[str | None, str | None]
+"""(``Authorization``, ``?auth=``) as a request presented them: what :meth:`AccessGate.identify` reads."""
 
 
 def auth_param(query: Mapping[str, str]) -> str | None:
@@ -44,7 +47,18 @@ def auth_param(query: Mapping[str, str]) -> str | None:
 
 
 class AccessGate:
-    __slots__ = ("store", "default", "authorizer", "_open", "_loaded", "_task", "_users", "_started", "__weakref__")
+    __slots__ = (
+        "store",
+        "default",
+        "authorizer",
+        "_open",
+        "_loaded",
+        "_task",
+        "_users",
+        "_started",
+        "_listeners",
+        "__weakref__",
+    )
 
     def __init__(self, store: Store, default_access: str = "read-write") -> None:
         self.store = store
@@ -55,6 +69,7 @@ class AccessGate:
         self._task: asyncio.Task[None] | None = None
         self._users = 0
         self._started: asyncio.Future[None] | None = None
+        self._listeners: list[Callable[[], None]] = []
 
     @classmethod
     async def acquire(cls, store: Store, default_access: str = "read-write") -> AccessGate:
@@ -99,10 +114,25 @@ class AccessGate:
                 await self._task
             self._task = None
 
+    def listen(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` after each auth change this gate installs (a pusher re-checks its streams)."""
+        self._listeners.append(callback)
+
+    def unlisten(self, callback: Callable[[], None]) -> None:
+        with contextlib.suppress(ValueError):
+            self._listeners.remove(callback)
+
     def _install(self, state: AuthState) -> None:
-        self.authorizer = Authorizer(state, self.default)
+        reload = self._loaded
+        self.authorizer = Authorizer(state, self.default, self.authorizer._verified)
         self._open = not state.configured and self.default is Permission.READ_WRITE
         self._loaded = True
+        if reload:
+            for callback in list(self._listeners):
+                try:
+                    callback()
+                except Exception:
+                    log.exception("auth change listener failed")
 
     async def _follow(self) -> None:
         backoff = 0.1
@@ -143,6 +173,30 @@ class AccessGate:
         """403 NtfyError unless ``who`` may read (or write) every one of ``topics``."""
         if not self._open:
             self.authorizer.check(who, topics, write=write)
+
+    def allows(
+        self, credential: Credential | None, topics: Iterable[str], seen: dict[Credential, Identity | None]
+    ) -> bool:
+        """Whether a subscriber that was let in with ``credential`` (None: anonymous) may still read
+        ``topics`` under the current state. ``seen`` remembers identities across one re-check of many
+        streams, failures included, so a changed password costs one bcrypt per credential, not per
+        stream."""
+        if self._open:
+            return True
+        if credential is None:
+            who: Identity | None = ANONYMOUS
+        elif credential in seen:
+            who = seen[credential]
+        else:
+            try:
+                who = self.authorizer.identify(*credential)
+            except NtfyError:
+                who = None
+            seen[credential] = who
+        if who is None:
+            return False
+        permission = self.authorizer.permission
+        return all(permission(who, t).read for t in topics)
 
     def check(
         self, authorization: str | None, auth_param: str | None, topics: Sequence[str], *, write: bool

@@ -7,6 +7,7 @@ import asyncio
 import base64
 import time
 
+import bcrypt
 import pytest
 
 from upf_edge.access import ANONYMOUS, Identity, hash_password
@@ -114,3 +115,49 @@ def test_auth_param_is_read_as_ntfys_read_query_param() -> None:
     assert auth_param({"auth": " QQ \t"}) == "QQ"
     assert auth_param({"auth": "  "}) == "" and not presents_credentials(None, auth_param({"auth": "  "}))
     assert auth_param({}) is None
+
+
+async def test_an_auth_change_tells_listeners_and_allows_judges_what_streams_logged_in_with(stores, monkeypatch):
+    """A pusher re-checks its open streams after each change (``allows``): with the credential each
+    logged in with, bcrypt run again only for a password whose stored hash changed, and once per
+    credential however many streams share it."""
+    server, cli = stores
+    await cli.add_user("phil", User(role="user", password_hash=hash_password("pw")))
+    await cli.set_access("phil", "up*", Permission.READ_ONLY)
+    await cli.set_access(EVERYONE, "public", Permission.READ_ONLY)
+    gate = AccessGate(server, "deny-all")
+    changes: list[int] = []
+    gate.listen(lambda: changes.append(gate.authorizer.state.version))
+    await gate.start()
+    try:
+        assert changes == []  # the first load is no change
+        phil = (basic("phil", "pw"), None)
+        assert gate.check(*phil, ["up1"], write=False) == Identity("phil", False)  # bcrypt once, here
+        checks: list[bytes] = []
+        real = bcrypt.checkpw
+        monkeypatch.setattr(bcrypt, "checkpw", lambda pw, h: checks.append(pw) or real(pw, h))
+
+        await cli.set_access(EVERYONE, "news", Permission.READ_ONLY)
+        await eventually(lambda: assert_(len(changes) == 1))
+        seen: dict = {}
+        assert gate.allows(phil, ["up1", "up2"], seen) and gate.allows(None, ["public"], seen)
+        assert not gate.allows(None, ["up1"], seen) and not gate.allows(phil, ["up1", "other"], seen)
+        assert checks == []  # the password's digest carried over to the new state's authorizer
+
+        await cli.put_user("phil", User(role="user", password_hash=hash_password("new")))
+        await eventually(lambda: assert_(len(changes) == 2))
+        seen = {}
+        assert not any(gate.allows(phil, ["up1"], seen) for _ in range(5))
+        assert checks == [b"pw"]  # one failed bcrypt for five streams
+        assert gate.allows((basic("phil", "new"), None), ["up1"], seen)
+
+        gate.unlisten(changes.append)  # not a listener: ignored
+        await cli.delete_user("phil")
+        await eventually(lambda: assert_(len(changes) == 3))
+        assert not gate.allows((basic("phil", "new"), None), ["up1"], {})
+    finally:
+        await gate.stop()
+
+
+def assert_(condition: bool) -> None:
+    assert condition

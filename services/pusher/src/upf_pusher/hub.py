@@ -26,10 +26,11 @@ import asyncio
 import functools
 import logging
 import time
-from collections.abc import Callable, Coroutine, Iterable
+from collections.abc import Callable, Collection, Coroutine, Iterable
 from typing import TYPE_CHECKING, Any
 
 from upf_edge.errors import Problem
+from upf_edge.gate import Credential
 from upf_keyspace import Settings, Since, Store, StoreError, Watch, message_from_envelope
 from upf_keyspace import telemetry as tm
 
@@ -238,6 +239,9 @@ class Hub:
         """Paused connections: between keepalives the sweep only has to look at these."""
         self._on_close: dict[Subscriber, Callable[[], None]] = {}
         """What to run when a subscriber is forgotten (its visitor's subscription count)."""
+        self._credentials: dict[Subscriber, Credential] = {}
+        """What an authenticated subscriber logged in with, to check again at an auth change; an
+        anonymous one (every subscriber of a server without auth) has no entry and costs nothing."""
 
     # --- lifecycle ----------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -295,11 +299,20 @@ class Hub:
         return task
 
     # --- subscribers --------------------------------------------------------------------------------
-    def attach(self, sub: Subscriber, since: Since, on_close: Callable[[], None] | None = None) -> None:
+    def attach(
+        self,
+        sub: Subscriber,
+        since: Since,
+        on_close: Callable[[], None] | None = None,
+        credential: Credential | None = None,
+    ) -> None:
         """Register ``sub`` locally (so no poke is missed), then resolve its cursors in the store.
-        ``on_close`` runs once when the hub forgets it (the request limiter's subscription count)."""
+        ``on_close`` runs once when the hub forgets it (the request limiter's subscription count);
+        ``credential`` is what an authenticated subscriber logged in with (see :meth:`revoke`)."""
         if on_close is not None:
             self._on_close[sub] = on_close
+        if credential is not None:
+            self._credentials[sub] = credential
         self.subs.add(sub)
         self.metrics.transports[sub.transport_name].connections.add(1)
         self._subscribing.add(sub)
@@ -353,6 +366,7 @@ class Hub:
         if sub not in self.subs:
             return
         self.subs.discard(sub)
+        self._credentials.pop(sub, None)
         on_close = self._on_close.pop(sub, None)
         if on_close is not None:
             on_close()
@@ -374,6 +388,21 @@ class Hub:
                 continue
             del by_topic[t]
             self._affinity_changed(t)
+
+    def revoke(self, allowed: Callable[[Credential | None, Collection[str]], bool]) -> int:
+        """Close every subscriber ``allowed`` refuses now (its credential, None for anonymous, and its
+        topics), after an auth change: a revoked user, token or ACL entry ends the streams it opened,
+        not only the next request. Returns how many were closed; each client that reconnects gets
+        the answer a new request gets (401 or 403)."""
+        closed = 0
+        for sub in list(self.subs):
+            session = sub.session
+            if not session.closed and not allowed(self._credentials.get(sub), session.topics.keys()):
+                self.run(sub, session.revoke())
+                closed += 1
+        if closed:
+            log.info("subscribers revoked", extra={"node": self.node, "closed": closed})
+        return closed
 
     def write_paused(self, sub: Subscriber) -> None:
         session = sub.session

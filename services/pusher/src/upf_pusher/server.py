@@ -34,7 +34,7 @@ from websockets.exceptions import InvalidHandshake, InvalidUpgrade
 from upf_edge import NO_BODY, Handler
 from upf_edge.access import Identity
 from upf_edge.errors import NOT_FOUND, NtfyError, Problem
-from upf_edge.gate import AccessGate, auth_param
+from upf_edge.gate import AccessGate, Credential, auth_param
 from upf_edge.handler import PREFLIGHT
 from upf_edge.http11 import (
     HttpError,
@@ -374,10 +374,10 @@ class HttpProtocol(asyncio.Protocol):
         keep = _keeps(head)
         limiter = p.limiter
         visitor: str | None = None
+        authorizer = p.gate.authorizer
+        credential = (headers.get("authorization"), auth_param(query))
         try:
-            who: Identity = await limiter.identify(
-                p.gate, headers.get("authorization"), auth_param(query), self.client, forwarded
-            )
+            who: Identity = await limiter.identify(p.gate, *credential, self.client, forwarded)
             visitor = limiter.visitor(who.user, self.client, forwarded)
             await limiter.check(visitor)
             p.gate.authorize(who, req.topics, write=False)
@@ -406,7 +406,16 @@ class HttpProtocol(asyncio.Protocol):
             uncount()
             self._reply(head, error_response(_SHUTTING_DOWN), False)
             return
-        if not self._attach(head, req, transport_name, uncount if visitor is not None else None):
+        if p.gate.authorizer is not authorizer:  # an auth change while the store was asked: the hub's
+            try:  # re-check of its streams (Pusher._auth_changed) did not see this one yet
+                p.gate.check(*credential, req.topics, write=False)
+            except NtfyError as e:
+                uncount()
+                self._reply(head, error_response(e.problem, keep_alive=keep, extra=e.headers), keep)
+                self._resume()
+                return
+        on_close = uncount if visitor is not None else None
+        if not self._attach(head, req, transport_name, on_close, credential if who.user is not None else None):
             self._resume()
 
     def _resume(self) -> None:
@@ -416,15 +425,25 @@ class HttpProtocol(asyncio.Protocol):
             self.transport.resume_reading()
             self._process()
 
-    def _attach(self, head: RequestHead, req: Subscribe, transport_name: str, on_close: Any = None) -> bool:
+    def _attach(
+        self,
+        head: RequestHead,
+        req: Subscribe,
+        transport_name: str,
+        on_close: Any = None,
+        credential: Credential | None = None,
+    ) -> bool:
         """Hand the admitted subscribe's connection to its transport and the hub (False: refused).
-        ``on_close`` runs once when the subscription ends (or at once, when it is refused here)."""
-        answer, taken = self._attach_sub(head, req, transport_name, on_close)
+        ``on_close`` runs once when the subscription ends (or at once, when it is refused here);
+        ``credential``: what an authenticated subscriber logged in with (None: anonymous)."""
+        answer, taken = self._attach_sub(head, req, transport_name, on_close, credential)
         if not taken and on_close is not None:
             on_close()
         return answer
 
-    def _attach_sub(self, head: RequestHead, req: Subscribe, transport_name: str, on_close: Any) -> tuple[bool, bool]:
+    def _attach_sub(
+        self, head: RequestHead, req: Subscribe, transport_name: str, on_close: Any, credential: Credential | None
+    ) -> tuple[bool, bool]:
         """``_attach``'s body: (its answer, whether the hub took the subscriber)."""
         p = self.pusher
         keep = _keeps(head)
@@ -452,7 +471,7 @@ class HttpProtocol(asyncio.Protocol):
         if self.admitted:
             sub.peers, sub.peer = p.peers, self.client  # the subscriber releases the count when it goes
         self.transport.set_protocol(sub)
-        p.hub.attach(sub, req.since, on_close)
+        p.hub.attach(sub, req.since, on_close, credential)
         if self.paused:  # asyncio will not say so again: the subscriber starts paused
             sub.pause_writing()
         if rest:
@@ -597,6 +616,7 @@ class Pusher:
             if self.lifespan is not None:
                 await self.lifespan.startup()
             gate = self.gate = await AccessGate.acquire(self.store, self.settings.auth_default_access)
+            gate.listen(self._auth_changed)
             try:
                 await self.limiter.reset_node(self.hub.node)  # this node holds no subscription yet
             except Exception:  # a store down at start must not keep the pusher down; the janitor sweeps later
@@ -629,9 +649,17 @@ class Pusher:
             sock.close()
         await self.hub.stop()
         if gate is not None:
+            gate.unlisten(self._auth_changed)
             await gate.release()
         if self.lifespan is not None:
             await self.lifespan.shutdown()
+
+    def _auth_changed(self) -> None:
+        """An auth change (``upf user|access|token ...``, on any host) applies to open streams too, as
+        ntfy's access reset ends the user's subscriptions: each is checked as a new subscribe would
+        be, with the credential it logged in with."""
+        seen: dict[Credential, Identity | None] = {}
+        self.hub.revoke(lambda credential, topics: self.gate.allows(credential, topics, seen))
 
     async def check_store(self) -> bool:
         try:
@@ -682,6 +710,7 @@ class Pusher:
         await asyncio.sleep(0)  # let connection_lost callbacks run
         if self.lifespan is not None:
             await self.lifespan.shutdown()
+        self.gate.unlisten(self._auth_changed)
         await self.gate.release()
         log.info("pusher stopped", extra={"node": self.settings.node_id})
 

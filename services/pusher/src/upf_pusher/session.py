@@ -10,7 +10,8 @@ is ignored)::
 
     SUBSCRIBING --subscribed--> CATCHING_UP --caught_up--> LIVE
          |                          |  (poll=1) --finished--> CLOSED
-         +--peer_closed/shutdown----+--peer_closed/shutdown/slow--> CLOSED  (from LIVE too)
+         +--peer_closed/shutdown/---+--peer_closed/shutdown/revoked/slow--> CLOSED  (from LIVE too)
+            revoked
 
 Rule 2, delivery: a connection receives only stamps newer than its per-topic cursor, and the cursor
 moves to the last stamp handed out in a ``Send``. At most one ``Read`` per (connection, topic) is in
@@ -112,7 +113,8 @@ class Read(msgspec.Struct, frozen=True):
 
 class Close(msgspec.Struct, frozen=True):
     reason: str
-    """``done`` (a poll has sent everything), ``slow`` (stayed paused too long) or ``shutdown``."""
+    """``done`` (a poll has sent everything), ``slow`` (stayed paused too long), ``shutdown``, or
+    ``denied`` (an auth change revoked the subscriber's access)."""
 
 
 Command = Send | Read | Close
@@ -126,6 +128,7 @@ RULES: dict[tuple[Phase, str], Phase] = {
     (_S, "write_resumed"): _S,
     (_S, "peer_closed"): _X,
     (_S, "shutdown"): _X,
+    (_S, "revoked"): _X,
     (_C, "poke"): _C,
     (_C, "batch_read"): _C,
     (_C, "read_failed"): _C,
@@ -137,6 +140,7 @@ RULES: dict[tuple[Phase, str], Phase] = {
     (_C, "slow"): _X,
     (_C, "peer_closed"): _X,
     (_C, "shutdown"): _X,
+    (_C, "revoked"): _X,
     (_L, "poke"): _L,
     (_L, "batch_read"): _L,
     (_L, "read_failed"): _L,
@@ -146,6 +150,7 @@ RULES: dict[tuple[Phase, str], Phase] = {
     (_L, "slow"): _X,
     (_L, "peer_closed"): _X,
     (_L, "shutdown"): _X,
+    (_L, "revoked"): _X,
 }
 
 
@@ -327,6 +332,12 @@ class Session:
     def shutdown(self) -> list[Command]:
         if self._step("shutdown"):
             return [Close("shutdown")]
+        return []
+
+    def revoke(self) -> list[Command]:
+        """An auth change took the subscriber's access to one of its topics (or its credentials)."""
+        if self._step("revoked"):
+            return [Close("denied")]
         return []
 
     # --- rules --------------------------------------------------------------------------------------

@@ -549,12 +549,15 @@ class WsSubscriber(Subscriber):
         if self.head is None:
             ws = self._core()
             if ws.state is State.OPEN:
-                ws.send_close(1001 if reason == "shutdown" else 1000)
+                ws.send_close(_CLOSE_CODES.get(reason, 1000))
                 for data in ws.data_to_send():
                     if data != SEND_EOF:
                         self._put(data)
         self.transport.close()
 
+
+_CLOSE_CODES = {"shutdown": 1001, "denied": 1008}
+"""RFC 6455 close codes by ``Close`` reason: going away, policy violation (access revoked); else normal."""
 
 _SPARE_CORES: list[ServerProtocol] = []
 """Cores dropped at a frame boundary, in a fresh core's state: a pong every keepalive per connection

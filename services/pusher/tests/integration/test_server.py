@@ -666,3 +666,39 @@ async def test_cors_preflight_on_every_path_and_origin_on_every_reply(pusher: Pu
     # a preflight that declares a body is answered, and the connection closed (the body is never read)
     raw = await raw_request(pusher.port, b"OPTIONS /t HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nGET /")
     assert raw.startswith(b"HTTP/1.1 200 ") and raw.count(b"HTTP/1.1") == 1 and b"Connection: close" in raw
+
+
+async def test_an_auth_change_during_a_limited_subscribe_is_applied_before_it_attaches(
+    start_pusher: Any, store: Store, monkeypatch: Any
+) -> None:
+    """A subscribe that waits on the store (an authenticated one) is not among the open streams the
+    re-check of an auth change closes; it is checked again before it attaches, and its subscription
+    count is handed back."""
+    import base64
+
+    from upf_edge.access import hash_password
+    from upf_keyspace.auth import Permission, User
+
+    await store.add_user("phil", User(role="user", password_hash=hash_password("pw")))
+    await store.set_access("phil", "up*", Permission.READ_ONLY)
+    p = await start_pusher(auth_default_access="deny-all", limit_exempt=())  # loopback is exempt by default
+    cls = type(p.limiter)  # slotted: patched on the class
+    real_open, real_close = cls.open_subscription, cls.close_subscription
+    closed: list[str | None] = []
+
+    async def open_then_revoke(self: Any, visitor: str | None, node: str) -> None:
+        await real_open(self, visitor, node)
+        before = p.gate.authorizer
+        await store.reset_access("phil", "up*")
+        await eventually(lambda: p.gate.authorizer is not before)
+
+    def close(self: Any, visitor: str | None, node: str) -> None:
+        closed.append(visitor)
+        real_close(self, visitor, node)
+
+    monkeypatch.setattr(cls, "open_subscription", open_then_revoke)
+    monkeypatch.setattr(cls, "close_subscription", close)
+    auth = "Basic " + base64.b64encode(b"phil:pw").decode()
+    status, _, body = await get(p.port, "/up1/json", f"Authorization: {auth}\r\n")
+    assert status == 403 and json.loads(body)["code"] == 40301
+    assert closed == ["user:phil"] and not p.hub.subs

@@ -237,6 +237,18 @@ def test_shutdown_closes_once() -> None:
     assert_nothing(s.shutdown())
 
 
+def test_revoke_closes_once_in_every_open_phase_and_stops_delivery() -> None:
+    """An auth change that takes the access away closes with 'denied' whatever the phase, once; a read
+    already in flight then sends nothing."""
+    for s in (Session(["a"], "a", SessionConfig()), live()):
+        s.poke("a")
+        assert_closed_with(s.revoke(), "denied")
+        assert s.closed
+        assert_nothing(s.revoke())
+        assert_nothing(s.batch_read("a", [row(1)]))
+        assert_nothing(s.shutdown())
+
+
 def test_unknown_topic_events_are_ignored() -> None:
     """A poke or batch for a topic the connection does not hold does nothing."""
     s = live()
