@@ -150,9 +150,15 @@ async def test_tokens_work_until_they_expire(secured, fleet):
 
     assert await until(accepted)
     assert (await post(secured.base, "upPHIL0001", "t", empty_user)).status_code == 200
+    ws_base = "ws" + secured.base.removeprefix("http")
+    frames: list[dict] = []
+    stream = asyncio.create_task(_ws_frames(f"{ws_base}/upPHIL0001/ws", bearer, frames))
     await asyncio.sleep(2.2)
     r = await post(secured.base, "upPHIL0001", "t", bearer)
     assert (r.status_code, error_body(r)["code"]) == (401, 40101)
+    # The stream the token opened ends with it (1008), having had the open frame and nothing refused.
+    assert await asyncio.wait_for(stream, 5) == 1008
+    assert frames and frames[0]["event"] == "open"
 
 
 async def test_acl_change_reaches_the_running_server_without_restart(secured, fleet):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
@@ -28,6 +29,9 @@ log = logging.getLogger("upf.edge.gate")
 
 RECHECK_SECS = 30.0
 """How long the gate waits on the version watch before reading the version anyway."""
+
+EXPIRY_SLACK_SECS = 0.05
+"""How long after a token's expiry its streams are re-checked (its ``expires`` second has passed)."""
 
 
 _SHARED: weakref.WeakKeyDictionary[Store, AccessGate] = weakref.WeakKeyDictionary()
@@ -57,6 +61,7 @@ class AccessGate:
         "_users",
         "_started",
         "_listeners",
+        "_expiry",
         "__weakref__",
     )
 
@@ -70,6 +75,8 @@ class AccessGate:
         self._users = 0
         self._started: asyncio.Future[None] | None = None
         self._listeners: list[Callable[[], None]] = []
+        self._expiry: asyncio.TimerHandle | None = None
+        """Set for the next expiry of a token of the state: the streams it opened end then."""
 
     @classmethod
     async def acquire(cls, store: Store, default_access: str = "read-write") -> AccessGate:
@@ -108,6 +115,9 @@ class AccessGate:
         self._task = asyncio.get_running_loop().create_task(self._follow())
 
     async def stop(self) -> None:
+        if self._expiry is not None:
+            self._expiry.cancel()
+            self._expiry = None
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -128,11 +138,33 @@ class AccessGate:
         self._open = not state.configured and self.default is Permission.READ_WRITE
         self._loaded = True
         if reload:
-            for callback in list(self._listeners):
-                try:
-                    callback()
-                except Exception:
-                    log.exception("auth change listener failed")
+            self._tell()
+        self._arm_expiry(EXPIRY_SLACK_SECS)
+
+    def _tell(self) -> None:
+        for callback in list(self._listeners):
+            try:
+                callback()
+            except Exception:
+                log.exception("auth change listener failed")
+
+    def _arm_expiry(self, at_least: float) -> None:
+        """Wake at the state's next token expiry (no timer when no token expires): a token's end is
+        an auth change for the streams it opened, though nothing is written. ``at_least`` keeps
+        tokens expiring in a row from re-checking every stream more than once a second."""
+        if self._expiry is not None:
+            self._expiry.cancel()
+            self._expiry = None
+        now = time.time()
+        ends = [t.expires for _, t in self.authorizer.state.tokens.values() if t.expires > now]
+        if ends:
+            delay = max(min(ends) - now + EXPIRY_SLACK_SECS, at_least)
+            self._expiry = asyncio.get_running_loop().call_later(delay, self._expired)
+
+    def _expired(self) -> None:
+        self._expiry = None
+        self._tell()
+        self._arm_expiry(1.0)
 
     async def _follow(self) -> None:
         backoff = 0.1

@@ -10,12 +10,12 @@ import time
 import bcrypt
 import pytest
 
-from upf_edge.access import ANONYMOUS, Identity, hash_password
+from upf_edge.access import ANONYMOUS, Identity, hash_password, new_token
 from upf_edge.errors import NtfyError
 from upf_edge.gate import AccessGate, auth_param
 from upf_edge.limiter import presents_credentials
 from upf_keyspace import Settings, open_store
-from upf_keyspace.auth import EVERYONE, Permission, User
+from upf_keyspace.auth import EVERYONE, Permission, Token, User, token_digest
 
 
 @pytest.fixture
@@ -161,3 +161,25 @@ async def test_an_auth_change_tells_listeners_and_allows_judges_what_streams_log
 
 def assert_(condition: bool) -> None:
     assert condition
+
+
+async def test_a_token_expiry_is_an_auth_change_for_the_streams_it_opened(stores):
+    """Nothing is written when a token expires: the gate wakes at the state's next expiry and tells
+    its listeners, so a pusher ends the streams that token opened."""
+    server, cli = stores
+    await cli.add_user("phil", User(role="user", password_hash=hash_password("pw")))
+    await cli.set_access("phil", "up*", Permission.READ_ONLY)
+    token = new_token()
+    await cli.add_token("phil", token_digest(token), Token(expires=int(time.time()) + 1))
+    gate = AccessGate(server, "deny-all")
+    changes: list[float] = []
+    gate.listen(lambda: changes.append(time.time()))
+    await gate.start()
+    try:
+        bearer = (f"Bearer {token}", None)
+        assert gate.allows(bearer, ["up1"], {}) and changes == []
+        await eventually(lambda: assert_(len(changes) == 1), timeout=3.0)
+        assert not gate.allows(bearer, ["up1"], {})
+        assert gate._expiry is None  # no other token expires: no timer left
+    finally:
+        await gate.stop()
