@@ -62,6 +62,7 @@ class AccessGate:
         "_started",
         "_listeners",
         "_expiry",
+        "changes",
         "__weakref__",
     )
 
@@ -77,6 +78,9 @@ class AccessGate:
         self._listeners: list[Callable[[], None]] = []
         self._expiry: asyncio.TimerHandle | None = None
         """Set for the next expiry of a token of the state: the streams it opened end then."""
+        self.changes = 0
+        """Auth changes told to the listeners so far (new states and token expiries): a subscribe
+        that waited on the store compares it to see whether their re-check could have missed it."""
 
     @classmethod
     async def acquire(cls, store: Store, default_access: str = "read-write") -> AccessGate:
@@ -142,6 +146,7 @@ class AccessGate:
         self._arm_expiry(EXPIRY_SLACK_SECS)
 
     def _tell(self) -> None:
+        self.changes += 1
         for callback in list(self._listeners):
             try:
                 callback()

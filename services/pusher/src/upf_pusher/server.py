@@ -374,7 +374,7 @@ class HttpProtocol(asyncio.Protocol):
         keep = _keeps(head)
         limiter = p.limiter
         visitor: str | None = None
-        authorizer = p.gate.authorizer
+        changes = p.gate.changes
         credential = (headers.get("authorization"), auth_param(query))
         try:
             who: Identity = await limiter.identify(p.gate, *credential, self.client, forwarded)
@@ -406,7 +406,7 @@ class HttpProtocol(asyncio.Protocol):
             uncount()
             self._reply(head, error_response(_SHUTTING_DOWN), False)
             return
-        if p.gate.authorizer is not authorizer:  # an auth change while the store was asked: the hub's
+        if p.gate.changes != changes:  # an auth change while the store was asked: the hub's
             try:  # re-check of its streams (Pusher._auth_changed) did not see this one yet
                 p.gate.check(*credential, req.topics, write=False)
             except NtfyError as e:
