@@ -26,3 +26,48 @@ def test_bad_worker_count_stops_upf_naming_it(value, tmp_path):
     out = subprocess.run([sys.executable, "-m", "upf"], env=env, capture_output=True, text=True, timeout=60)
     assert out.returncode == 2
     assert "UPF_WORKERS must be" in out.stderr
+
+
+@pytest.mark.parametrize(
+    ("argv", "extra"),
+    [
+        (["-m", "upf"], {"UPF_WORKERS": "2"}),  # the supervisor stops at its workers' exit 2: no restart loop
+        (["-m", "upf"], {"UPF_WORKERS": "1"}),
+        (["-m", "upf"], {"UPF_ROLES": "writer"}),
+        (["-m", "upf"], {"UPF_ROLES": "janitor"}),
+        (["-m", "upf_writer"], {}),
+        (["-m", "upf_pusher"], {}),
+        (["-m", "upf_janitor"], {}),
+        (["-m", "upf", "user", "list"], {}),
+        (["-m", "upf", "backup", "out.upfb"], {}),
+    ],
+)
+def test_a_store_path_that_cannot_be_opened_stops_every_entry_point_in_one_line(argv, extra, tmp_path):
+    """A store path that is a directory (as a read-only disk or a foreign file) is a setting to fix:
+    exit 2 with one line naming UPF_STORE_PATH and why, never a traceback, never a worker restarted."""
+    store = tmp_path / "upf.db"
+    store.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("UPF_")}
+    env.update(UPF_STORE_PATH=str(store), UPF_BIND="127.0.0.1:0", **extra)
+    out = subprocess.run([sys.executable, *argv], env=env, capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert out.returncode == 2, out.stderr
+    assert f"UPF_STORE_PATH {store} cannot be opened: Is a directory" in out.stderr
+    assert "Traceback" not in out.stderr and "restarting" not in out.stderr
+
+
+@pytest.mark.parametrize("roles", [None, "janitor"])
+def test_a_janitor_on_a_busy_port_says_so_in_one_line(roles, tmp_path):
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        env = {k: v for k, v in os.environ.items() if not k.startswith("UPF_")}
+        env.update(UPF_STORE_PATH=str(tmp_path / "upf.db"), UPF_BIND=f"127.0.0.1:{port}")
+        argv = ["-m", "upf_janitor"] if roles is None else ["-m", "upf"]
+        if roles is not None:
+            env["UPF_ROLES"] = roles
+        out = subprocess.run([sys.executable, *argv], env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1, out.stderr
+    assert f"cannot bind UPF_BIND 127.0.0.1:{port}" in out.stderr and "Traceback" not in out.stderr

@@ -6,7 +6,7 @@ modules, are internal.
 
 from .contract import Database, Transaction, Watch
 from .envelope import ENVELOPE_VERSION, Envelope, decode_envelope, encode_envelope
-from .errors import FormatVersionError, StoreError
+from .errors import FormatVersionError, StoreError, StoreOpenError
 from .format import CURRENT_FORMAT, FormatVersion
 from .msgid import decode_id, encode_id
 from .ops.read import SINCE_ALL, SINCE_LATEST, SINCE_NONE, Since, Stored
@@ -34,6 +34,7 @@ __all__ = [
     "Since",
     "Store",
     "StoreError",
+    "StoreOpenError",
     "Stored",
     "Transaction",
     "Watch",

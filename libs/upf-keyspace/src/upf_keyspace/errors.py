@@ -143,5 +143,11 @@ STORAGE = StorageHealth()
 """The process's one: a role process has one store."""
 
 
-class FormatVersionError(RuntimeError):
+class StoreOpenError(RuntimeError):
+    """The store cannot be used at all (a path that is a directory or on a read-only disk, a cluster
+    file FoundationDB refuses, a newer format): a setting to fix, which no restart cures. Entry points
+    print it as one line and exit 2, which also stops the all-in-one's supervisor restarting workers."""
+
+
+class FormatVersionError(StoreOpenError):
     """The store was written by a newer format than this role understands; refusing to start."""

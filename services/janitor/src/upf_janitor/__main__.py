@@ -11,8 +11,8 @@ import sys
 from upf_edge.gcpolicy import settle_gc
 from upf_edge.lifecycle import arm_exit_watchdog
 from upf_edge.ops import MetricsAccess, OpsRoutes
-from upf_edge.serve import serve_handler
-from upf_keyspace import SettingsError, load_settings, open_store
+from upf_edge.serve import bind_error, serve_handler
+from upf_keyspace import SettingsError, StoreOpenError, load_settings, open_store
 from upf_keyspace import telemetry as tm
 
 from . import __version__
@@ -41,7 +41,12 @@ async def amain(service_name: str = "upf-janitor") -> None:
         tm.METRICS_CONTENT_TYPE,
         scrapers=MetricsAccess.of(settings),
     )
-    server = await serve_handler(ops, settings.bind_host, settings.bind_port)
+    try:
+        server = await serve_handler(ops, settings.bind_host, settings.bind_port)
+    except OSError as exc:
+        await store.close()
+        telemetry.shutdown()
+        raise BindError(bind_error(settings.bind_host, settings.bind_port, exc)) from None
     log.info("janitor started", extra={"bind": f"{settings.bind_host}:{settings.bind_port}", "store": store.db.name})
     run = asyncio.create_task(janitor.run(stop))
     settle_gc()
@@ -66,13 +71,20 @@ async def amain(service_name: str = "upf-janitor") -> None:
         telemetry.shutdown()
 
 
+class BindError(Exception):
+    """UPF_BIND's port could not be bound: one line for the operator, not a traceback."""
+
+
 def main() -> None:
     tm.configure_logging()
     try:
         asyncio.run(amain())
-    except SettingsError as exc:
+    except (SettingsError, StoreOpenError) as exc:
         print(f"upf-janitor: {exc}", file=sys.stderr)
         sys.exit(2)
+    except BindError as exc:
+        print(f"upf-janitor: {exc}", file=sys.stderr)
+        sys.exit(1)
 
 
 if __name__ == "__main__":

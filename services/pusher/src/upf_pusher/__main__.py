@@ -15,7 +15,7 @@ from upf_edge.limits_os import raise_open_files_limit
 from upf_edge.loop import install_loop_policy
 from upf_edge.provision import load_provisioning
 from upf_edge.serve import bind_error
-from upf_keyspace import SettingsError, load_settings, open_store
+from upf_keyspace import SettingsError, StoreOpenError, load_settings, open_store
 from upf_keyspace.telemetry import configure_logging, setup_telemetry
 
 from .server import _package_version, serve
@@ -60,7 +60,7 @@ def main() -> None:
     install_loop_policy()
     try:
         asyncio.run(_run())
-    except SettingsError as e:
+    except (SettingsError, StoreOpenError) as e:
         print(f"upf-pusher: {e}", file=sys.stderr)
         sys.exit(2)
     except BindError as e:  # Pusher.start binds before starting anything: nothing to undo

@@ -23,7 +23,7 @@ from upf_edge.lifecycle import stop_event, unless_stopped
 from upf_edge.limits_os import raise_open_files_limit
 from upf_edge.loop import install_loop_policy
 from upf_edge.provision import load_provisioning
-from upf_keyspace import Settings, SettingsError, load_settings, open_store
+from upf_keyspace import Settings, SettingsError, StoreOpenError, load_settings, open_store
 from upf_keyspace.telemetry import configure_logging, setup_telemetry
 
 from . import __version__
@@ -143,8 +143,9 @@ def main() -> None:
                     sys.exit(1)
                 asyncio.run(run_with_pusher(settings, sock=sock))
         elif "writer" in roles:
-            from upf_writer.__main__ import build_server
+            from upf_writer.__main__ import build_server, check_store
 
+            check_store(settings)  # before granian's worker meets it
             # The janitor, when on, runs inside the writer's worker process (upf.asgi), beside it.
             build_server(
                 settings.bind_host,
@@ -154,9 +155,16 @@ def main() -> None:
                 grace_secs=settings.shutdown_grace_secs,
             ).serve()
         else:
-            from upf_janitor.__main__ import amain
+            from upf_janitor.__main__ import BindError, amain
 
-            asyncio.run(amain("upf"))
+            try:
+                asyncio.run(amain("upf"))
+            except BindError as exc:
+                print(f"upf: {exc}", file=sys.stderr)
+                sys.exit(1)
+    except StoreOpenError as exc:  # exit 2: a supervisor restarts no worker for it
+        print(f"upf: {exc}", file=sys.stderr)
+        sys.exit(2)
     except KeyboardInterrupt:
         pass
 

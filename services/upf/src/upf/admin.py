@@ -20,7 +20,7 @@ import time
 from collections.abc import Sequence
 
 from upf_edge.access import hash_password, new_token, parse_permission, valid_pattern, valid_token
-from upf_keyspace import Settings, SettingsError, Store, load_settings, open_store
+from upf_keyspace import Settings, SettingsError, Store, StoreOpenError, load_settings, open_store
 from upf_keyspace.auth import EVERYONE, ROLES, Token, User, token_digest
 from upf_keyspace.ops.auth import NoSuchUser, UserExists
 
@@ -307,7 +307,7 @@ def run(argv: Sequence[str]) -> int:
     try:
         print(asyncio.run(_run(args)))
         return 0
-    except (UsageError, SettingsError) as exc:
+    except (UsageError, SettingsError, StoreOpenError) as exc:
         print(f"upf: {exc}", file=sys.stderr)
         return 2
     except NoSuchUser as exc:

@@ -6,6 +6,7 @@ is killed, and the main process exits 0)."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import logging.config
 import math
@@ -19,7 +20,7 @@ from granian.log import LogLevels
 
 from upf_edge.limits_os import raise_open_files_limit
 from upf_edge.provision import load_provisioning
-from upf_keyspace import SettingsError, load_settings
+from upf_keyspace import Settings, SettingsError, StoreOpenError, load_settings, open_store
 
 from .logs import log_dictconfig
 
@@ -66,11 +67,24 @@ def build_server(
     )
 
 
+def check_store(settings: Settings) -> None:
+    """Open and close the embedded store before granian starts, so a path that cannot be opened is
+    ``StoreOpenError`` (one line, exit 2) here, not a traceback from granian's worker. FoundationDB is
+    left to the worker: its client's network thread must not start before granian forks."""
+    if not settings.fdb_cluster_file:
+
+        async def probe() -> None:
+            await (await open_store(settings)).close()
+
+        asyncio.run(probe())
+
+
 def main(argv: list[str] | None = None) -> int:
     try:
         settings = load_settings()
         load_provisioning()  # a malformed UPF_AUTH_* entry stops the start here, naming the variable
-    except SettingsError as exc:
+        check_store(settings)
+    except (SettingsError, StoreOpenError) as exc:
         print(f"upf-writer: {exc}", file=sys.stderr)
         return 2
     level = settings.log_level.lower()

@@ -40,14 +40,14 @@ _UNSET: Any = object()
 
 
 def load_bindings() -> Any:
-    """Import fdb and select API 730, or raise RuntimeError saying why FoundationDB can't be used."""
+    """Import fdb and select API 730, or raise ``StoreOpenError`` saying why FoundationDB can't be used."""
     import fdb
 
     try:
         if not fdb.is_api_version_selected():
             fdb.api_version(API_VERSION)
     except Exception as exc:  # a missing libfdb_c raises a bare Exception (fdb-facts.md §1)
-        raise RuntimeError(f"FoundationDB client library unavailable: {exc}") from exc
+        raise errors.StoreOpenError(f"FoundationDB client library unavailable: {exc}") from exc
     return fdb
 
 
@@ -363,7 +363,7 @@ async def open_foundationdb(cluster_file: str) -> FoundationDatabase:
     try:
         db = fdb.open(cluster_file)
     except Exception as exc:  # a cluster file that is missing or malformed: the binding's FDBError
-        raise RuntimeError(f"FoundationDB cluster file {cluster_file} cannot be used: {exc}") from exc
+        raise errors.StoreOpenError(f"FoundationDB cluster file {cluster_file} cannot be used: {exc}") from exc
     db.options.set_transaction_timeout(_TIMEOUT_MS)
     db.options.set_transaction_retry_limit(_RETRY_LIMIT)
     loop = asyncio.get_running_loop()

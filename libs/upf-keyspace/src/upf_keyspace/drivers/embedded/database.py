@@ -12,6 +12,8 @@ import threading
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
+import lmdb
+
 from ... import errors
 from .. import _metrics
 from .._private import create_private_file, make_private_dirs
@@ -135,23 +137,28 @@ async def open_embedded(path: str) -> EmbeddedDatabase:
     A file whose last stamp is below the stamp mark lost commits (a restored copy): that is logged as
     an error, and stamps resume above the mark."""
     group_wait = commit_wait_secs()  # a bad UPF_EMBEDDED_COMMIT_WAIT_MS is refused before anything is made
-    make_private_dirs(os.path.dirname(os.path.abspath(path)))
-    if is_sqlite(path):
-        await asyncio.to_thread(convert_sqlite, path)
-    create_private_file(path)
-    create_private_file(path + "-lock")
-    f = _open_file(path)
     try:
-        with f.env.begin(write=True) as txn:
-            version, stamp = f.version(txn)
-            mark = _read_mark(path)
-            if mark > stamp:
-                log.error("embedded store lost commits", extra={"store": path, "last_stamp": stamp, "stamp_mark": mark})
-                f.set_version(txn, version, mark)
-            elif txn.get(b"m", db=f.meta) is None:
-                f.set_version(txn, version, stamp)
-    finally:
-        _close_file(f)
+        make_private_dirs(os.path.dirname(os.path.abspath(path)))
+        if is_sqlite(path):
+            await asyncio.to_thread(convert_sqlite, path)
+        create_private_file(path)
+        create_private_file(path + "-lock")
+        f = _open_file(path)
+        try:
+            with f.env.begin(write=True) as txn:
+                version, stamp = f.version(txn)
+                mark = _read_mark(path)
+                if mark > stamp:
+                    extra = {"store": path, "last_stamp": stamp, "stamp_mark": mark}
+                    log.error("embedded store lost commits", extra=extra)
+                    f.set_version(txn, version, mark)
+                elif txn.get(b"m", db=f.meta) is None:
+                    f.set_version(txn, version, stamp)
+        finally:
+            _close_file(f)
+    except (OSError, lmdb.Error) as exc:  # a directory, a read-only disk, no permission, not an LMDB file
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise errors.StoreOpenError(f"UPF_STORE_PATH {path} cannot be opened: {reason}") from exc
     errors.STORAGE.share(_health_marker(path))
     return EmbeddedDatabase(path, asyncio.get_running_loop(), group_wait)
 
