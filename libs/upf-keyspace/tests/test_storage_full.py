@@ -11,7 +11,7 @@ import lmdb
 import pytest
 
 from upf_keyspace import SettingsError, errors, keys
-from upf_keyspace.drivers.embedded import open_embedded
+from upf_keyspace.drivers.embedded import health, open_embedded
 from upf_keyspace.drivers.embedded.health import _is_full, _OverQuota
 
 
@@ -63,13 +63,20 @@ async def test_full_store_fails_fast_not_retried_and_recovers(full_db, caplog):
     assert not errors.STORAGE.degraded()
 
 
-def test_full_is_recognised_however_it_surfaces():
-    assert _is_full(_OverQuota())
-    assert _is_full(lmdb.MapFullError("mdb_put: MDB_MAP_FULL: Environment mapsize limit reached"))
-    assert _is_full(lmdb.Error("mdb_txn_commit: No space left on device"))
-    assert _is_full(OSError(28, "No space left on device"))
-    assert not _is_full(lmdb.ReadersFullError("mdb_txn_begin: MDB_READERS_FULL"))
-    assert not _is_full(OSError(5, "Input/output error"))
+def test_full_is_recognised_however_it_surfaces(tmp_path, monkeypatch):
+    path = str(tmp_path / "store.db")
+    assert _is_full(_OverQuota(), path)
+    assert _is_full(lmdb.MapFullError("mdb_put: MDB_MAP_FULL: Environment mapsize limit reached"), path)
+    assert _is_full(lmdb.Error("mdb_txn_commit: No space left on device"), path)
+    assert _is_full(OSError(28, "No space left on device"), path)
+    assert not _is_full(lmdb.ReadersFullError("mdb_txn_begin: MDB_READERS_FULL"), path)
+    assert not _is_full(OSError(5, "Input/output error"), path)
+    # LMDB's short write (a disk that filled during the commit) is EIO: full only on a disk with
+    # almost nothing left, else an I/O error like any other.
+    short = lmdb.Error(f"{path}: Input/output error")
+    assert not _is_full(short, path)  # this disk has room
+    monkeypatch.setattr(health, "_free_bytes", lambda p: 4096)
+    assert _is_full(short, path)
 
 
 @pytest.mark.parametrize("bad", ["lots", "-5", "1e6", "9" * 30])

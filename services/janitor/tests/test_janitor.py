@@ -31,6 +31,38 @@ async def test_expires_in_batches_until_done(store, monkeypatch):
     assert [m.envelope.message for m in await store.read_after("t0", None)] == ["fresh"]
 
 
+async def test_on_a_full_disk_expiry_shrinks_its_batch_until_deletions_fit(store, monkeypatch):
+    """A deletion needs fresh pages too: on a nearly full disk a batch of 500 is refused (storage
+    full) where small ones fit. The pass shrinks its batch instead of failing every time, so the
+    store deletes its way back; a batch of one refused still fails the pass."""
+    from upf_keyspace import StoreError
+    from upf_keyspace.errors import STORAGE_FULL
+
+    now = int(time.time())
+    for i in range(40):
+        await store.publish(f"t{i % 4}", Envelope(time=now - 100, expires=now - 1, message="old"))
+    real = store.expire
+    asked: list[int] = []
+
+    async def nearly_full(at: int, limit: int) -> int:
+        asked.append(limit)
+        if limit > 10:
+            raise StoreError(STORAGE_FULL, "MapFullError")
+        return await real(at, limit)
+
+    monkeypatch.setattr(store, "expire", nearly_full)
+    result = await Janitor(store, Settings(heartbeat_secs=10)).run_once(now)
+    assert result.expired == 40 and asked[:4] == [500, 125, 31, 7]
+    assert all(limit <= 14 for limit in asked[4:])  # grows back after each success, refused above 10
+
+    async def always_full(at: int, limit: int) -> int:
+        raise StoreError(STORAGE_FULL, "MapFullError")
+
+    monkeypatch.setattr(store, "expire", always_full)
+    with pytest.raises(StoreError):
+        await Janitor(store, Settings(heartbeat_secs=10)).run_once(now)
+
+
 async def test_sweeps_only_dead_nodes(store):
     """A node silent for 3 heartbeats loses its records; a live one keeps them."""
     now = int(time.time())

@@ -94,12 +94,22 @@ class Janitor:
         now = int(time.time()) if now is None else now
         result = PassResult()
         metrics = self.metrics
+        batch = EXPIRE_BATCH
         while True:
-            n = await self.store.expire(now, EXPIRE_BATCH)
+            try:
+                n = await self.store.expire(now, batch)
+            except StoreError as exc:
+                # A deletion needs fresh pages too (copy-on-write): on a nearly full disk a big batch
+                # is refused where a small one fits, and each one that commits frees room.
+                if not exc.storage_full or batch == 1:
+                    raise
+                batch = max(1, batch // 4)
+                continue
             result.expired += n
             metrics.expired.add(n)
-            if n < EXPIRE_BATCH:
+            if n < batch:
                 break
+            batch = min(EXPIRE_BATCH, batch * 2)
         for node in await self.store.stale_subscription_nodes(now, self.dead_after):
             while True:
                 cleared = await self.store.reset_node_subscriptions(node, SWEEP_BATCH, now, self.dead_after)

@@ -175,7 +175,7 @@ class _Committer(_Watches):
                 _COMMIT_DURATION.record(time.perf_counter() - started)
                 _BATCH_SIZE.record(len(batch))
             except Exception as exc:  # a failed physical commit fails every transaction in it
-                if _is_full(exc):
+                if _is_full(exc, f.path):
                     # Not retryable: each caller learns at once, and the log gets one line a minute.
                     failure = errors.StoreError(errors.STORAGE_FULL, type(exc).__name__)
                     self._full_log.add(len(batch))

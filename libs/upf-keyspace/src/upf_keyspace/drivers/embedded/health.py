@@ -23,14 +23,31 @@ class _OverQuota(Exception):
     """A commit that would grow the store's data past ``UPF_EMBEDDED_MAX_BYTES``."""
 
 
-def _is_full(exc: BaseException) -> bool:
+_NEARLY_FULL_BYTES = 16 << 20
+"""Free space under which a commit's I/O error is taken for a full disk (see ``_is_full``)."""
+
+
+def _is_full(exc: BaseException, path: str) -> bool:
     """Over the quota, LMDB's MDB_MAP_FULL (its map, sized from the quota) or the OS's ENOSPC,
-    however it surfaced."""
+    however it surfaced; or an I/O error on a disk with almost no space left. LMDB reports a write
+    that stopped short, as one does when the disk fills in the middle of it, as EIO, not ENOSPC."""
     if isinstance(exc, (_OverQuota, lmdb.MapFullError)):
         return True
     if isinstance(exc, lmdb.Error):
-        return "No space left on device" in str(exc)
+        text = str(exc)
+        if "No space left on device" in text:
+            return True
+        return "Input/output error" in text and _free_bytes(path) < _NEARLY_FULL_BYTES
     return isinstance(exc, OSError) and exc.errno == errno.ENOSPC
+
+
+def _free_bytes(path: str) -> int:
+    """What this process may still write on ``path``'s filesystem (root may use the reserved blocks)."""
+    try:
+        st = os.statvfs(os.path.dirname(os.path.abspath(path)))
+    except OSError:
+        return _NEARLY_FULL_BYTES  # unknown: not taken for full
+    return (st.f_bfree if os.geteuid() == 0 else st.f_bavail) * st.f_frsize
 
 
 def _health_marker(path: str) -> str:
