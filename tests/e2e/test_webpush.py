@@ -161,6 +161,28 @@ async def test_topic_replacement_leaves_one_message_for_an_offline_subscriber(fl
     assert [f.id for f in got] == [f.id for f in frames]
 
 
+async def test_a_message_past_its_ttl_reaches_no_one_who_was_not_connected(fleet) -> None:
+    """RFC 8030 5.2: TTL 0 goes to a subscriber connected when it arrives, and to no one later; a TTL
+    that has run out is not replayed to a poll or a reconnecting stream, though the janitor (every
+    30 s by default) has not deleted it yet. A longer TTL's message is still there."""
+    upf = start(fleet)
+    topic = up_topic()
+    endpoint = f"{upf.base}/{topic}"
+    async with httpx.AsyncClient(timeout=10) as c:
+        async with subscribe(upf.base, topic, "ws") as live:
+            now_only = await c.post(endpoint, content=b"now only", headers=encrypted_headers(TTL="0"))
+            assert now_only.status_code == 201 and now_only.headers["TTL"] == "0"
+            assert (await live.next_message(10)).id == now_only.json()["id"]
+        short = await c.post(endpoint, content=b"short", headers=encrypted_headers(TTL="1"))
+        kept = await c.post(endpoint, content=b"kept", headers=encrypted_headers(TTL="60"))
+        assert short.status_code == kept.status_code == 201
+        await asyncio.sleep(2.2)
+    assert [f.id for f in await poll(upf.base, topic)] == [kept.json()["id"]]
+    async with subscribe(upf.base, topic, "json", "since=all") as stream:
+        assert (await stream.next_message(10)).id == kept.json()["id"]
+        assert await stream.no_message_within(0.5)
+
+
 # --- the web-push npm package -------------------------------------------------------------------------
 @pytest.fixture(scope="session")
 def web_push_modules() -> Path:

@@ -25,6 +25,11 @@ Rule 2b, ``X-Cache: no``: such a row is sent only if it is above the topic's liv
 stamp when the subscription started; a poll's is above everything). Only the catch-up can meet rows at
 or below it: once LIVE, the cursor has passed every row that existed at subscribe time.
 
+Rule 2d, TTL: a replayed row (at or below the live mark) whose ``expires`` has passed is not sent, as
+RFC 8030 5.2 asks of a push service (a ``TTL: 0`` Web Push message reaches only a subscriber that was
+connected when it arrived); the janitor deletes such rows later, on its own schedule. Rows that
+arrive while the subscription is live go out at once, whatever their TTL.
+
 Rule 2c, filters (ntfy's ``id``/``message``/``title``/``priority``/``tags``, ``filters.Filter``): a
 row that does not pass its session's filter is not sent, and the cursor moves past it all the same.
 Only a ``FilteredSession`` has a filter; a plain ``Session``'s ``filter`` is the class's None, so an
@@ -41,8 +46,9 @@ while catching up one merge round) beyond the transport's high-water mark. The s
 from __future__ import annotations
 
 import enum
+import time
 from collections import deque
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import msgspec
 
@@ -157,11 +163,13 @@ RULES: dict[tuple[Phase, str], Phase] = {
 class SessionConfig:
     """Shared by every session of a hub, so a session holds one pointer instead of copies."""
 
-    __slots__ = ("batch", "slow_after")
+    __slots__ = ("batch", "slow_after", "clock")
 
-    def __init__(self, *, batch: int = 32, slow_after: float = 60.0) -> None:
+    def __init__(self, *, batch: int = 32, slow_after: float = 60.0, clock: Callable[[], float] = time.time) -> None:
         self.batch = batch
         self.slow_after = slow_after
+        self.clock = clock
+        """Read while catching up, for rule 2d (the only event that carries no time of its own)."""
 
 
 _NOTHING_LIVE = b"\xff" * 12
@@ -349,6 +357,7 @@ class Session:
         topics: list[str] = []
         reads: list[Command] = []
         done = False
+        now = 0.0  # read from the clock at the first replayed row
         while True:
             waiting = False
             best: tuple[str, _Topic] | None = None
@@ -370,8 +379,14 @@ class Session:
             t, ts = best
             row = ts.buffer.popleft()  # type: ignore[union-attr]  # the same: chosen for its non-empty buffer
             ts.cursor = row.stamp
-            if row.envelope.nocache and ts.live is not None and row.stamp <= ts.live:
-                continue  # X-Cache: no, and it landed before this subscription: never replayed
+            if ts.live is not None and row.stamp <= ts.live:  # a replay: rules 2b and 2d
+                env = row.envelope
+                if env.nocache:
+                    continue
+                if not now:
+                    now = self.config.clock()
+                if env.expires < now:
+                    continue
             rows.append(row)
             topics.append(t)
         if rows and self.filter is not None:

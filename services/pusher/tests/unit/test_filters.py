@@ -177,7 +177,7 @@ def messages(cmds: list) -> list[str]:
 
 
 def test_only_a_filtered_subscribe_gets_a_filtered_session() -> None:
-    config = SessionConfig(batch=10)
+    config = SessionConfig(batch=10, clock=lambda: NOW)
     plain = new_session(("a",), "a", config)
     assert type(plain) is Session and plain.filter is None
     filtered = new_session(("a",), "a", config, filter=Filter(title="x"))
@@ -186,7 +186,7 @@ def test_only_a_filtered_subscribe_gets_a_filtered_session() -> None:
 
 
 def test_a_filtered_session_skips_rows_in_catch_up_live_and_held_and_moves_its_cursor() -> None:
-    s = new_session(("a", "b"), "a,b", SessionConfig(batch=10), filter=Filter(priorities=(5,)))
+    s = new_session(("a", "b"), "a,b", SessionConfig(batch=10, clock=lambda: NOW), filter=Filter(priorities=(5,)))
     s.subscribed({"a": None, "b": None}, NOW, {"a": stamp(9), "b": stamp(9)})
     s.batch_read("a", [Stored(stamp(1), env("a1", priority=5)), Stored(stamp(3), env("a3"))])
     cmds = s.batch_read("b", [Stored(stamp(2), env("b2")), Stored(stamp(4), env("b4", priority=5))])

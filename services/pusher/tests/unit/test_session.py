@@ -18,7 +18,9 @@ def row(n: int, text: str = "") -> Stored:
 
 
 def make(topics: tuple[str, ...] = ("a",), *, poll: bool = False, slow_after: float = 10.0) -> Session:
-    return Session(topics, ",".join(topics), SessionConfig(batch=BATCH, slow_after=slow_after), poll=poll)
+    return Session(
+        topics, ",".join(topics), SessionConfig(batch=BATCH, slow_after=slow_after, clock=lambda: NOW), poll=poll
+    )
 
 
 def live(topics: tuple[str, ...] = ("a",), cursor: bytes | None = None) -> Session:
@@ -80,6 +82,26 @@ def test_poll_sends_no_open_and_closes_once_drained() -> None:
     assert_frames_sent(cmds, "m1", "m2")
     assert_closed_with(cmds, "done")
     assert s.closed
+
+
+def test_a_replay_skips_rows_whose_ttl_has_passed_and_rows_that_arrive_live_go_out() -> None:
+    """RFC 8030 5.2 (a TTL: 0 Web Push message reaches only a subscriber connected when it came):
+    a poll, or a stream's catch-up at or below its live mark, skips rows past ``expires`` and moves
+    its cursor past them; a row above the live mark arrived while the stream was connected."""
+
+    def aged(n: int, expires: float) -> Stored:
+        return Stored(stamp(n), Envelope(time=int(NOW) - 10, expires=int(expires), message=f"m{n}"))
+
+    poll = make(poll=True)
+    poll.subscribed({"a": None}, NOW)
+    cmds = poll.batch_read("a", [aged(1, NOW - 1), aged(2, NOW), aged(3, NOW + 1)])
+    assert texts_sent(cmds) == ["m2", "m3"]  # ``expires`` is the last second it may be sent in
+    assert_closed_with(poll.batch_read("a", []), "done")  # a full batch: one more read finds the end
+
+    stream = make()
+    stream.subscribed({"a": None}, NOW, {"a": stamp(2)})
+    cmds = stream.batch_read("a", [aged(1, NOW - 5), aged(2, NOW - 5), aged(3, NOW - 5)])
+    assert texts_sent(cmds) == ["m3"] and stream.cursor("a") == stamp(3)
 
 
 def test_catch_up_merges_topics_in_stamp_order() -> None:

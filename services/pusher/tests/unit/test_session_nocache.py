@@ -25,7 +25,7 @@ def reads(cmds: list) -> list[tuple[str, bytes | None]]:
 
 
 def session(poll: bool = False) -> Session:
-    return Session(("a",), "a", SessionConfig(batch=10), poll=poll)
+    return Session(("a",), "a", SessionConfig(batch=10, clock=lambda: NOW), poll=poll)
 
 
 def test_replay_skips_nocache_at_or_below_the_live_mark_then_live_sends_it():
