@@ -133,6 +133,7 @@ __all__ = [
     "stat_sample_key",
     "stat_sample_range",
     "unpack_stat_sample_key",
+    "unpack_stat_key",
     "push_topic_key",
     "push_topic_key_incomplete",
     "push_topic_range",
@@ -611,6 +612,11 @@ def stat_key(name: str, slot: int) -> bytes:
 
 def stat_range(name: str) -> tuple[bytes, bytes]:
     return _range(_P.STATS, name)
+
+
+def unpack_stat_key(key: bytes) -> tuple[str, int]:
+    name, slot = _unpack(key, Prefix.STATS, 2)
+    return name, slot
 
 
 def stat_sample_key(unix: int) -> bytes:

@@ -25,32 +25,42 @@ above it plus ``VERSIONS_PER_SEC`` per second elapsed since (embedded driver: ``
 so a new message sorts after every restored one and after any the old store issued after the backup
 (then lost), and ``since=<any old id>`` keeps working. FoundationDB: see README, "Backups".
 
+The stats counter's stored bytes are not copied but summed again from the restored messages (its
+page is read after theirs, so a copy would be off by what was published or expired in between, for
+good); its message count is copied. A time-index entry (QT) whose message is not in the file is dropped.
+
 File: ``MAGIC``, then length-prefixed msgpack frames: a ``Header``, the ``Pair`` records prefix by prefix
-(``KEPT`` order; restore does not rely on it), and an ``End`` with their count. Restore reads the whole
-file before writing anything, and refuses a truncated one, a key of a kind this release does not know
-and a message that does not decode.
+(``KEPT`` order; restore does not rely on it), and an ``End`` with their count and (version 2) the
+SHA-256 of every frame before it. Restore reads the whole file before writing anything, and refuses a
+truncated or damaged one (a checksum that does not match), a key of a kind this release does not know
+and a message that does not decode. Version 1 files (no checksum) are still read.
 Written to a temporary file, fsynced, renamed; mode 0600 (topics are capabilities).
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import struct
 import time
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import BinaryIO
 
 import msgspec
+from msgspec.structs import replace
 
 from upf_keyspace import Store, keys
 from upf_keyspace.envelope import decode_envelope
 from upf_keyspace.msgid import decode_id
-from upf_keyspace.ops.publish import RELEASED_MARK
+from upf_keyspace.ops.publish import LEGACY_BYTES, RELEASED_MARK, STAT_SLOTS, TALLY
 
 __all__ = ["MAGIC", "BackupError", "backup", "restore", "read_backup"]
 
 MAGIC = b"UPF-BACKUP 1\n"
+VERSION = 2
+"""Of the ``Header``: 2 adds the checksum to ``End``; 1 (no checksum) is still restored."""
 PAGE = 500
 """Keys read per snapshot transaction (each well inside the 5 s lifetime)."""
 VERSIONS_PER_SEC = 1_000_000
@@ -103,6 +113,9 @@ class End(msgspec.Struct, tag="end", array_like=True):
     """The stamp of a commit made after the last page was read: above every id issued until then."""
     fenced_at: float
     """Unix time of that commit."""
+    digest: bytes = b""
+    """SHA-256 of every frame before this one as written (length prefixes included), then of this
+    one's other fields (``_sealed``); version 2 on."""
 
 
 Frame = Header | Pair | End
@@ -125,23 +138,24 @@ async def backup(store: Store, path: str) -> int:
     tmp = f"{path}.tmp{os.getpid()}"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     count = 0
+    digest = hashlib.sha256()
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(MAGIC)
             fmt = await store.db.transact(_format)
-            _put(f, Header(version=1, created=int(time.time()), store_format=fmt))
+            _put(f, Header(version=VERSION, created=int(time.time()), store_format=fmt), digest)
             for prefix in KEPT:
                 begin, end = prefix_range(prefix)
                 while True:
                     rows = await _page(store, begin, end)
                     for k, v in rows:
-                        _put(f, Pair(k, v))
+                        _put(f, Pair(k, v), digest)
                     count += len(rows)
                     if len(rows) < PAGE:
                         break
                     begin = rows[-1][0] + b"\x00"
             fence = await _fence(store)
-            _put(f, End(count, fence, time.time()))
+            _put(f, _sealed(End(count, fence, time.time()), digest))
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -166,9 +180,17 @@ async def _format(tr) -> int:
     return keys.unpack_i64(await tr.get(keys.format_key(), snapshot=True))
 
 
-def _put(f: BinaryIO, frame: Frame) -> None:
-    data = _encode(frame)
-    f.write(_LEN.pack(len(data)) + data)
+def _sealed(end: End, digest: hashlib._Hash) -> End:
+    """``end`` with the checksum of the frames before it and of its own fields (its fence too)."""
+    digest.update(_encode(replace(end, digest=b"")))
+    return replace(end, digest=digest.digest())
+
+
+def _put(f: BinaryIO, frame: Frame, digest: hashlib._Hash | None = None) -> None:
+    data = _LEN.pack(len(raw := _encode(frame))) + raw
+    if digest is not None:
+        digest.update(data)
+    f.write(data)
 
 
 def read_backup(path: str) -> tuple[Header, End, Iterator[Pair]]:
@@ -195,20 +217,26 @@ class _Survey:
     """The same, of every X entry that clears an SR entry (``RELEASED_MARK``)."""
     top: bytes = b""
     """The largest message stamp or scheduled publish id."""
+    stored: Counter[int] = field(default_factory=Counter)
+    """The bytes of the messages in Q, by stats slot: what the restored counter holds."""
+    counted: Counter[int] = field(default_factory=Counter)
+    """The message count of each stats slot, as the file has it."""
 
 
 def _read(path: str) -> tuple[Header, End, _Survey, Iterator[Pair]]:
     """``read_backup``, with what its pass over the pairs found for restore."""
     survey = _Survey()
+    digest = hashlib.sha256()
+    unreadable: BackupError | None = None
     with open(path, "rb") as f:
         if f.read(len(MAGIC)) != MAGIC:
             raise BackupError("not a UPF backup file")
-        header = _next(f)
-        if not isinstance(header, Header) or header.version != 1:
+        header = _next(f, digest)
+        if not isinstance(header, Header) or header.version not in (1, VERSION):
             raise BackupError("unknown backup version")
         n = 0
         while True:
-            frame = _next(f)
+            frame = _next(f, digest)
             if isinstance(frame, End):
                 if frame.pairs != n or f.read(1):
                     raise BackupError("the backup file is damaged (its count does not match)")
@@ -216,14 +244,22 @@ def _read(path: str) -> tuple[Header, End, _Survey, Iterator[Pair]]:
                 break
             if not isinstance(frame, Pair):
                 raise BackupError("the backup file is damaged")
-            _survey(survey, frame)
+            if unreadable is None:
+                try:
+                    _survey(survey, frame)
+                except BackupError as exc:  # reported once the checksum says whether the file is damaged
+                    unreadable = exc
             n += 1
+    if header.version >= 2 and end.digest != _sealed(end, digest).digest:
+        raise BackupError("the backup file is damaged (its checksum does not match): nothing was restored")
+    if unreadable is not None:
+        raise unreadable
 
     def pairs() -> Iterator[Pair]:
         with open(path, "rb") as f:
             f.read(len(MAGIC))
-            _next(f)
-            while isinstance(frame := _next(f), Pair):
+            _next(f, None)
+            while isinstance(frame := _next(f, None), Pair):
                 yield frame
 
     return header, end, survey, pairs()
@@ -234,7 +270,7 @@ def _survey(survey: _Survey, pair: Pair) -> None:
     a restore that fails on a pair after writing the ones before it leaves a store it refuses next."""
     try:
         prefix = keys.prefix_of(pair.key)
-    except ValueError:
+    except (ValueError, IndexError, struct.error):
         raise BackupError(
             "the backup holds a key of a kind this UPF does not know (a newer release's?): nothing was restored"
         ) from None
@@ -250,6 +286,13 @@ def _survey(survey: _Survey, pair: Pair) -> None:
                 x_value = env.idem.encode()
             survey.messages[topic, stamp] = (keys.expiry_key(env.expires, topic, stamp), x_value, origin)
             survey.top = max(survey.top, stamp)
+            survey.stored[keys.shard_of(topic, STAT_SLOTS)] += len(pair.value)
+        elif prefix is keys.Prefix.STATS:
+            name, slot = keys.unpack_stat_key(pair.key)
+            if name == TALLY:
+                survey.counted[slot] += int.from_bytes(pair.value[:8], "little")
+        elif prefix is keys.Prefix.TIME_INDEX:
+            keys.unpack_time_index_key(pair.key)
         elif prefix is keys.Prefix.EXPIRY:
             _, topic, stamp = keys.unpack_expiry_key(pair.key)
             survey.indexed.add(pair.key)
@@ -272,7 +315,8 @@ def _survey(survey: _Survey, pair: Pair) -> None:
         ) from None
 
 
-def _next(f: BinaryIO) -> Frame:
+def _next(f: BinaryIO, digest: hashlib._Hash | None) -> Frame:
+    """The next frame; every frame but an ``End`` goes into ``digest``, as ``_put`` wrote it."""
     raw = f.read(_LEN.size)
     if len(raw) != _LEN.size:
         raise BackupError("the backup file is truncated")
@@ -281,9 +325,12 @@ def _next(f: BinaryIO) -> Frame:
     if len(data) != size:
         raise BackupError("the backup file is truncated")
     try:
-        return _decode(data)
+        frame = _decode(data)
     except msgspec.DecodeError:
         raise BackupError("the backup file is damaged") from None
+    if digest is not None and not isinstance(frame, End):
+        digest.update(raw + data)
+    return frame
 
 
 async def _empty(store: Store) -> bool:
@@ -368,6 +415,9 @@ async def restore(store: Store, path: str, *, live_after: int = 0) -> tuple[int,
             await put(x_key, x_value)
         if origin is not None and (topic, origin, stamp) not in survey.mapped:  # released between SR and Q
             await put(keys.released_key(topic, origin, stamp), b"")
+    for slot in sorted(survey.counted.keys() | survey.stored.keys()):  # the tally, its bytes summed again
+        tally = (survey.stored[slot] << 64) + survey.counted[slot]
+        await put(keys.stat_key(TALLY, slot), tally.to_bytes(16, "little"))
     await flush()
     return written, survey.top, version_floor(end, survey.top, time.time())
 
@@ -388,6 +438,12 @@ def _kept(survey: _Survey, pair: Pair) -> bool:
     if prefix is keys.Prefix.IDEMPOTENCY:
         topic, _, stamp = keys.unpack_idem_key(pair.key)
         return (topic, stamp) in survey.messages
+    if prefix is keys.Prefix.TIME_INDEX:  # the janitor would never clear one whose message is gone
+        topic, _ = keys.unpack_time_index_key(pair.key)
+        return (topic, pair.value) in survey.messages
+    if prefix is keys.Prefix.STATS:  # the tally is written from the survey; the legacy bytes are in it
+        name, _ = keys.unpack_stat_key(pair.key)
+        return name not in (TALLY, LEGACY_BYTES)
     if prefix is keys.Prefix.SCHEDULED:
         _, origin, topic = keys.unpack_scheduled_key(pair.key)
         return (topic, origin) not in survey.released  # released while S, SR and Q were read: Q's copy stays
