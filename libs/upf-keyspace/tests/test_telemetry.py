@@ -114,6 +114,31 @@ def test_tracing_is_on_only_with_an_exporter(env: dict[str, str], tracing: bool)
         t.shutdown()
 
 
+def test_shutdown_does_not_wait_past_its_bound_on_a_collector_that_never_answers(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The SDK's own shutdown waits up to 30 s to export what is queued; a stop has its grace (and an
+    exit watchdog after it). A collector that accepts and never answers costs the bound, then the
+    unsent spans are dropped with one warning."""
+    import socket
+    import time
+
+    with socket.socket() as hole:
+        hole.bind(("127.0.0.1", 0))
+        hole.listen()
+        endpoint = f"http://127.0.0.1:{hole.getsockname()[1]}"
+        t = tm.setup_telemetry(
+            "upf-test", "0", env={"OTEL_EXPORTER_OTLP_ENDPOINT": endpoint}, registry=tm.Registry(), make_current=False
+        )
+        with t.tracer.start_as_current_span("publish"):
+            pass
+        began = time.monotonic()
+        with caplog.at_level(logging.WARNING, logger="upf.telemetry"):
+            t.shutdown(0.5)
+        assert time.monotonic() - began < 2.0
+        assert "telemetry flush cut at shutdown" in caplog.text
+
+
 def test_in_memory_sinks_see_spans_and_cells() -> None:
     reg = tm.Registry()
     exporter = InMemorySpanExporter()

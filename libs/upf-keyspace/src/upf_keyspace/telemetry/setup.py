@@ -5,12 +5,16 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .cells import REGISTRY, Registry
 
 log = logging.getLogger("upf.telemetry")
+
+SHUTDOWN_SECS = 2.0
+"""How long ``Telemetry.shutdown`` waits for the exporters' last flush by default."""
 
 
 def _truthy(value: str | None) -> bool:
@@ -49,17 +53,33 @@ class Telemetry:
         if self.meter_provider is not None:
             self.meter_provider.force_flush(timeout_millis)
 
-    def shutdown(self) -> None:
-        """Flush and stop the exporters (idempotent); metrics cells and /metrics keep working."""
+    def shutdown(self, timeout_secs: float = SHUTDOWN_SECS) -> None:
+        """Flush and stop the exporters (idempotent) for at most ``timeout_secs``; metrics cells and
+        /metrics keep working. Why bounded: the SDK's own shutdown waits up to 30 s on a collector
+        that does not answer, which would hold a stop past its grace (and its exit watchdog's 70).
+        What is still unsent then is dropped, as the SDK drops it at exit."""
         if self._closed:
             return
         self._closed = True
-        if self.tracer_provider is not None:
-            self.tracer_provider.shutdown()
-        if self.meter_provider is not None:
-            if self._bridge is not None:
-                self.registry.unlisten(self._bridge)
-            self.meter_provider.shutdown()
+        if self._bridge is not None:
+            self.registry.unlisten(self._bridge)
+        tracer_provider, meter_provider = self.tracer_provider, self.meter_provider
+        if tracer_provider is None and meter_provider is None:
+            return
+
+        def stop() -> None:
+            if tracer_provider is not None:
+                tracer_provider.shutdown()
+            if meter_provider is not None:
+                meter_provider.shutdown(timeout_millis=timeout_secs * 1000)
+
+        # A daemon thread: a flush cut short does not keep the process alive (the SDK's exit hooks
+        # find the providers already shut down and return at once).
+        thread = threading.Thread(target=stop, name="upf-telemetry-stop", daemon=True)
+        thread.start()
+        thread.join(max(0.0, timeout_secs))
+        if thread.is_alive():
+            log.warning("telemetry flush cut at shutdown", extra={"timeout_secs": timeout_secs})
 
 
 _DISABLED = Telemetry()
