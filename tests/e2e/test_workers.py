@@ -176,6 +176,44 @@ async def test_two_workers_serve_one_port_and_deliver_across_each_other(fleet):
     assert sorted(set(nodes)) == ["wk-w0", "wk-w1"]
 
 
+async def test_metrics_through_the_shared_port_count_every_worker(fleet):
+    """Whichever worker answers ``/metrics`` adds the others' counters (each as of the last scrape it
+    answered), so successive scrapes never go backwards: before, each showed its own worker's alone."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    role, workers = start_workers(fleet, "wm")
+    a, b = pids = [workers[0], workers[1]]
+    for i in range(3):
+        await publish_on(role.port, pids, a, "upMETRICS", f"a{i}")
+    for i in range(5):
+        await publish_on(role.port, pids, b, "upMETRICS", f"b{i}")
+
+    async def scrape(want: int) -> tuple[float, set[str]]:
+        reader, writer, _ = await connect_to(role.port, pids, want)
+        try:
+            writer.write(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            raw = await asyncio.wait_for(reader.read(), 10)
+        finally:
+            writer.close()
+        head, _, body = raw.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 200"), head
+        if b"transfer-encoding: chunked" in head.lower():
+            body = b"".join(re.findall(rb"[0-9a-fA-F]+\r\n(.*?)\r\n", body, re.S))
+        stored, names = 0.0, set()
+        for fam in text_string_to_metric_families(body.decode()):
+            names.add(fam.name)
+            for sample in fam.samples:
+                if sample.name == "upf_writer_publishes_total" and sample.labels.get("result") == "stored":
+                    stored = sample.value
+        return stored, names
+
+    first, names = await scrape(a)  # b has answered no scrape: its snapshot is the one it left at start
+    assert first == 3 and "upf_janitor_passes" in names  # worker 0 (a) runs the janitor
+    second, names = await scrape(b)
+    assert second == 8 and "upf_janitor_passes" in names  # a's counters, janitor's included, from its scrape
+    assert (await scrape(a))[0] == 8
+
+
 async def test_kill9_a_worker_under_load_then_resume_exactly_once(fleet):
     """kill -9 of one worker while publishing: the other keeps serving, the supervisor restarts the dead
     one, and subscribers that resume with since=<last id> get every message exactly once, in order."""

@@ -336,3 +336,30 @@ async def test_store_counts_transactions_and_conflict_retries(tmp_path) -> None:
         assert reg.value("upf.store.failures", driver="embedded", code="2000") == failures + 1
     finally:
         await store.close()
+
+
+def test_merged_rendering_sums_other_processes_snapshots_and_skips_what_it_cannot_read() -> None:
+    """The all-in-one's workers answer /metrics for each other: counters, gauges and histogram buckets
+    add up; a torn snapshot, or a family another release defined differently, is left out."""
+
+    def worker(published: int, connections: int, latency: float) -> tm.Registry:
+        reg = tm.Registry()
+        reg.counter("upf.writer.publishes", "p", attributes=("result",)).cell("stored").add(published)
+        reg.gauge("upf.pusher.connections", "c").cell().add(connections)
+        reg.histogram("upf.delivery.latency", "l", unit="s", bounds=tm.LATENCY_BUCKETS).cell().record(latency)
+        return reg
+
+    mine, other = worker(3, 2, 0.002), worker(5, 7, 0.2)
+    other.counter("upf.janitor.passes", "j", attributes=("result",)).cell("ok").add(4)  # only the other has it
+    odd = tm.Registry()
+    odd.gauge("upf.writer.publishes", "defined differently")  # an older release's worker, say
+    text = tm.render_merged(mine, [tm.snapshot(other), b"\x93torn", tm.snapshot(odd)])
+    got = samples(text)
+    assert got[("upf_writer_publishes_total", (("result", "stored"),))] == 8
+    assert got[("upf_pusher_connections", ())] == 9
+    assert got[("upf_janitor_passes_total", (("result", "ok"),))] == 4
+    assert got[("upf_delivery_latency_seconds_count", ())] == 2
+    assert got[("upf_delivery_latency_seconds_bucket", (("le", "0.0025"),))] == 1
+    assert got[("upf_delivery_latency_seconds_sum", ())] == pytest.approx(0.202)
+    assert any(name.startswith("process_") or name.startswith("python_") for name, _ in got)
+    assert samples(tm.render_metrics(mine))[("upf_writer_publishes_total", (("result", "stored"),))] == 3

@@ -26,6 +26,7 @@ import functools
 import logging
 import socket
 import time
+from collections.abc import Callable
 from importlib import metadata
 from typing import Any
 
@@ -536,7 +537,10 @@ class Pusher:
         fallback: ASGIApp | None = None,
         handler: Handler | None = None,
         telemetry: tm.Telemetry | None = None,
+        metrics: Callable[[], bytes] | None = None,
     ) -> None:
+        """``metrics`` renders ``GET /metrics`` (default: this process's registry; the all-in-one's
+        workers answer for all of them)."""
         self.settings = settings
         self.store = store
         self.fallback = fallback
@@ -549,7 +553,7 @@ class Pusher:
             "upf-pusher",
             _package_version(),
             self.check_store,
-            lambda: tm.render_metrics(registry),
+            metrics or (lambda: tm.render_metrics(registry)),
             tm.METRICS_CONTENT_TYPE,
             heartbeat_timeout=STORE_CHECK_TIMEOUT + 1.0,
             scrapers=MetricsAccess.of(settings),
@@ -726,6 +730,7 @@ async def serve(
     port: int | None = None,
     sock: socket.socket | None = None,
     telemetry: tm.Telemetry | None = None,
+    metrics: Callable[[], bytes] | None = None,
 ) -> Pusher:
     """Start a pusher in the running loop and return it (call ``await pusher.stop()`` to end it).
 
@@ -733,7 +738,7 @@ async def serve(
     routes, called directly) and the writer's ASGI app as ``fallback`` (its cold routes). The pusher
     never imports the writer: both arrive as callables.
     """
-    pusher = Pusher(settings, store, fallback=fallback, handler=handler, telemetry=telemetry)
+    pusher = Pusher(settings, store, fallback=fallback, handler=handler, telemetry=telemetry, metrics=metrics)
     await pusher.start(host=host, port=port, sock=sock)
     if ready is not None:
         ready.set()

@@ -56,9 +56,20 @@ async def run_with_pusher(settings: Settings, sock: socket.socket | None = None)
         # pusher's front door calls directly; its ASGI app only for the cold routes.
         fallback = create_app(settings, store, telemetry=telemetry)
         handler = fallback.front
+    from .workers import shared_metrics
+
+    metrics = shared_metrics(telemetry.registry)  # a worker of several: /metrics answers for them all
     try:
         pusher = await unless_stopped(
-            serve(settings, store, fallback=fallback, handler=handler, telemetry=telemetry, sock=sock),  # type: ignore[arg-type]  # litestar types its ASGI app with its own aliases, not the bridge's Callable
+            serve(
+                settings,
+                store,
+                fallback=fallback,  # type: ignore[arg-type]  # litestar types its ASGI app with its own aliases, not the bridge's Callable
+                handler=handler,
+                telemetry=telemetry,
+                sock=sock,
+                metrics=metrics.render if metrics is not None else None,
+            ),
             stop,
             settings.shutdown_grace_secs,
         )

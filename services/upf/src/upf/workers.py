@@ -20,22 +20,35 @@ import ctypes
 import logging
 import os
 import select
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 
 from upf_edge.lifecycle import EXIT_OVERDUE
 from upf_edge.serve import bind_error, bound_socket
 from upf_keyspace import Settings
+from upf_keyspace import telemetry as tm
 
-__all__ = ["WORKER_ENV", "Supervisor", "become_worker", "worker_env_index"]
+__all__ = [
+    "METRICS_ENV",
+    "WORKER_ENV",
+    "SharedMetrics",
+    "Supervisor",
+    "become_worker",
+    "shared_metrics",
+    "worker_env_index",
+]
 
 log = logging.getLogger("upf.workers")
 
 WORKER_ENV = "UPF_WORKER_INDEX"
 """Set by the supervisor in each worker's environment (``<index>:<supervisor pid>``); not a user setting."""
+METRICS_ENV = "UPF_WORKER_METRICS_DIR"
+"""Set by the supervisor: the private directory where workers leave their metrics (``SharedMetrics``)."""
 
 STOP_SLACK_SECS = 6.0
 """Past UPF_SHUTDOWN_GRACE_SECS, how long a stopping worker has left (its own watchdog ends it at grace + 5 s)
@@ -55,6 +68,53 @@ def worker_env_index(env: dict[str, str] | os._Environ[str] | None = None) -> tu
     if not index.isdigit() or not parent.isdigit():
         return None
     return int(index), int(parent)
+
+
+class SharedMetrics:
+    """``GET /metrics`` of a worker: its own cells plus every other worker's, so a scrape through the
+    shared port sees the whole server whichever worker answers it (without this, successive scrapes
+    showed one worker's counters, then another's: to Prometheus, counters going backwards).
+
+    Each render leaves this worker's snapshot in the supervisor's directory and adds the others' last
+    ones: another worker's counters are as of the last scrape it answered, and only grow, so the sum
+    never goes back. No timer: an idle server takes no wake-up for this."""
+
+    __slots__ = ("directory", "index", "registry")
+
+    def __init__(self, directory: str, index: int, registry: tm.Registry) -> None:
+        self.directory = directory
+        self.index = index
+        self.registry = registry
+        self._leave()  # so a worker that has not answered a scrape yet still counts in the others'
+
+    def _path(self, index: int | str) -> str:
+        return os.path.join(self.directory, f"worker-{index}.metrics")
+
+    def _leave(self) -> None:
+        tmp = self._path(f"{self.index}.tmp")
+        with contextlib.suppress(OSError):  # a full disk: the others go on without this one
+            with open(tmp, "wb") as f:
+                f.write(tm.snapshot(self.registry))
+            os.replace(tmp, self._path(self.index))
+
+    def render(self) -> bytes:
+        self._leave()
+        others = []
+        with contextlib.suppress(OSError):
+            for name in os.listdir(self.directory):
+                if name.endswith(".metrics") and name != f"worker-{self.index}.metrics":
+                    with contextlib.suppress(OSError), open(os.path.join(self.directory, name), "rb") as f:
+                        others.append(f.read())
+        return tm.render_merged(self.registry, others)
+
+
+def shared_metrics(registry: tm.Registry) -> SharedMetrics | None:
+    """The worker's ``SharedMetrics`` when the supervisor gave it a directory, else None."""
+    directory = os.environ.get(METRICS_ENV, "")
+    worker = worker_env_index()
+    if not directory or worker is None or not os.path.isdir(directory):
+        return None
+    return SharedMetrics(directory, worker[0], registry)
 
 
 def become_worker(parent: int) -> None:
@@ -92,6 +152,7 @@ class Supervisor:
         self.stopping = False
         self.exit_code = 0
         self.port = settings.bind_port
+        self.metrics_dir = ""
 
     def _env(self, index: int) -> dict[str, str]:
         env = dict(os.environ)
@@ -105,6 +166,7 @@ class Supervisor:
             UPF_WORKERS="1",
         )
         env[WORKER_ENV] = f"{index}:{os.getpid()}"
+        env[METRICS_ENV] = self.metrics_dir
         return env
 
     def _start(self, w: _Worker) -> None:
@@ -158,6 +220,7 @@ class Supervisor:
             print(f"upf: {bind_error(self.settings.bind_host, self.settings.bind_port, exc)}", file=sys.stderr)
             return 1
         self.port = hold.getsockname()[1]
+        self.metrics_dir = tempfile.mkdtemp(prefix="upf-metrics-")  # 0700: counters of this server only
         rfd, wfd = os.pipe()
         os.set_blocking(rfd, False)
         os.set_blocking(wfd, False)
@@ -216,3 +279,4 @@ class Supervisor:
             os.close(rfd)
             os.close(wfd)
             hold.close()
+            shutil.rmtree(self.metrics_dir, ignore_errors=True)

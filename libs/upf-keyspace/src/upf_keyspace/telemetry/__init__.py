@@ -56,7 +56,7 @@ from .cells import (
     Histogram,
     Registry,
 )
-from .exposition import METRICS_CONTENT_TYPE, render_metrics
+from .exposition import METRICS_CONTENT_TYPE, render_merged, render_metrics, snapshot
 from .logs import KeyValueFormatter, configure_logging
 from .setup import Telemetry, current, setup_telemetry
 from .tracecontext import (
@@ -78,6 +78,8 @@ __all__ = [
     "setup_telemetry",
     "current",
     "render_metrics",
+    "render_merged",
+    "snapshot",
     "METRICS_CONTENT_TYPE",
     "LATENCY_BUCKETS",
     "BYTES_BUCKETS",

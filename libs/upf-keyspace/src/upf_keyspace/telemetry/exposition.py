@@ -4,8 +4,10 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
+
+import msgspec
 
 from .cells import REGISTRY, Registry
 
@@ -76,3 +78,82 @@ def render_metrics(registry: Registry | None = None) -> bytes:
     from prometheus_client import generate_latest
 
     return generate_latest(_prometheus_registry(REGISTRY if registry is None else registry))
+
+
+class _Family(msgspec.Struct, array_like=True):
+    """One family in a ``snapshot``: its definition and each cell's value (a histogram's: its bucket
+    counts and sum)."""
+
+    name: str
+    kind: str
+    unit: str
+    description: str
+    attributes: tuple[str, ...]
+    bounds: tuple[float, ...]
+    cells: list[tuple[tuple[str, ...], int | tuple[list[int], float]]]
+
+
+_encode_families = msgspec.msgpack.Encoder().encode
+_decode_families = msgspec.msgpack.Decoder(list[_Family]).decode
+
+
+def snapshot(registry: Registry) -> bytes:
+    """``registry``'s cells as they are now, for another process to add to its own (``render_merged``)."""
+    families = []
+    for fam in registry.families():
+        cells: list[tuple[tuple[str, ...], int | tuple[list[int], float]]] = [
+            (values, (list(cell.counts), cell.sum) if fam.kind == "histogram" else cell.value)
+            for values, cell in list(fam.cells.items())
+        ]
+        families.append(_Family(fam.name, fam.kind, fam.unit, fam.description, fam.attributes, fam.bounds, cells))
+    return _encode_families(families)
+
+
+def render_merged(registry: Registry, snapshots: Iterable[bytes]) -> bytes:
+    """``render_metrics`` of ``registry`` with the cells of other processes' ``snapshot``s added: the
+    workers of one all-in-one answer ``/metrics`` on one port, so each answers for all. The process
+    collectors (CPU, memory) stay this process's. A snapshot that does not decode is skipped."""
+    from prometheus_client import generate_latest
+
+    merged = Registry()
+    parts = [_decode_families(snapshot(registry))]
+    for raw in snapshots:
+        try:
+            parts.append(_decode_families(raw))
+        except msgspec.DecodeError:
+            continue  # a worker's file caught mid-write or from an older release: this scrape goes without it
+    for families in parts:
+        for f in families:
+            try:
+                fam = merged._family(f.name, f.kind, f.unit, f.description, f.attributes, f.bounds)
+            except ValueError:
+                continue  # defined differently elsewhere (an older release's worker): not summable
+            for values, value in f.cells:
+                if len(values) != len(fam.attributes):
+                    continue
+                cell = fam.cell(*values)
+                if isinstance(value, tuple):
+                    counts, total = value
+                    if len(counts) == len(cell.counts):
+                        cell.counts = [a + b for a, b in zip(cell.counts, counts, strict=True)]
+                        cell.sum += total
+                else:
+                    cell.value += value
+    with _exposition_lock:  # one exposition for every merged render: its bridge is pointed at this one
+        global _merged
+        if _merged is None:
+            from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
+
+            prom = CollectorRegistry(auto_describe=False)
+            bridge = _PrometheusBridge(merged)
+            prom.register(bridge)
+            ProcessCollector(registry=prom)
+            PlatformCollector(registry=prom)
+            GCCollector(registry=prom)
+            _merged = (prom, bridge)
+        prom, bridge = _merged
+        bridge.registry = merged
+        return generate_latest(prom)
+
+
+_merged: tuple[Any, _PrometheusBridge] | None = None
