@@ -55,8 +55,13 @@ def test_a_store_path_that_cannot_be_opened_stops_every_entry_point_in_one_line(
     assert "Traceback" not in out.stderr and "restarting" not in out.stderr
 
 
-@pytest.mark.parametrize("roles", [None, "janitor"])
-def test_a_janitor_on_a_busy_port_says_so_in_one_line(roles, tmp_path):
+@pytest.mark.parametrize(
+    ("module", "roles"),
+    [("upf_janitor", None), ("upf", "janitor"), ("upf_writer", None), ("upf", "writer"), ("upf", "writer,janitor")],
+)
+def test_a_busy_port_stops_the_janitor_and_the_writer_in_one_line(module, roles, tmp_path):
+    """As the pusher and the supervisor do: one line naming UPF_BIND, exit 1, not a traceback (granian's
+    own is some 70 lines of Python and Rust)."""
     import socket
 
     with socket.socket() as busy:
@@ -65,9 +70,8 @@ def test_a_janitor_on_a_busy_port_says_so_in_one_line(roles, tmp_path):
         port = busy.getsockname()[1]
         env = {k: v for k, v in os.environ.items() if not k.startswith("UPF_")}
         env.update(UPF_STORE_PATH=str(tmp_path / "upf.db"), UPF_BIND=f"127.0.0.1:{port}")
-        argv = ["-m", "upf_janitor"] if roles is None else ["-m", "upf"]
         if roles is not None:
             env["UPF_ROLES"] = roles
-        out = subprocess.run([sys.executable, *argv], env=env, capture_output=True, text=True, timeout=60)
+        out = subprocess.run([sys.executable, "-m", module], env=env, capture_output=True, text=True, timeout=60)
     assert out.returncode == 1, out.stderr
     assert f"cannot bind UPF_BIND 127.0.0.1:{port}" in out.stderr and "Traceback" not in out.stderr

@@ -253,3 +253,84 @@ def test_a_new_store_is_still_made_by_adding_users_and_access_or_by_restore(tmp_
     restored = upf(third, "restore", str(tmp_path / "b.upfb"))
     assert restored.returncode == 0 and "restored" in restored.stdout, restored.stderr
     assert "user phil (user)" in upf(third, "user", "list").stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "password", "code", "message"),
+    [
+        (("user", "add", "phil"), "p" * 73, 2, "at most 72 bytes"),  # bcrypt reads no further
+        (
+            ("user", "add", "phil"),
+            "\udcff",
+            2,
+            "must be UTF-8 text",
+        ),  # a byte that is not UTF-8, as os.environ keeps it
+        (("user", "add", "bad name"), "pw", 2, "user name must be"),
+        (("access", "ghost", "up*", "rw"), None, 1, "user ghost does not exist"),  # a new store has no users
+        (("access", "*", "a.b", "rw"), None, 2, "topic pattern must be"),
+        (("access", "*", "up*", "sudo"), None, 2, "permission must be one of"),
+        (("restore", "/no/such/backup.upfb"), None, 2, "cannot read the backup file"),
+    ],
+)
+def test_a_refused_command_creates_no_store_at_a_new_path(
+    tmp_path: Path, args: tuple[str, ...], password: str | None, code: int, message: str
+) -> None:
+    """The commands that may make a store check everything first: one refused leaves no empty store
+    (nor its lock and mark files) behind at what may be a mistyped UPF_STORE_PATH."""
+    store = tmp_path / "new" / "upf.db"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("UPF_", "FDB_", "OTEL_"))}
+    env.update(UPF_STORE_PATH=str(store), UPF_LOG_LEVEL="WARNING")
+    if password is not None:
+        env["UPF_PASSWORD"] = password
+    r = subprocess.run(
+        [sys.executable, "-m", "upf", *args],
+        env={k: v.encode("utf-8", "surrogateescape") for k, v in env.items()},  # type: ignore[misc]
+        capture_output=True,
+        text=True,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
+    )
+    assert r.returncode == code and message in r.stderr, (r.returncode, r.stderr)
+    assert "Traceback" not in r.stderr and not (tmp_path / "new").exists()
+
+
+def test_a_token_that_would_expire_at_birth_and_help(tmp_path: Path) -> None:
+    store = tmp_path / "upf.db"
+    upf(store, "user", "add", "phil", password="pw")
+    r = upf(store, "token", "add", "--expires", "0d", "phil")
+    assert r.returncode == 2 and "longer than 0" in r.stderr
+    for flag in ("--help", "-h"):
+        r = upf(store, flag)
+        assert r.returncode == 0 and "Without a command, upf runs the server" in r.stdout, r.stderr
+
+
+@pytest.mark.parametrize("key", [b"\x03", b"\x04"], ids=["ctrl-c", "ctrl-d"])
+def test_ctrl_c_or_ctrl_d_at_the_password_prompt_cancels_at_once(tmp_path: Path, key: bytes) -> None:
+    """The password is asked before the event loop starts: the first Ctrl-C ends the command (exit
+    130, one line), as does Ctrl-D; nothing is written."""
+    import pty
+
+    store = tmp_path / "upf.db"
+    upf(store, "user", "add", "phil", password="pw")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("UPF_", "FDB_", "OTEL_"))}
+    env.update(UPF_STORE_PATH=str(store), UPF_LOG_LEVEL="WARNING")
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: the command, on the terminal
+        os.execve(sys.executable, [sys.executable, "-m", "upf", "user", "change-pass", "phil"], env)
+    out = b""
+    deadline = time.monotonic() + 30
+    while b"password for phil" not in out and time.monotonic() < deadline:
+        out += os.read(fd, 1024)
+    os.write(fd, key)
+    while True:
+        try:
+            chunk = os.read(fd, 1024)
+        except OSError:  # the child closed the terminal
+            break
+        if not chunk:
+            break
+        out += chunk
+    _, status = os.waitpid(pid, 0)
+    os.close(fd)
+    assert os.waitstatus_to_exitcode(status) == 130, out
+    assert b"upf: cancelled" in out and b"Traceback" not in out

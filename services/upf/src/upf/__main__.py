@@ -114,6 +114,8 @@ def main() -> None:
     if len(sys.argv) > 1:
         from .admin import COMMANDS, run
 
+        if sys.argv[1] in ("-h", "--help"):
+            sys.exit(run(["--help"]))
         if sys.argv[1] not in COMMANDS:
             print(
                 f"upf: unknown command {sys.argv[1]!r}; commands: {', '.join(COMMANDS)} (none: run the server)",
@@ -154,9 +156,15 @@ def main() -> None:
                     sys.exit(1)
                 asyncio.run(run_with_pusher(settings, sock=sock))
         elif "writer" in roles:
-            from upf_writer.__main__ import build_server, check_store
+            from upf_edge.serve import bind_error
+            from upf_writer.__main__ import build_server, check_port, check_store
 
             check_store(settings)  # before granian's worker meets it
+            try:
+                check_port(settings)
+            except OSError as exc:
+                print(f"upf: {bind_error(settings.bind_host, settings.bind_port, exc)}", file=sys.stderr)
+                sys.exit(1)
             # The janitor, when on, runs inside the writer's worker process (upf.asgi), beside it.
             build_server(
                 settings.bind_host,

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 
 from upf_edge.access import hash_password, new_token, parse_permission, valid_pattern, valid_token
 from upf_keyspace import Settings, SettingsError, Store, StoreOpenError, load_settings, open_store
-from upf_keyspace.auth import EVERYONE, ROLES, Token, User, token_digest
+from upf_keyspace.auth import EVERYONE, ROLES, Permission, Token, User, token_digest
 from upf_keyspace.ops.auth import NoSuchUser, UserExists
 
 from .backup import BackupError
@@ -36,6 +36,10 @@ _UNIT = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 MAX_EXPIRES_SECS = 3650 * 86400
 """The longest ``--expires``: ten years. ntfy has no stated bound (its durations overflow silently past
 ~292 years); past a calendar a token's record could not be stored or its date printed."""
+
+
+MAX_PASSWORD_BYTES = 72
+"""bcrypt reads no further: a longer password is refused rather than cut (as Go's bcrypt, ntfy's, does)."""
 
 
 class UsageError(Exception):
@@ -61,6 +65,12 @@ def _password(prompt_for: str) -> str:
             raise UsageError("passwords do not match")
     if not password:
         raise UsageError("the password must not be empty")
+    try:
+        size = len(password.encode("utf-8"))
+    except UnicodeEncodeError:  # UPF_PASSWORD with bytes that are not UTF-8 (os.environ keeps them as surrogates)
+        raise UsageError("the password must be UTF-8 text") from None
+    if size > MAX_PASSWORD_BYTES:
+        raise UsageError(f"the password must be at most {MAX_PASSWORD_BYTES} bytes (bcrypt's limit), got {size}")
     return password
 
 
@@ -71,6 +81,8 @@ def _expiry(text: str | None, now: float) -> int:
     if m is None:
         raise UsageError(f"--expires takes a duration such as 30d, 12h or 90m, got {text!r}")
     secs = int(m.group(1)) * _UNIT[m.group(2)]
+    if not secs:
+        raise UsageError(f"--expires must be longer than 0 (a token that expired at birth), got {text!r}")
     if secs > MAX_EXPIRES_SECS:
         raise UsageError(f"--expires is at most 3650d (ten years), got {text!r}")
     return int(now) + secs
@@ -90,7 +102,10 @@ def _expires(expires: int, now: float) -> str:
 
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
-        prog="upf", description="manage UPF's users, ACL entries and tokens; back up and restore its store"
+        prog="upf",
+        description="manage UPF's users, ACL entries and tokens; back up and restore its store",
+        epilog="Without a command, upf runs the server: the roles in UPF_ROLES on UPF_BIND, with the store "
+        "at UPF_STORE_PATH (or FDB_CLUSTER_FILE); every UPF_* setting is listed in the README.",
     )
     sub = ap.add_subparsers(dest="command", required=True)
 
@@ -186,7 +201,7 @@ async def _user(store: Store, args: argparse.Namespace) -> str:
     name = _name(args.name)
     if args.action == "add":
         await store.add_user(
-            name, User(role=args.role, password_hash=hash_password(_password(name)), created=int(time.time()))
+            name, User(role=args.role, password_hash=hash_password(args.password), created=int(time.time()))
         )
         return f"user {name} added with role {args.role}"
     if args.action == "del":
@@ -198,32 +213,41 @@ async def _user(store: Store, args: argparse.Namespace) -> str:
     user = found
     if args.action == "change-pass":
         await store.put_user(
-            name, User(role=user.role, password_hash=hash_password(_password(name)), created=user.created)
+            name, User(role=user.role, password_hash=hash_password(args.password), created=user.created)
         )
         return f"changed password for user {name}"
     await store.put_user(name, User(role=args.role, password_hash=user.password_hash, created=user.created))
     return f"changed role for user {name} to {args.role}"
 
 
-async def _access(store: Store, args: argparse.Namespace) -> str:
+def _access_args(args: argparse.Namespace) -> tuple[str | None, Permission | None]:
+    """``upf access``'s user and permission, checked (``_prepare``, before the store is opened)."""
     user = None if args.user is None else (EVERYONE if args.user == EVERYONE else _name(args.user))
     if args.pattern is not None and not valid_pattern(args.pattern):
         raise UsageError(f"topic pattern must be 1-64 of [-_A-Za-z0-9*], got {args.pattern!r}")
     if args.reset:
         if args.permission is not None:
             raise UsageError("--reset takes at most a user and a pattern")
-        removed = await store.reset_access(user, args.pattern)
-        return f"removed {removed} access entr{'y' if removed == 1 else 'ies'}"
+        return user, None
     if args.permission is None:
         if args.pattern is not None:
             raise UsageError("give a permission: upf access USER PATTERN PERMISSION")
+        return user, None
+    try:
+        return user, parse_permission(args.permission)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
+async def _access(store: Store, args: argparse.Namespace) -> str:
+    user, permission = args.user, args.permission
+    if args.reset:
+        removed = await store.reset_access(user, args.pattern)
+        return f"removed {removed} access entr{'y' if removed == 1 else 'ies'}"
+    if permission is None:
         state = await store.auth_state()
         entries = [(u, p, a) for u, p, a in state.access if user is None or u == user]
         return "\n".join(f"{u} {a.permission.value} {p}" for u, p, a in entries) or "no access entries"
-    try:
-        permission = parse_permission(args.permission)
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
     await store.set_access(user or EVERYONE, args.pattern, permission)
     return f"granted {permission.value} access to topic {args.pattern} for {'everyone' if user == EVERYONE else user}"
 
@@ -284,10 +308,24 @@ def _creates(args: argparse.Namespace) -> bool:
     return args.command == "access" and not args.reset and args.permission is not None
 
 
-async def _run(args: argparse.Namespace) -> str:
-    settings = load_settings()
-    if not settings.fdb_cluster_file and not _creates(args) and not os.path.exists(settings.store_path):
+def _prepare(args: argparse.Namespace, settings: Settings) -> None:
+    """Everything a command can refuse before the store is opened (opening a path that does not exist
+    creates a store there): names, patterns, durations, the backup file, and the password, asked here,
+    outside the event loop, so Ctrl-C and Ctrl-D at its prompt end the command at once."""
+    new_store = not settings.fdb_cluster_file and not os.path.exists(settings.store_path)
+    if new_store and not _creates(args):
         raise UsageError(f"no store at {settings.store_path} (UPF_STORE_PATH): check the path")
+    if args.command == "user" and args.action in ("add", "change-pass"):
+        args.password = _password(_name(args.name))
+    elif args.command == "access":
+        args.user, args.permission = _access_args(args)
+        if new_store and args.user not in (None, EVERYONE) and args.permission is not None:
+            raise NoSuchUser(args.user)  # a new store has no users yet
+    elif args.command == "restore" and not os.access(args.file, os.R_OK):
+        raise UsageError(f"cannot read the backup file {args.file}")
+
+
+async def _run(args: argparse.Namespace, settings: Settings) -> str:
     if args.command == "restore":
         return await _restore(settings, args)
     store = await open_store(settings)
@@ -305,8 +343,13 @@ def run(argv: Sequence[str]) -> int:
     except SystemExit as exc:
         return int(exc.code or 0)
     try:
-        print(asyncio.run(_run(args)))
+        settings = load_settings()
+        _prepare(args, settings)
+        print(asyncio.run(_run(args, settings)))
         return 0
+    except (KeyboardInterrupt, EOFError):  # at the password prompt: nothing was written
+        print("\nupf: cancelled", file=sys.stderr)
+        return 130
     except (UsageError, SettingsError, StoreOpenError) as exc:
         print(f"upf: {exc}", file=sys.stderr)
         return 2

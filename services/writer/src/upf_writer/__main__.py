@@ -20,6 +20,7 @@ from granian.log import LogLevels
 
 from upf_edge.limits_os import raise_open_files_limit
 from upf_edge.provision import load_provisioning
+from upf_edge.serve import bind_error, bound_socket
 from upf_keyspace import Settings, SettingsError, StoreOpenError, load_settings, open_store
 
 from .logs import log_dictconfig
@@ -79,6 +80,12 @@ def check_store(settings: Settings) -> None:
         asyncio.run(probe())
 
 
+def check_port(settings: Settings) -> None:
+    """Bind UPF_BIND once and let it go, so a busy port is one line (``OSError``), not granian's
+    Python and Rust tracebacks; the gap until granian binds it is a start's moment."""
+    bound_socket(settings.bind_host, settings.bind_port).close()
+
+
 def main(argv: list[str] | None = None) -> int:
     try:
         settings = load_settings()
@@ -87,6 +94,11 @@ def main(argv: list[str] | None = None) -> int:
     except (SettingsError, StoreOpenError) as exc:
         print(f"upf-writer: {exc}", file=sys.stderr)
         return 2
+    try:
+        check_port(settings)
+    except OSError as exc:
+        print(f"upf-writer: {bind_error(settings.bind_host, settings.bind_port, exc)}", file=sys.stderr)
+        return 1
     level = settings.log_level.lower()
     logging.config.dictConfig(log_dictconfig(level.upper()))
     raise_open_files_limit()  # granian's workers inherit it
