@@ -44,6 +44,8 @@ __all__ = [
     "valid_pattern",
     "pattern_matches",
     "valid_token",
+    "valid_user_name",
+    "valid_password_hash",
     "new_token",
     "parse_credentials",
     "hash_password",
@@ -59,6 +61,9 @@ MAX_CREDENTIAL_CHARS = 4096
 _TOKEN = re.compile(r"tk_[a-z0-9]{29}")
 _RAW_URL_B64 = re.compile(r"[A-Za-z0-9_-]*")
 _PATTERN = re.compile(r"[-_A-Za-z0-9*]{1,64}")
+_USER_NAME = re.compile(r"[-_.@+A-Za-z0-9]{1,64}")
+"""ntfy's ``allowedUsernameRegex`` (so never ``*``, everyone), at most 64 characters."""
+_BCRYPT = re.compile(r"\$2[abxy]\$(0[4-9]|[12][0-9]|3[01])\$[./A-Za-z0-9]{53}")
 _PERMISSIONS = {
     "read-write": Permission.READ_WRITE,
     "rw": Permission.READ_WRITE,
@@ -130,6 +135,15 @@ def _matches(pattern: str, topic: str) -> bool:
 
 def valid_token(token: str) -> bool:
     return _TOKEN.fullmatch(token) is not None
+
+
+def valid_user_name(name: str) -> bool:
+    return _USER_NAME.fullmatch(name) is not None
+
+
+def valid_password_hash(stored: str) -> bool:
+    """A whole bcrypt hash (``$2b$10$`` and 53 characters): anything less matches no password ever."""
+    return _BCRYPT.fullmatch(stored) is not None
 
 
 def new_token() -> str:

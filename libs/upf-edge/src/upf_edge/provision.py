@@ -26,7 +26,7 @@ from upf_keyspace import SettingsError, Store
 from upf_keyspace.auth import EVERYONE, ROLES, Access, Permission, Token, User, token_digest
 from upf_keyspace.ops import auth as auth_ops
 
-from .access import parse_permission, valid_pattern, valid_token
+from .access import parse_permission, valid_password_hash, valid_pattern, valid_token, valid_user_name
 
 __all__ = ["Provisioning", "load_provisioning", "apply_provisioning"]
 
@@ -54,8 +54,11 @@ def load_provisioning(env: Mapping[str, str] | None = None) -> Provisioning:
     for i, entry in enumerate(_entries(env, "UPF_AUTH_USERS"), 1):
         name, _, rest = entry.partition(":")
         hash_, _, role = rest.rpartition(":")
-        if not name or not hash_.startswith("$2") or role not in ROLES:
-            raise SettingsError(f"UPF_AUTH_USERS entry {i} must be name:bcrypt-hash:role (role {' or '.join(ROLES)})")
+        if not valid_user_name(name) or not valid_password_hash(hash_) or role not in ROLES:
+            raise SettingsError(
+                f"UPF_AUTH_USERS entry {i} must be name:bcrypt-hash:role (a name of 1-64 of [-_.@+A-Za-z0-9], "
+                f"a whole bcrypt hash, role {' or '.join(ROLES)})"
+            )
         users[name] = User(role=role, password_hash=hash_, provisioned=True)
     access: dict[tuple[str, str], Permission] = {}
     for i, entry in enumerate(_entries(env, "UPF_AUTH_ACCESS"), 1):

@@ -39,6 +39,10 @@ def test_parses_ntfys_list_formats() -> None:
     [
         ("UPF_AUTH_USERS", "phil:plaintext:admin"),
         ("UPF_AUTH_USERS", f"phil:{HASH}:root"),
+        ("UPF_AUTH_USERS", f"*:{HASH}:admin"),  # everyone is no user: it would log in as an admin named *
+        ("UPF_AUTH_USERS", f"bad name:{HASH}:user"),  # a name the CLI could never remove
+        ("UPF_AUTH_USERS", "phil:$2bogus:user"),  # a hash no password matches
+        ("UPF_AUTH_USERS", f"phil:{HASH[:-1]}:user"),
         ("UPF_AUTH_ACCESS", "*:a.b:rw"),
         ("UPF_AUTH_ACCESS", "*:t:sudo"),
         ("UPF_AUTH_ACCESS", "ghost:t:rw"),

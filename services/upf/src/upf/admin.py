@@ -19,7 +19,7 @@ import sys
 import time
 from collections.abc import Sequence
 
-from upf_edge.access import hash_password, new_token, parse_permission, valid_pattern, valid_token
+from upf_edge.access import hash_password, new_token, parse_permission, valid_pattern, valid_token, valid_user_name
 from upf_keyspace import Settings, SettingsError, Store, StoreOpenError, load_settings, open_store
 from upf_keyspace.auth import EVERYONE, ROLES, Permission, Token, User, token_digest
 from upf_keyspace.ops.auth import NoSuchUser, UserExists
@@ -30,7 +30,6 @@ __all__ = ["COMMANDS", "run"]
 
 COMMANDS = ("user", "access", "token", "vapid", "backup", "restore")
 _TOPIC = re.compile(r"[-_A-Za-z0-9]{1,64}")
-_USER = re.compile(r"[-_.@+A-Za-z0-9]{1,64}")
 _DURATION = re.compile(r"(\d+)([smhd])")
 _UNIT = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 MAX_EXPIRES_SECS = 3650 * 86400
@@ -47,7 +46,7 @@ class UsageError(Exception):
 
 
 def _name(text: str) -> str:
-    if not _USER.fullmatch(text):
+    if not valid_user_name(text):
         raise UsageError(f"user name must be 1-64 of [-_.@+A-Za-z0-9], got {text!r}")
     return text
 
