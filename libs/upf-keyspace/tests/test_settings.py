@@ -164,6 +164,9 @@ def test_bounds_and_blank_values_keep_their_messages(name, value):
     [
         ("UPF_EMBEDDED_MAX_BYTES", "lots"),
         ("UPF_EMBEDDED_MAX_BYTES", "-5"),
+        ("UPF_EMBEDDED_MAX_BYTES", "4096"),  # could not hold a new store's own records
+        ("UPF_EMBEDDED_MAX_BYTES", "99999999999999999999"),  # its map would overflow
+        ("UPF_EMBEDDED_MAX_BYTES", "100000000000000"),  # its map would outgrow the address space
         ("UPF_EMBEDDED_COMMIT_WAIT_MS", "1.5"),
         ("UPF_EMBEDDED_COMMIT_WAIT_MS", "101"),
         ("UPF_EMBEDDED_COMMIT_WAIT_MS", "soon"),
@@ -181,7 +184,7 @@ def test_the_embedded_drivers_own_variables_stop_a_start_with_their_names(name, 
 def test_the_embedded_drivers_own_variables_read_as_documented():
     from upf_keyspace.settings import embedded_commit_wait_ms, embedded_max_bytes
 
-    assert embedded_max_bytes({}) == 0 and embedded_max_bytes({"UPF_EMBEDDED_MAX_BYTES": " 4096 "}) == 4096
+    assert embedded_max_bytes({}) == 0 and embedded_max_bytes({"UPF_EMBEDDED_MAX_BYTES": " 131072 "}) == 131072
     assert embedded_commit_wait_ms({}) is None and embedded_commit_wait_ms({"UPF_EMBEDDED_COMMIT_WAIT_MS": ""}) is None
     assert embedded_commit_wait_ms({"UPF_EMBEDDED_COMMIT_WAIT_MS": "0"}) == 0
     assert embedded_commit_wait_ms({"UPF_EMBEDDED_COMMIT_WAIT_MS": "100"}) == 100

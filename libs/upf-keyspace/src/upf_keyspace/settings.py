@@ -279,6 +279,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     counted (a wrong UPF_PUBLIC_URL must not cut off every app server)."""
     vapid_restrict: Annotated[bool, var(_flag)] = False
     """Bind a UnifiedPush topic to the first valid VAPID key that publishes to it; other keys get 401."""
+    uvloop: Annotated[bool, var(_flag)] = True
+    """The event loop is uvloop (``upf_edge.loop``, which reads it before the settings are loaded)."""
+    gc_tune: Annotated[bool, var(_flag)] = True
+    """Freeze startup's objects and raise gen0's threshold once serving (``upf_edge.gcpolicy``)."""
     shutdown_grace_secs: Annotated[float, var(_secs, ge=0.1, le=3600)] = 10.0
     """After SIGTERM: how long in-flight publishes may take and streams may end cleanly before the process
     cuts what remains and exits."""
@@ -340,6 +344,10 @@ def variables() -> tuple[str, ...]:
 
 
 _MAX_COMMIT_WAIT_MS = 100
+_MIN_EMBEDDED_BYTES = 128 << 10
+"""A quota below it could not hold a new store's own records: every write, the first included, refused."""
+_MAX_EMBEDDED_BYTES = 512 << 30
+"""LMDB maps twice the quota; above this the map outgrows the 1 TiB reserved without a quota."""
 
 
 def embedded_max_bytes(env: Mapping[str, str] | None = None) -> int:
@@ -347,9 +355,13 @@ def embedded_max_bytes(env: Mapping[str, str] | None = None) -> int:
     The embedded driver reads it where it opens the store, and ``load_settings`` checks it, so a bad
     value stops a start with its name instead of failing every process that opens the store."""
     raw = (os.environ if env is None else env).get("UPF_EMBEDDED_MAX_BYTES", "").strip() or "0"
+    bounds = f"0 (no quota) or {_MIN_EMBEDDED_BYTES}-{_MAX_EMBEDDED_BYTES}"
     if not (raw.isascii() and raw.isdigit()) or len(raw) > 20:  # "²" is a digit to isdigit, not to int
-        raise SettingsError("UPF_EMBEDDED_MAX_BYTES must be a whole number of bytes (0: no quota)")
-    return int(raw)
+        raise SettingsError(f"UPF_EMBEDDED_MAX_BYTES must be a whole number of bytes: {bounds}")
+    quota = int(raw)
+    if quota and not _MIN_EMBEDDED_BYTES <= quota <= _MAX_EMBEDDED_BYTES:
+        raise SettingsError(f"UPF_EMBEDDED_MAX_BYTES must be {bounds} bytes, got {quota}")
+    return quota
 
 
 def embedded_commit_wait_ms(env: Mapping[str, str] | None = None) -> int | None:
