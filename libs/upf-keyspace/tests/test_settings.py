@@ -50,6 +50,7 @@ def test_values_are_read():
         ("UPF_ROLES", "writer,cook"),
         ("UPF_ROLES", ","),
         ("UPF_NODE_ID", "has space"),
+        ("UPF_NODE_ID", "n\u00f6de"),  # the message says ASCII: so does the check
         ("UPF_SHARD_COUNT", "0"),
         ("UPF_SHARD_COUNT", "many"),
         ("UPF_MAX_MESSAGE_BYTES", "-1"),

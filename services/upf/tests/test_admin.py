@@ -334,3 +334,15 @@ def test_ctrl_c_or_ctrl_d_at_the_password_prompt_cancels_at_once(tmp_path: Path,
     os.close(fd)
     assert os.waitstatus_to_exitcode(status) == 130, out
     assert b"upf: cancelled" in out and b"Traceback" not in out
+
+
+def test_token_labels_and_listings_stay_one_line_per_token(tmp_path: Path) -> None:
+    store = tmp_path / "upf.db"
+    upf(store, "user", "add", "phil", password="pw")
+    r = upf(store, "token", "add", "--label", "line one\nphil: tk_forged... fake", "phil")
+    assert r.returncode == 2 and "printable" in r.stderr
+    assert upf(store, "token", "add", "--label", "Téléphone 🎉", "phil").returncode == 0
+    listing = upf(store, "token", "list", "phil").stdout.strip().splitlines()
+    assert len(listing) == 1 and "Téléphone 🎉" in listing[0]
+    r = upf(store, "token", "list", "nobody")
+    assert r.returncode == 1 and "user nobody does not exist" in r.stderr

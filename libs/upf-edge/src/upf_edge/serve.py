@@ -43,6 +43,11 @@ def bind_error(host: str, port: int, exc: OSError) -> str:
     return f"cannot bind UPF_BIND {host}:{port}: {exc}"
 
 
+def base_url(host: str, port: int) -> str:
+    """``http://host:port`` for a start line: an IPv6 host in brackets, as a URL must have it."""
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
 class HandlerServer:
     """The listening server and its open connections: ``close`` ends both, so a stopping process does
     not wait out an idle keep-alive connection (``asyncio.Server.wait_closed`` waits for them)."""

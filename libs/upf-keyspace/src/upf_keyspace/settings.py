@@ -168,7 +168,7 @@ def _roles(name: str, raw: str) -> tuple[str, ...]:
 
 
 def _node_id(name: str, raw: str) -> str:
-    if len(raw) > 64 or not all(c.isalnum() or c in "-_." for c in raw):
+    if len(raw) > 64 or not raw.isascii() or not all(c.isalnum() or c in "-_." for c in raw):
         raise SettingsError(f"{name} must be 1-64 of [A-Za-z0-9._-], got {raw!r}")
     return raw
 

@@ -23,6 +23,7 @@ from upf_edge.lifecycle import stop_event, unless_stopped
 from upf_edge.limits_os import raise_open_files_limit
 from upf_edge.loop import install_loop_policy
 from upf_edge.provision import load_provisioning
+from upf_edge.serve import base_url
 from upf_keyspace import Settings, SettingsError, StoreOpenError, load_settings, open_store
 from upf_keyspace.telemetry import configure_logging, setup_telemetry
 
@@ -90,7 +91,7 @@ async def run_with_pusher(settings: Settings, sock: socket.socket | None = None)
             },
         )
         print(
-            f"upf: {','.join(settings.roles)} on http://{settings.bind_host}:{settings.bind_port} "
+            f"upf: {','.join(settings.roles)} on {base_url(settings.bind_host, settings.bind_port)} "
             f"(store: {settings.fdb_cluster_file or settings.store_path})",
             flush=True,
         )
@@ -181,7 +182,7 @@ def main() -> None:
             except BindError as exc:
                 print(f"upf: {exc}", file=sys.stderr)
                 sys.exit(1)
-    except StoreOpenError as exc:  # exit 2: a supervisor restarts no worker for it
+    except (StoreOpenError, SettingsError) as exc:  # exit 2: a supervisor restarts no worker for it
         print(f"upf: {exc}", file=sys.stderr)
         sys.exit(2)
     except KeyboardInterrupt:

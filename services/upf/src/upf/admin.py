@@ -37,6 +37,8 @@ MAX_EXPIRES_SECS = 3650 * 86400
 ~292 years); past a calendar a token's record could not be stored or its date printed."""
 
 
+MAX_LABEL_CHARS = 200
+"""A token label from the CLI (the token API takes what ntfy takes: its listing escapes what it shows)."""
 MAX_PASSWORD_BYTES = 72
 """bcrypt reads no further: a longer password is refused rather than cut (as Go's bcrypt, ntfy's, does)."""
 
@@ -255,6 +257,8 @@ async def _token(store: Store, args: argparse.Namespace) -> str:
     now = time.time()
     if args.action == "add":
         name = _name(args.name)
+        if len(args.label) > MAX_LABEL_CHARS or not args.label.isprintable():
+            raise UsageError(f"a token label is at most {MAX_LABEL_CHARS} printable characters (no line breaks)")
         token = new_token()
         record = Token(label=args.label, expires=_expiry(args.expires, now), created=int(now), hint=token[:7])
         await store.add_token(name, token_digest(token), record)
@@ -266,11 +270,16 @@ async def _token(store: Store, args: argparse.Namespace) -> str:
         if not await store.remove_token(name, token_digest(args.token)):
             raise LookupError("no such token for that user")
         return f"token removed for user {name}"
-    names = [_name(args.name)] if args.name else sorted(await store.list_users())
+    if args.name and await store.get_user(_name(args.name)) is None:
+        raise NoSuchUser(args.name)
+    names = [args.name] if args.name else sorted(await store.list_users())
     lines = []
     for name in names:
         for record in (await store.list_tokens(name)).values():
-            lines.append(f"{name}: {record.hint}... {record.label or '(no label)'}, {_expires(record.expires, now)}")
+            label = record.label or "(no label)"
+            if not label.isprintable():  # a line break from the token API must not forge a line of the listing
+                label = label.encode("unicode_escape").decode("ascii")
+            lines.append(f"{name}: {record.hint}... {label}, {_expires(record.expires, now)}")
     return "\n".join(lines) or "no tokens"
 
 

@@ -29,7 +29,7 @@ import tempfile
 import time
 
 from upf_edge.lifecycle import EXIT_OVERDUE
-from upf_edge.serve import bind_error, bound_socket
+from upf_edge.serve import base_url, bind_error, bound_socket
 from upf_keyspace import Settings
 from upf_keyspace import telemetry as tm
 
@@ -228,7 +228,7 @@ class Supervisor:
         received: list[int] = []
         handler = lambda signum, _frame: received.append(signum)  # noqa: E731 - the work happens in the loop
         previous = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD)}
-        print(f"upf: {self.settings.workers} workers on http://{self.settings.bind_host}:{self.port}", flush=True)
+        print(f"upf: {self.settings.workers} workers on {base_url(self.settings.bind_host, self.port)}", flush=True)
         try:
             for w in self.workers:
                 self._start(w)

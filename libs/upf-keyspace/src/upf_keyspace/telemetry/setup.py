@@ -9,6 +9,7 @@ import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from ..settings import SettingsError
 from .cells import REGISTRY, Registry
 
 log = logging.getLogger("upf.telemetry")
@@ -91,12 +92,20 @@ def current() -> Telemetry:
     return _current
 
 
+_TRACE_EXPORTERS = ("otlp", "console")
+
+
 def _traces_wanted(env: Mapping[str, str]) -> list[str]:
+    """The trace exporters to run: the supported ones named (an unsupported name is warned of and
+    dropped, so it turns no tracing on by itself), else OTLP when an endpoint is set."""
     exporters = _names(env.get("OTEL_TRACES_EXPORTER"))
     if "none" in exporters:
         return []
     if exporters:
-        return exporters
+        for name in exporters:
+            if name not in _TRACE_EXPORTERS:
+                log.warning("unsupported OTEL_TRACES_EXPORTER ignored", extra={"exporter": name})
+        return [name for name in exporters if name in _TRACE_EXPORTERS]
     if env.get("OTEL_EXPORTER_OTLP_ENDPOINT") or env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"):
         return ["otlp"]
     return []
@@ -158,13 +167,15 @@ def setup_telemetry(
                     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
                     _warn_protocol(env, "TRACES")
-                    tracer_provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
-                elif name == "console":
+                    try:
+                        processor = BatchSpanProcessor(OTLPSpanExporter())
+                    except ValueError as exc:  # the SDK's check of OTEL_BSP_* (a negative delay, say)
+                        raise SettingsError(f"an OTEL_BSP_* setting is invalid: {exc}") from None
+                    tracer_provider.add_span_processor(processor)
+                else:
                     from opentelemetry.sdk.trace.export import ConsoleSpanExporter
 
                     tracer_provider.add_span_processor(SimpleSpanProcessor(ConsoleSpanExporter()))
-                else:
-                    log.warning("unsupported OTEL_TRACES_EXPORTER ignored", extra={"exporter": name})
             if span_exporter is not None:
                 tracer_provider.add_span_processor(SimpleSpanProcessor(span_exporter))
             tracer = tracer_provider.get_tracer("upf", service_version)
