@@ -181,7 +181,7 @@ async def test_metrics_through_the_shared_port_count_every_worker(fleet):
     answered), so successive scrapes never go backwards: before, each showed its own worker's alone."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    role, workers = start_workers(fleet, "wm")
+    role, workers = start_workers(fleet, "wm", UPF_HEARTBEAT_SECS="1")
     a, b = pids = [workers[0], workers[1]]
     for i in range(3):
         await publish_on(role.port, pids, a, "upMETRICS", f"a{i}")
@@ -207,11 +207,18 @@ async def test_metrics_through_the_shared_port_count_every_worker(fleet):
                     stored = sample.value
         return stored, names
 
-    first, names = await scrape(a)  # b has answered no scrape: its snapshot is the one it left at start
-    assert first == 3 and "upf_janitor_passes" in names  # worker 0 (a) runs the janitor
+    first, names = await scrape(a)  # b's part: its start snapshot, or its last heartbeat's
+    assert first in (3, 8) and "upf_janitor_passes" in names  # worker 0 (a) runs the janitor
     second, names = await scrape(b)
     assert second == 8 and "upf_janitor_passes" in names  # a's counters, janitor's included, from its scrape
     assert (await scrape(a))[0] == 8
+    # A scraper that keeps its connection reaches one worker only: the others' heartbeats keep it current.
+    for i in range(4):
+        await publish_on(role.port, pids, b, "upMETRICS", f"later{i}")
+    deadline = time.monotonic() + 10
+    while (seen := (await scrape(a))[0]) != 12 and time.monotonic() < deadline:
+        await asyncio.sleep(0.2)
+    assert seen == 12
 
 
 async def test_kill9_a_worker_under_load_then_resume_exactly_once(fleet):

@@ -353,7 +353,7 @@ def test_merged_rendering_sums_other_processes_snapshots_and_skips_what_it_canno
     other.counter("upf.janitor.passes", "j", attributes=("result",)).cell("ok").add(4)  # only the other has it
     odd = tm.Registry()
     odd.gauge("upf.writer.publishes", "defined differently")  # an older release's worker, say
-    text = tm.render_merged(mine, [tm.snapshot(other), b"\x93torn", tm.snapshot(odd)])
+    text = tm.render_merged([tm.snapshot(mine), tm.snapshot(other), b"\x93torn", tm.snapshot(odd)])
     got = samples(text)
     assert got[("upf_writer_publishes_total", (("result", "stored"),))] == 8
     assert got[("upf_pusher_connections", ())] == 9

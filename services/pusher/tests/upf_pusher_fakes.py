@@ -21,6 +21,7 @@ class FakeTransport(asyncio.Transport):
         """What the fake kernel has not taken yet: the user-space write buffer."""
         self.reading = True
         self.closed = False
+        self.aborted = False
 
     @property
     def data(self) -> bytes:
@@ -55,6 +56,7 @@ class FakeTransport(asyncio.Transport):
 
     def abort(self) -> None:
         self.closed = True
+        self.aborted = True
 
 
 class FakeHub:

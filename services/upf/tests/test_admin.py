@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import os
+import select
+import signal
 import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -315,22 +318,34 @@ def test_ctrl_c_or_ctrl_d_at_the_password_prompt_cancels_at_once(tmp_path: Path,
     env = {k: v for k, v in os.environ.items() if not k.startswith(("UPF_", "FDB_", "OTEL_"))}
     env.update(UPF_STORE_PATH=str(store), UPF_LOG_LEVEL="WARNING")
     pid, fd = pty.fork()
-    if pid == 0:  # the child: the command, on the terminal
+    if pid == 0:  # the child: the command, on the terminal, with Ctrl-C's default (a job a script
+        signal.signal(signal.SIGINT, signal.SIG_DFL)  # started in the background inherits it ignored)
         os.execve(sys.executable, [sys.executable, "-m", "upf", "user", "change-pass", "phil"], env)
     out = b""
-    deadline = time.monotonic() + 30
-    while b"password for phil" not in out and time.monotonic() < deadline:
-        out += os.read(fd, 1024)
+
+    def read_until(done: Callable[[bytes], bool]) -> None:
+        nonlocal out
+        deadline = time.monotonic() + 30
+        while not done(out) and time.monotonic() < deadline:
+            if select.select([fd], [], [], 0.5)[0]:
+                try:
+                    chunk = os.read(fd, 1024)
+                except OSError:  # the child closed the terminal
+                    return
+                if not chunk:
+                    return
+                out += chunk
+
+    read_until(lambda seen: b"password for phil" in seen)
     os.write(fd, key)
-    while True:
-        try:
-            chunk = os.read(fd, 1024)
-        except OSError:  # the child closed the terminal
-            break
-        if not chunk:
-            break
-        out += chunk
-    _, status = os.waitpid(pid, 0)
+    read_until(lambda seen: False)  # to the end of its output
+    deadline = time.monotonic() + 10
+    while (done := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if done[0] == 0:  # still asking: the key did nothing
+        os.kill(pid, signal.SIGKILL)
+        done = os.waitpid(pid, 0)
+    status = done[1]
     os.close(fd)
     assert os.waitstatus_to_exitcode(status) == 130, out
     assert b"upf: cancelled" in out and b"Traceback" not in out

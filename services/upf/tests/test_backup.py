@@ -349,3 +349,15 @@ async def test_restore_sums_the_stored_bytes_again_and_drops_time_entries_withou
         assert len(slots) <= STAT_SLOTS
     finally:
         await dst.close()
+
+
+async def test_a_backup_file_replaced_between_its_check_and_its_restore_is_refused(tmp_path: Path) -> None:
+    """Restore checks the whole file, then reads it again to write: another backup renamed onto the
+    path in between would be written unchecked."""
+    path = await _small_backup(tmp_path)
+    _, _, pairs = bk.read_backup(str(path))
+    other = tmp_path / "other"
+    other.write_bytes(path.read_bytes())
+    os.replace(other, path)
+    with pytest.raises(bk.BackupError, match="changed while it was read"):
+        next(pairs)

@@ -19,8 +19,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from upf_keyspace import Store
 from upf_keyspace.auth import AuthState, Permission
 
-from .access import ANONYMOUS, Authorizer, Identity
-from .errors import STORE_UNAVAILABLE, NtfyError
+from .access import ANONYMOUS, FORBIDDEN, UNAUTHORIZED, Authorizer, Identity
+from .errors import STORE_UNAVAILABLE, NtfyError, Problem
 from .provision import apply_provisioning, load_provisioning
 
 __all__ = ["AccessGate", "Credential", "auth_param"]
@@ -75,7 +75,7 @@ class AccessGate:
         self._task: asyncio.Task[None] | None = None
         self._users = 0
         self._started: asyncio.Future[None] | None = None
-        self._listeners: list[Callable[[], None]] = []
+        self._listeners: list[Callable[[bool], None]] = []
         self._expiry: asyncio.TimerHandle | None = None
         """Set for the next expiry of a token of the state: the streams it opened end then."""
         self.changes = 0
@@ -128,11 +128,13 @@ class AccessGate:
                 await self._task
             self._task = None
 
-    def listen(self, callback: Callable[[], None]) -> None:
-        """Call ``callback`` after each auth change this gate installs (a pusher re-checks its streams)."""
+    def listen(self, callback: Callable[[bool], None]) -> None:
+        """Call ``callback(tokens_only)`` after each auth change this gate installs, and at each token
+        expiry (``tokens_only``: only what logged in with a credential can have lost access), so a
+        pusher re-checks its streams."""
         self._listeners.append(callback)
 
-    def unlisten(self, callback: Callable[[], None]) -> None:
+    def unlisten(self, callback: Callable[[bool], None]) -> None:
         with contextlib.suppress(ValueError):
             self._listeners.remove(callback)
 
@@ -142,14 +144,14 @@ class AccessGate:
         self._open = not state.configured and self.default is Permission.READ_WRITE
         self._loaded = True
         if reload:
-            self._tell()
+            self._tell(False)
         self._arm_expiry(EXPIRY_SLACK_SECS)
 
-    def _tell(self) -> None:
+    def _tell(self, tokens_only: bool) -> None:
         self.changes += 1
         for callback in list(self._listeners):
             try:
-                callback()
+                callback(tokens_only)
             except Exception:
                 log.exception("auth change listener failed")
 
@@ -168,7 +170,7 @@ class AccessGate:
 
     def _expired(self) -> None:
         self._expiry = None
-        self._tell()
+        self._tell(True)
         self._arm_expiry(1.0)
 
     async def _follow(self) -> None:
@@ -211,15 +213,15 @@ class AccessGate:
         if not self._open:
             self.authorizer.check(who, topics, write=write)
 
-    def allows(
+    def refusal(
         self, credential: Credential | None, topics: Iterable[str], seen: dict[Credential, Identity | None]
-    ) -> bool:
-        """Whether a subscriber that was let in with ``credential`` (None: anonymous) may still read
-        ``topics`` under the current state. ``seen`` remembers identities across one re-check of many
-        streams, failures included, so a changed password costs one bcrypt per credential, not per
-        stream."""
+    ) -> Problem | None:
+        """What a new subscribe with ``credential`` (None: anonymous) to ``topics`` would be refused
+        with now (401 or 403), or None: an open stream is re-checked as that subscribe. ``seen``
+        remembers identities across one re-check of many streams, failures included, so a changed
+        password costs one bcrypt per credential, not per stream."""
         if self._open:
-            return True
+            return None
         if credential is None:
             who: Identity | None = ANONYMOUS
         elif credential in seen:
@@ -231,9 +233,9 @@ class AccessGate:
                 who = None
             seen[credential] = who
         if who is None:
-            return False
+            return UNAUTHORIZED
         permission = self.authorizer.permission
-        return all(permission(who, t).read for t in topics)
+        return None if all(permission(who, t).read for t in topics) else FORBIDDEN
 
     def check(
         self, authorization: str | None, auth_param: str | None, topics: Sequence[str], *, write: bool

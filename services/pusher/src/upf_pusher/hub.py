@@ -35,7 +35,7 @@ from upf_keyspace import Settings, Since, Store, StoreError, Watch, message_from
 from upf_keyspace import telemetry as tm
 
 from .release import release_loop
-from .session import Close, Command, Read, Send, SessionConfig
+from .session import Close, Command, Phase, Read, Send, SessionConfig
 from .transports import frame_refill
 
 if TYPE_CHECKING:
@@ -72,6 +72,8 @@ MAX_LINKS = 128
 """Links on one ``deliver`` span (the SDK's default limit): a catch-up batch may carry more messages."""
 STORE_SILENT = Problem(50301, 503, "service unavailable: the store did not answer")
 """A subscribe whose first reads failed (the writer's 50301, ``STORE_UNAVAILABLE``, words it differently)."""
+REVOKE_CHUNK = 1000
+"""Subscribers an auth change's re-check looks at between yields to the loop (~1-3 ms of work)."""
 
 _Wanted = dict[tuple[str, bytes | None, int], list[tuple["Subscriber", str]]]
 _Outbox = dict["Subscriber", list[tuple[Send, str]]]
@@ -239,6 +241,9 @@ class Hub:
         """Paused connections: between keepalives the sweep only has to look at these."""
         self._on_close: dict[Subscriber, Callable[[], None]] = {}
         """What to run when a subscriber is forgotten (its visitor's subscription count)."""
+        self.on_heartbeat: Callable[[], object] | None = None
+        """Run at each heartbeat, a wake-up the node takes anyway (the all-in-one's workers leave their
+        metrics for each other: ``upf.workers.SharedMetrics``)."""
         self._credentials: dict[Subscriber, Credential] = {}
         """What an authenticated subscriber logged in with, to check again at an auth change; an
         anonymous one (every subscriber of a server without auth) has no entry and costs nothing."""
@@ -389,17 +394,31 @@ class Hub:
             del by_topic[t]
             self._affinity_changed(t)
 
-    def revoke(self, allowed: Callable[[Credential | None, Collection[str]], bool]) -> int:
-        """Close every subscriber ``allowed`` refuses now (its credential, None for anonymous, and its
-        topics), after an auth change: a revoked user, token or ACL entry ends the streams it opened,
-        not only the next request. Returns how many were closed; each client that reconnects gets
-        the answer a new request gets (401 or 403)."""
+    async def revoke(
+        self, refusal: Callable[[Credential | None, Collection[str]], Problem | None], *, tokens_only: bool = False
+    ) -> int:
+        """Close every subscriber ``refusal`` now refuses (given its credential, None for anonymous, and
+        its topics), after an auth change: a revoked user, token or ACL entry ends the streams it
+        opened, not only the next request. ``tokens_only`` (a token expired): only subscribers that
+        logged in with a credential are looked at. Yields to the loop every ``REVOKE_CHUNK``
+        subscribers: those attaching meanwhile are checked under the new state already. Each client
+        that reconnects gets the answer a new request gets; one whose reply has not begun gets it
+        now. Returns how many were closed."""
+        candidates = list(self._credentials) if tokens_only else list(self.subs)
         closed = 0
-        for sub in list(self.subs):
+        for i, sub in enumerate(candidates):
+            if i and not i % REVOKE_CHUNK:
+                await asyncio.sleep(0)
             session = sub.session
-            if not session.closed and not allowed(self._credentials.get(sub), session.topics.keys()):
-                self.run(sub, session.revoke())
-                closed += 1
+            if session.closed or sub not in self.subs:
+                continue
+            problem = refusal(self._credentials.get(sub), session.topics.keys())
+            if problem is None:
+                continue
+            if session.phase is Phase.SUBSCRIBING:
+                sub.fail(problem)  # nothing was written yet: the refusal a new subscribe would get
+            self.run(sub, session.revoke())
+            closed += 1
         if closed:
             log.info("subscribers revoked", extra={"node": self.node, "closed": closed})
         return closed
@@ -816,6 +835,11 @@ class Hub:
     async def _heartbeat_loop(self) -> None:
         while True:
             await asyncio.sleep(self.settings.heartbeat_secs)
+            if self.on_heartbeat is not None:
+                try:
+                    self.on_heartbeat()
+                except Exception:
+                    log.warning("heartbeat hook failed", extra={"node": self.node}, exc_info=True)
             try:
                 existed = await self.store.heartbeat(self.node, int(time.time()))
                 if not existed:

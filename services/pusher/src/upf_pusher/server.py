@@ -658,12 +658,15 @@ class Pusher:
         if self.lifespan is not None:
             await self.lifespan.shutdown()
 
-    def _auth_changed(self) -> None:
-        """An auth change (``upf user|access|token ...``, on any host) applies to open streams too, as
-        ntfy's access reset ends the user's subscriptions: each is checked as a new subscribe would
-        be, with the credential it logged in with."""
+    def _auth_changed(self, tokens_only: bool) -> None:
+        """An auth change (``upf user|access|token ...``, on any host) or a token's expiry applies to
+        open streams too, as ntfy's access reset ends the user's subscriptions: each is checked as a
+        new subscribe would be, with the credential it logged in with."""
+        if self.closing:
+            return
         seen: dict[Credential, Identity | None] = {}
-        self.hub.revoke(lambda credential, topics: self.gate.allows(credential, topics, seen))
+        gate = self.gate
+        self._spawn(self.hub.revoke(lambda cred, topics: gate.refusal(cred, topics, seen), tokens_only=tokens_only))
 
     async def check_store(self) -> bool:
         try:

@@ -25,10 +25,12 @@ Rule 2b, ``X-Cache: no``: such a row is sent only if it is above the topic's liv
 stamp when the subscription started; a poll's is above everything). Only the catch-up can meet rows at
 or below it: once LIVE, the cursor has passed every row that existed at subscribe time.
 
-Rule 2d, TTL: a replayed row (at or below the live mark) whose ``expires`` has passed is not sent, as
-RFC 8030 5.2 asks of a push service (a ``TTL: 0`` Web Push message reaches only a subscriber that was
-connected when it arrived); the janitor deletes such rows later, on its own schedule. Rows that
-arrive while the subscription is live go out at once, whatever their TTL.
+Rule 2d, TTL: a replayed row (at or below the live mark) is not sent once the clock has passed its
+``expires`` (whole seconds, the publish's second plus the TTL: a ``TTL: 0`` row is past at once), as RFC 8030
+5.2 asks of a push service: a ``TTL: 0`` Web Push message reaches only a subscriber that was connected
+when it arrived. The janitor deletes such rows later, on its own schedule. Rows that arrive while the
+subscription is live go out at once, whatever their TTL. ``expires`` is the writer's clock and the
+check the pusher's: skew between hosts shortens or lengthens a replay's TTL by as much.
 
 Rule 2c, filters (ntfy's ``id``/``message``/``title``/``priority``/``tags``, ``filters.Filter``): a
 row that does not pass its session's filter is not sent, and the cursor moves past it all the same.

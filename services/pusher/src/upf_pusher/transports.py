@@ -278,7 +278,7 @@ class StreamSubscriber(Subscriber):
     def close(self, reason: str) -> None:
         if self.transport.is_closing():
             return
-        if reason == "slow":
+        if reason == "slow" or (reason == "denied" and self.session.paused):
             reset(self.transport)  # its buffer is full: a graceful close would wait on the peer
             return
         if self.chunked and self.accepted:
@@ -543,8 +543,8 @@ class WsSubscriber(Subscriber):
     def close(self, reason: str) -> None:
         if self.transport.is_closing():
             return
-        if reason == "slow" or reason == "silent":  # a graceful close would wait on a peer that is not there
-            reset(self.transport)
+        if reason == "slow" or reason == "silent" or (reason == "denied" and self.session.paused):
+            reset(self.transport)  # a graceful close would wait on a peer that is not there, or not reading
             return
         if self.head is None:
             ws = self._core()

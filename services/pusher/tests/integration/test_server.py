@@ -702,3 +702,34 @@ async def test_an_auth_change_during_a_limited_subscribe_is_applied_before_it_at
     status, _, body = await get(p.port, "/up1/json", f"Authorization: {auth}\r\n")
     assert status == 403 and json.loads(body)["code"] == 40301
     assert closed == ["user:phil"] and not p.hub.subs
+
+
+async def test_a_subscriber_revoked_before_its_reply_began_gets_the_refusal(
+    start_pusher: Any, store: Store, monkeypatch: Any
+) -> None:
+    """An auth change while the store is still resolving a subscribe's cursors: nothing was written
+    yet, so the client gets the 403 a new subscribe gets, not a bare end of the connection."""
+    import base64
+
+    from upf_edge.access import hash_password
+    from upf_keyspace.auth import Permission, User
+
+    await store.add_user("phil", User(role="user", password_hash=hash_password("pw")))
+    await store.set_access("phil", "up*", Permission.READ_ONLY)
+    p = await start_pusher(auth_default_access="deny-all")
+    held = asyncio.Event()
+    real = store.subscribe_live
+
+    async def slow_subscribe(*args: Any, **kwargs: Any) -> Any:
+        held.set()
+        await asyncio.sleep(1.0)  # the store is slow: the revocation lands meanwhile
+        return await real(*args, **kwargs)
+
+    monkeypatch.setattr(store, "subscribe_live", slow_subscribe)
+    auth = "Basic " + base64.b64encode(b"phil:pw").decode()
+    reply = asyncio.create_task(get(p.port, "/up1/json", f"Authorization: {auth}\r\n"))
+    await asyncio.wait_for(held.wait(), 5)
+    await store.reset_access("phil", "up*")
+    status, _, body = await asyncio.wait_for(reply, 5)
+    assert status == 403 and json.loads(body)["code"] == 40301
+    await eventually(lambda: not p.hub.subs)

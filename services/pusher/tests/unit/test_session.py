@@ -95,8 +95,13 @@ def test_a_replay_skips_rows_whose_ttl_has_passed_and_rows_that_arrive_live_go_o
     poll = make(poll=True)
     poll.subscribed({"a": None}, NOW)
     cmds = poll.batch_read("a", [aged(1, NOW - 1), aged(2, NOW), aged(3, NOW + 1)])
-    assert texts_sent(cmds) == ["m2", "m3"]  # ``expires`` is the last second it may be sent in
+    assert texts_sent(cmds) == ["m2", "m3"]  # the clock reads NOW: a row expiring at NOW is not past it yet
     assert_closed_with(poll.batch_read("a", []), "done")  # a full batch: one more read finds the end
+
+    later = Session(("a",), "a", SessionConfig(batch=BATCH, clock=lambda: NOW + 0.5), poll=True)
+    later.subscribed({"a": None}, NOW)
+    cmds = later.batch_read("a", [aged(2, NOW), aged(3, NOW + 1)])
+    assert texts_sent(cmds) == ["m3"]  # half a second past its expiry: TTL 0, published in that second
 
     stream = make()
     stream.subscribed({"a": None}, NOW, {"a": stamp(2)})

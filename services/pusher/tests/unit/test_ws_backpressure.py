@@ -98,3 +98,15 @@ async def test_a_client_answering_every_keepalive_ping_keeps_its_budget() -> Non
     sub.budget_at -= keepalive
     sub.data_received(PING * (transports.FRAME_BURST + 2))  # a flood is still cut
     assert t.closed
+
+
+async def test_a_revoked_subscriber_closes_with_1008_or_is_reset_when_it_does_not_read() -> None:
+    """Revoked (``denied``): a reading peer gets a close frame with 1008 (policy violation); one whose
+    buffer is full is reset, as a slow one is, since a graceful close would wait on it forever."""
+    sub, t, _ = make()
+    sub.close("denied")
+    assert t.written[-1][:4] == bytes([0x88, 0x02, 0x03, 0xF0]) and not t.aborted  # close, 2 bytes, 1008
+    sub, t, _ = make()
+    sub.session.write_paused(0.0)
+    sub.close("denied")
+    assert t.aborted and len(t.written) == 1  # only the head: no close frame queued behind a full buffer

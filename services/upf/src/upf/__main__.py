@@ -77,6 +77,8 @@ async def run_with_pusher(settings: Settings, sock: socket.socket | None = None)
         if pusher is None:
             log.warning("start given up at a stop signal")
             return
+        if metrics is not None:
+            pusher.hub.on_heartbeat = metrics.leave
         janitor_task = None
         if "janitor" in settings.roles:
             janitor_task = asyncio.create_task(Janitor(store, settings, telemetry).run(stop))

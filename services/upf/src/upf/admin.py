@@ -352,11 +352,15 @@ def run(argv: Sequence[str]) -> int:
         return int(exc.code or 0)
     try:
         settings = load_settings()
-        _prepare(args, settings)
+        try:
+            _prepare(args, settings)
+        except (KeyboardInterrupt, EOFError):  # at the password prompt, before the store was opened
+            print("\nupf: cancelled; nothing was written", file=sys.stderr)
+            return 130
         print(asyncio.run(_run(args, settings)))
         return 0
-    except (KeyboardInterrupt, EOFError):  # at the password prompt: nothing was written
-        print("\nupf: cancelled", file=sys.stderr)
+    except KeyboardInterrupt:  # what was committed before it stays (a restore: see README, Backups)
+        print("\nupf: interrupted", file=sys.stderr)
         return 130
     except (UsageError, SettingsError, StoreOpenError) as exc:
         print(f"upf: {exc}", file=sys.stderr)

@@ -229,6 +229,7 @@ def _read(path: str) -> tuple[Header, End, _Survey, Iterator[Pair]]:
     digest = hashlib.sha256()
     unreadable: BackupError | None = None
     with open(path, "rb") as f:
+        read = _identity(f)
         if f.read(len(MAGIC)) != MAGIC:
             raise BackupError("not a UPF backup file")
         header = _next(f, digest)
@@ -257,12 +258,20 @@ def _read(path: str) -> tuple[Header, End, _Survey, Iterator[Pair]]:
 
     def pairs() -> Iterator[Pair]:
         with open(path, "rb") as f:
+            if _identity(f) != read:  # replaced (another backup to the same path) since it was checked
+                raise BackupError("the backup file changed while it was read: nothing was restored")
             f.read(len(MAGIC))
             _next(f, None)
             while isinstance(frame := _next(f, None), Pair):
                 yield frame
 
     return header, end, survey, pairs()
+
+
+def _identity(f: BinaryIO) -> tuple[int, int, int, int]:
+    """What tells one file at a path from another written there since: device, inode, size, mtime."""
+    st = os.fstat(f.fileno())
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
 
 
 def _survey(survey: _Survey, pair: Pair) -> None:

@@ -19,6 +19,7 @@ import contextlib
 import ctypes
 import logging
 import os
+import re
 import select
 import shutil
 import signal
@@ -75,9 +76,10 @@ class SharedMetrics:
     shared port sees the whole server whichever worker answers it (without this, successive scrapes
     showed one worker's counters, then another's: to Prometheus, counters going backwards).
 
-    Each render leaves this worker's snapshot in the supervisor's directory and adds the others' last
-    ones: another worker's counters are as of the last scrape it answered, and only grow, so the sum
-    never goes back. No timer: an idle server takes no wake-up for this."""
+    Each worker leaves a snapshot of its cells in the supervisor's directory at each heartbeat (a
+    wake-up its node takes anyway) and at each scrape it answers, which adds the others' latest: a
+    scraper that keeps its connection, and so one worker, still sees the others' counters at most a
+    heartbeat old. Each worker's counters only grow, so the sum never goes back."""
 
     __slots__ = ("directory", "index", "registry")
 
@@ -85,27 +87,31 @@ class SharedMetrics:
         self.directory = directory
         self.index = index
         self.registry = registry
-        self._leave()  # so a worker that has not answered a scrape yet still counts in the others'
+        self.leave()  # so a worker that has not beaten yet still counts in the others' answers
 
-    def _path(self, index: int | str) -> str:
-        return os.path.join(self.directory, f"worker-{index}.metrics")
-
-    def _leave(self) -> None:
-        tmp = self._path(f"{self.index}.tmp")
-        with contextlib.suppress(OSError):  # a full disk: the others go on without this one
-            with open(tmp, "wb") as f:
-                f.write(tm.snapshot(self.registry))
-            os.replace(tmp, self._path(self.index))
+    def leave(self) -> bytes:
+        """Write this worker's snapshot (whole, by rename) and return it."""
+        own = tm.snapshot(self.registry)
+        path = os.path.join(self.directory, f"worker-{self.index}.metrics")
+        with contextlib.suppress(OSError):  # a full disk: the others go on with this one's last
+            with open(path + ".tmp", "wb") as f:
+                f.write(own)
+            os.replace(path + ".tmp", path)
+        return own
 
     def render(self) -> bytes:
-        self._leave()
-        others = []
+        snapshots = [self.leave()]  # rendered from the bytes written: what the others add is what was served
+        mine = f"worker-{self.index}.metrics"
         with contextlib.suppress(OSError):
             for name in os.listdir(self.directory):
-                if name.endswith(".metrics") and name != f"worker-{self.index}.metrics":
+                if name != mine and _SNAPSHOT.fullmatch(name):
                     with contextlib.suppress(OSError), open(os.path.join(self.directory, name), "rb") as f:
-                        others.append(f.read())
-        return tm.render_merged(self.registry, others)
+                        snapshots.append(f.read())
+        return tm.render_merged(snapshots)
+
+
+_SNAPSHOT = re.compile(r"worker-\d+\.metrics")
+"""A worker's snapshot; its ``.tmp`` while it is written is not one."""
 
 
 def shared_metrics(registry: tm.Registry) -> SharedMetrics | None:

@@ -109,14 +109,14 @@ def snapshot(registry: Registry) -> bytes:
     return _encode_families(families)
 
 
-def render_merged(registry: Registry, snapshots: Iterable[bytes]) -> bytes:
-    """``render_metrics`` of ``registry`` with the cells of other processes' ``snapshot``s added: the
-    workers of one all-in-one answer ``/metrics`` on one port, so each answers for all. The process
-    collectors (CPU, memory) stay this process's. A snapshot that does not decode is skipped."""
+def render_merged(snapshots: Iterable[bytes]) -> bytes:
+    """``render_metrics`` of the cells of several processes' ``snapshot``s added up: the workers of one
+    all-in-one answer ``/metrics`` on one port, so each answers for all. The process collectors (CPU,
+    memory) are this process's. A snapshot that does not decode is skipped."""
     from prometheus_client import generate_latest
 
     merged = Registry()
-    parts = [_decode_families(snapshot(registry))]
+    parts = []
     for raw in snapshots:
         try:
             parts.append(_decode_families(raw))

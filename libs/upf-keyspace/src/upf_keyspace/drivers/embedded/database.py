@@ -4,6 +4,7 @@ store file (noticing lost commits), and raising its stamp floor."""
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import os
 import queue
@@ -157,10 +158,23 @@ async def open_embedded(path: str) -> EmbeddedDatabase:
         finally:
             _close_file(f)
     except (OSError, lmdb.Error) as exc:  # a directory, a read-only disk, no permission, not an LMDB file
+        if _passing(exc):
+            raise  # a restart may cure it: not a setting to fix
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
         raise errors.StoreOpenError(f"UPF_STORE_PATH {path} cannot be opened: {reason}") from exc
     errors.STORAGE.share(_health_marker(path))
     return EmbeddedDatabase(path, asyncio.get_running_loop(), group_wait)
+
+
+_PASSING_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.EAGAIN, errno.EINTR, errno.EBUSY})
+
+
+def _passing(exc: BaseException) -> bool:
+    """An open that failed for the moment (descriptors or memory short, every reader slot taken by
+    live processes), not for its path: the supervisor's restart may cure it."""
+    if isinstance(exc, lmdb.ReadersFullError | lmdb.MemoryError):
+        return True
+    return isinstance(exc, OSError) and exc.errno in _PASSING_ERRNOS
 
 
 def raise_stamp_floor(path: str, floor: int) -> int:
