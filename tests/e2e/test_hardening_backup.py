@@ -90,7 +90,7 @@ def test_restore_refuses_a_store_with_data_and_bad_files(tmp_path: Path) -> None
         fresh = str(tmp_path / f"fresh-{name}.db")
         r = upf_cli(fresh, "restore", str(tmp_path / name))
         assert r.returncode == 1 and error in r.stderr, (name, r.stderr)
-        assert upf_cli(fresh, "backup", str(tmp_path / f"empty-{name}")).returncode == 0  # nothing was written
+        assert not os.path.exists(fresh)  # checked before the store was opened: nothing was made
     bad_dir = upf_cli(store, "backup", str(tmp_path / "no-such-dir" / "b"))
     assert bad_dir.returncode == 1 and "No such file" in bad_dir.stderr
     assert upf_cli(store, "backup").returncode == 2  # no FILE: a usage error

@@ -173,7 +173,7 @@ async def _restore(settings: Settings, args: argparse.Namespace) -> str:
 
     store = await open_store(settings)
     try:
-        n, top, floor = await restore(store, args.file, live_after=dead_after(settings))
+        n, top, floor = await restore(store, args.file, live_after=dead_after(settings), checked=args.checked)
     finally:
         await store.close()
     last = f"; the newest restored id is {encode_id(top)}" if top else ""
@@ -329,8 +329,10 @@ def _prepare(args: argparse.Namespace, settings: Settings) -> None:
         args.user, args.permission = _access_args(args)
         if new_store and args.user not in (None, EVERYONE) and args.permission is not None:
             raise NoSuchUser(args.user)  # a new store has no users yet
-    elif args.command == "restore" and not os.access(args.file, os.R_OK):
-        raise UsageError(f"cannot read the backup file {args.file}")
+    elif args.command == "restore":
+        from .backup import check_backup
+
+        args.checked = check_backup(args.file)  # BackupError or OSError: exit 1, as restore's refusals
 
 
 async def _run(args: argparse.Namespace, settings: Settings) -> str:

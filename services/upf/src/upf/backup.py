@@ -56,7 +56,7 @@ from upf_keyspace.envelope import decode_envelope
 from upf_keyspace.msgid import decode_id
 from upf_keyspace.ops.publish import LEGACY_BYTES, RELEASED_MARK, STAT_SLOTS, TALLY
 
-__all__ = ["MAGIC", "BackupError", "backup", "restore", "read_backup"]
+__all__ = ["MAGIC", "BackupError", "backup", "check_backup", "restore", "read_backup"]
 
 MAGIC = b"UPF-BACKUP 1\n"
 VERSION = 2
@@ -375,14 +375,26 @@ async def _live_node(store: Store, now: int, max_age: int) -> tuple[str, int] | 
     return await store.db.transact(body)
 
 
-async def restore(store: Store, path: str, *, live_after: int = 0) -> tuple[int, bytes, int]:
+Checked = tuple[Header, End, _Survey, Iterator[Pair]]
+"""A backup file read whole and found sound (``check_backup``), ready for ``restore``."""
+
+
+def check_backup(path: str) -> Checked:
+    """Read and check the whole file (``BackupError`` if it cannot be restored) before a store is
+    opened: ``upf restore`` of a bad file then leaves no empty store behind."""
+    return _read(path)
+
+
+async def restore(
+    store: Store, path: str, *, live_after: int = 0, checked: Checked | None = None
+) -> tuple[int, bytes, int]:
     """Write a backup into an empty store; returns (keys written, the largest message stamp, the
     commit version the store must be raised to -- by the caller, once this handle is closed).
     ``live_after``: refuse while a node heartbeated this recently (seconds; 0: no check). Why: a
     running server's store holds no durable state until its first publish, so it passes as empty,
     and its commits between the restore and the stamp floor's raise would take ids that sort before
-    the restored ones."""
-    header, end, survey, pairs = _read(path)
+    the restored ones. ``checked``: ``check_backup(path)``'s, when the caller checked first."""
+    header, end, survey, pairs = checked if checked is not None else _read(path)
     if header.store_format > await store.db.transact(_format):
         raise BackupError(f"the backup's store format {header.store_format} is newer than this UPF's")
     if not await _empty(store):
