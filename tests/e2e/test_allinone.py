@@ -12,6 +12,7 @@ import pytest
 
 from tests.clients.ntfy import error_body, poll, publish, subscribe
 from tests.clients.raw import exchange
+from upf import __version__ as upf_version
 
 TRANSPORTS = ["ws", "json", "sse", "raw"]
 
@@ -99,6 +100,7 @@ async def test_unifiedpush_endpoint_check_and_auth(upf):
         assert (await c.get("/upCHECK00001", params={"up": "1"})).json() == {"unifiedpush": {"version": 1}}
         assert (await c.get("/a,b/auth")).json() == {"success": True}
         assert (await c.get("/v1/health")).json() == {"healthy": True}
+        assert (await c.get("/__version__")).json() == {"name": "upf", "version": upf_version}  # not its pusher's
 
 
 async def test_poll_returns_and_closes(upf):

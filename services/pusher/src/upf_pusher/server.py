@@ -538,9 +538,11 @@ class Pusher:
         handler: Handler | None = None,
         telemetry: tm.Telemetry | None = None,
         metrics: Callable[[], bytes] | None = None,
+        program: tuple[str, str] | None = None,
     ) -> None:
         """``metrics`` renders ``GET /metrics`` (default: this process's registry; the all-in-one's
-        workers answer for all of them)."""
+        workers answer for all of them). ``program``: the (name, version) ``GET /__version__`` gives
+        (default: upf-pusher's; the all-in-one gives its own)."""
         self.settings = settings
         self.store = store
         self.fallback = fallback
@@ -549,9 +551,10 @@ class Pusher:
         self.lifespan: Lifespan | None = Lifespan(fallback) if fallback is not None else None
         self.hub = Hub(settings, store, self.telemetry)
         registry = self.telemetry.registry
+        name, version = program or ("upf-pusher", _package_version())
         self.ops = OpsRoutes(
-            "upf-pusher",
-            _package_version(),
+            name,
+            version,
             self.check_store,
             metrics or (lambda: tm.render_metrics(registry)),
             tm.METRICS_CONTENT_TYPE,
@@ -734,6 +737,7 @@ async def serve(
     sock: socket.socket | None = None,
     telemetry: tm.Telemetry | None = None,
     metrics: Callable[[], bytes] | None = None,
+    program: tuple[str, str] | None = None,
 ) -> Pusher:
     """Start a pusher in the running loop and return it (call ``await pusher.stop()`` to end it).
 
@@ -741,7 +745,9 @@ async def serve(
     routes, called directly) and the writer's ASGI app as ``fallback`` (its cold routes). The pusher
     never imports the writer: both arrive as callables.
     """
-    pusher = Pusher(settings, store, fallback=fallback, handler=handler, telemetry=telemetry, metrics=metrics)
+    pusher = Pusher(
+        settings, store, fallback=fallback, handler=handler, telemetry=telemetry, metrics=metrics, program=program
+    )
     await pusher.start(host=host, port=port, sock=sock)
     if ready is not None:
         ready.set()

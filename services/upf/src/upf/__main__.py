@@ -70,6 +70,7 @@ async def run_with_pusher(settings: Settings, sock: socket.socket | None = None)
                 telemetry=telemetry,
                 sock=sock,
                 metrics=metrics.render if metrics is not None else None,
+                program=("upf", __version__),
             ),
             stop,
             settings.shutdown_grace_secs,
