@@ -113,8 +113,6 @@ def render_merged(snapshots: Iterable[bytes]) -> bytes:
     """``render_metrics`` of the cells of several processes' ``snapshot``s added up: the workers of one
     all-in-one answer ``/metrics`` on one port, so each answers for all. The process collectors (CPU,
     memory) are this process's. A snapshot that does not decode is skipped."""
-    from prometheus_client import generate_latest
-
     merged = Registry()
     parts = []
     for raw in snapshots:
@@ -139,21 +137,11 @@ def render_merged(snapshots: Iterable[bytes]) -> bytes:
                         cell.sum += total
                 else:
                     cell.value += value
-    with _exposition_lock:  # one exposition for every merged render: its bridge is pointed at this one
-        global _merged
-        if _merged is None:
-            from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
-
-            prom = CollectorRegistry(auto_describe=False)
-            bridge = _PrometheusBridge(merged)
-            prom.register(bridge)
-            ProcessCollector(registry=prom)
-            PlatformCollector(registry=prom)
-            GCCollector(registry=prom)
-            _merged = (prom, bridge)
-        prom, bridge = _merged
-        bridge.registry = merged
-        return generate_latest(prom)
+    with _merged_lock:  # one exposition (``render_metrics``') for every merged render: it renders _MERGED
+        _MERGED._families = merged._families
+        return render_metrics(_MERGED)
 
 
-_merged: tuple[Any, _PrometheusBridge] | None = None
+_MERGED = Registry()
+"""What ``render_merged`` renders, its families replaced at each call."""
+_merged_lock = threading.Lock()
