@@ -196,7 +196,7 @@ def _put(f: BinaryIO, frame: Frame, digest: hashlib._Hash | None = None) -> None
 def read_backup(path: str) -> tuple[Header, End, Iterator[Pair]]:
     """Check the whole file (magic, header, frames, count, every key's kind and every message), then
     return its header, end and pairs."""
-    header, end, _, pairs = _read(path)
+    header, end, _, pairs = check_backup(path)
     return header, end, pairs
 
 
@@ -223,8 +223,13 @@ class _Survey:
     """The message count of each stats slot, as the file has it."""
 
 
-def _read(path: str) -> tuple[Header, End, _Survey, Iterator[Pair]]:
-    """``read_backup``, with what its pass over the pairs found for restore."""
+Checked = tuple[Header, End, _Survey, Iterator[Pair]]
+"""A backup file read whole and found sound, ready for ``restore``."""
+
+
+def check_backup(path: str) -> Checked:
+    """``read_backup``, with what its pass over the pairs found for restore: ``upf restore`` calls it
+    before a store is opened, so a bad file leaves no empty store behind."""
     survey = _Survey()
     digest = hashlib.sha256()
     unreadable: BackupError | None = None
@@ -375,16 +380,6 @@ async def _live_node(store: Store, now: int, max_age: int) -> tuple[str, int] | 
     return await store.db.transact(body)
 
 
-Checked = tuple[Header, End, _Survey, Iterator[Pair]]
-"""A backup file read whole and found sound (``check_backup``), ready for ``restore``."""
-
-
-def check_backup(path: str) -> Checked:
-    """Read and check the whole file (``BackupError`` if it cannot be restored) before a store is
-    opened: ``upf restore`` of a bad file then leaves no empty store behind."""
-    return _read(path)
-
-
 async def restore(
     store: Store, path: str, *, live_after: int = 0, checked: Checked | None = None
 ) -> tuple[int, bytes, int]:
@@ -394,7 +389,7 @@ async def restore(
     running server's store holds no durable state until its first publish, so it passes as empty,
     and its commits between the restore and the stamp floor's raise would take ids that sort before
     the restored ones. ``checked``: ``check_backup(path)``'s, when the caller checked first."""
-    header, end, survey, pairs = checked if checked is not None else _read(path)
+    header, end, survey, pairs = checked if checked is not None else check_backup(path)
     if header.store_format > await store.db.transact(_format):
         raise BackupError(f"the backup's store format {header.store_format} is newer than this UPF's")
     if not await _empty(store):
