@@ -295,7 +295,7 @@ def test_sigterm_to_the_supervisor_stops_every_worker(fleet):
     for pid in workers.values():
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
-    assert "pusher stopped" in role.log()
+    assert "front door stopped" in role.log()
 
 
 @pytest.mark.parametrize("workers", ["1", "2"])

@@ -123,10 +123,10 @@ async def test_a_kept_poll_connection_idles_out_and_closes_at_shutdown(
 ) -> None:
     """After its poll, the connection is an idle keep-alive connection: the idle timeout and the
     pusher's stop both close it."""
-    from upf_pusher import server
+    from upf_edge import frontdoor
 
-    monkeypatch.setattr(server, "IDLE_TIMEOUT", 0.3)
-    monkeypatch.setattr(server, "SWEEP_SECS", 0.05)
+    monkeypatch.setattr(frontdoor, "IDLE_TIMEOUT", 0.3)
+    monkeypatch.setattr(frontdoor, "SWEEP_SECS", 0.05)
     p = await start_pusher()
     reader, writer = await asyncio.open_connection("127.0.0.1", p.port)
     writer.write(POLL % (b"kidle", b"json"))

@@ -378,9 +378,9 @@ async def test_http10_stream_is_not_chunked(pusher: Pusher, store: Store) -> Non
 
 async def test_request_body_that_never_arrives_is_cut_off(start_pusher: Any, monkeypatch: Any) -> None:
     """A fallback request whose body stalls is closed after the head timeout."""
-    from upf_pusher import server
+    from upf_edge import frontdoor
 
-    monkeypatch.setattr(server, "HEAD_TIMEOUT", 0.2)
+    monkeypatch.setattr(frontdoor, "HEAD_TIMEOUT", 0.2)
     p = await start_pusher(fallback=EchoApp())
     out = await raw_request(p.port, b"POST /t HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\nabc", timeout_ms=3000)
     assert out == b""
@@ -389,10 +389,10 @@ async def test_request_body_that_never_arrives_is_cut_off(start_pusher: Any, mon
 async def test_deadline_sweep_runs_only_while_a_connection_is_unrouted(start_pusher: Any, monkeypatch: Any) -> None:
     """No timer wakes an idle pusher; the first connection arms the sweep (its head timeout still
     fires), and the sweep stops once no unrouted connection is left."""
-    from upf_pusher import server
+    from upf_edge import frontdoor
 
-    monkeypatch.setattr(server, "HEAD_TIMEOUT", 0.2)
-    monkeypatch.setattr(server, "SWEEP_SECS", 0.05)
+    monkeypatch.setattr(frontdoor, "HEAD_TIMEOUT", 0.2)
+    monkeypatch.setattr(frontdoor, "SWEEP_SECS", 0.05)
     p = await start_pusher()
     assert p._sweeper is None
     reader, writer = await asyncio.open_connection("127.0.0.1", p.port)
@@ -526,9 +526,9 @@ async def test_handler_limits_head_and_failures(tmp_path: Any, store: Store) -> 
 async def test_idle_keep_alive_connection_is_closed(start_pusher: Any, monkeypatch: Any) -> None:
     """A keep-alive connection that sends nothing after its reply is closed by the server (the
     per-connection deadline enforced by the server's sweep)."""
-    from upf_pusher import server
+    from upf_edge import frontdoor
 
-    monkeypatch.setattr(server, "IDLE_TIMEOUT", 0.2)
+    monkeypatch.setattr(frontdoor, "IDLE_TIMEOUT", 0.2)
     p = await start_pusher()
     reader, writer = await asyncio.open_connection("127.0.0.1", p.port)
     try:

@@ -8,11 +8,12 @@ from types import SimpleNamespace
 import pytest
 from upf_pusher_fakes import FakeTransport
 
+from upf_edge import frontdoor
+from upf_edge.asgi_bridge import INTERNAL_ERROR
 from upf_edge.errors import NOT_FOUND, Problem
 from upf_edge.http11 import error_response
 from upf_keyspace import Settings
 from upf_pusher import server
-from upf_pusher.asgi_bridge import INTERNAL_ERROR
 from upf_pusher.hub import STORE_SILENT
 from upf_pusher.session import Session, SessionConfig
 from upf_pusher.transports import StreamSubscriber
@@ -24,7 +25,7 @@ from upf_pusher.transports import StreamSubscriber
         (NOT_FOUND, b"404 Not Found", b'{"code":40401,"http":404,"error":"page not found"}\n'),
         (INTERNAL_ERROR, b"500 Internal Server Error", b'{"code":50000,"http":500,"error":"internal server error"}\n'),
         (
-            server._SHUTTING_DOWN,
+            frontdoor.SHUTTING_DOWN,
             b"503 Service Unavailable",
             b'{"code":50300,"http":503,"error":"service unavailable: shutting down"}\n',
         ),
@@ -45,7 +46,7 @@ from upf_pusher.transports import StreamSubscriber
             b'{"code":40000,"http":400,"error":"invalid request: bad websocket handshake"}\n',
         ),
         (
-            server._TOO_MANY_CONNECTIONS.problem,
+            frontdoor.TOO_MANY_CONNECTIONS.problem,
             b"429 Too Many Requests",
             b'{"code":42903,"http":429,"error":"limit reached: too many open connections",'
             b'"link":"https://ntfy.sh/docs/publish/#limitations"}\n',

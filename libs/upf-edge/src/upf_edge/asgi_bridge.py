@@ -1,10 +1,10 @@
-"""Run an ASGI app (the writer's Litestar app, in the all-in-one program) for every request that is
+"""Run an ASGI app (the writer's Litestar app) for every request of a front door (``frontdoor``) that is
 not a subscribe, an ops route or the direct handler's (the writer's publish, called without ASGI), as a
 minimal ASGI HTTP server would.
 
-Why: the pusher's connection layer is the single front door of the all-in-one process (it is chosen
-for memory per idle connection); the hot routes are called directly (``server.HandlerCycle``) and the
-cold rest is handed to the fallback app in the same process.
+Why: UPF's own connection layer is the front door of the all-in-one process (it is chosen for memory
+per idle connection) and of the standalone writer (for its CPU per publish); the hot routes are called
+directly (``frontdoor.HandlerCycle``) and the cold rest is handed to the fallback app in the same process.
 
 What it supports: HTTP/1.1 with keep-alive (requests on one connection are served in order),
 request bodies with Content-Length or chunked transfer coding up to ``MAX_BODY`` (413 above it),
@@ -22,21 +22,22 @@ from typing import Any, Protocol
 from upf_edge.errors import Problem
 from upf_edge.http11 import LAST_CHUNK, RequestBody, RequestHead, chunk, error_response, response_head
 
-__all__ = ["ASGIApp", "MAX_BODY", "Cycle", "Lifespan"]
+__all__ = ["ASGIApp", "INTERNAL_ERROR", "MAX_BODY", "Cycle", "Lifespan"]
 
-log = logging.getLogger("upf.pusher.asgi")
+log = logging.getLogger("upf.edge.asgi")
 
 ASGIApp = Callable[
-    [MutableMapping[str, Any], Callable[[], Awaitable[dict]], Callable[[dict], Awaitable[None]]], Awaitable[None]
+    [MutableMapping[str, Any], Callable[[], Awaitable[dict[str, Any]]], Callable[[dict[str, Any]], Awaitable[None]]],
+    Awaitable[None],
 ]
 MAX_BODY = 64 * 1024
 _NO_BODY_STATUS = frozenset({204, 304})
 INTERNAL_ERROR = Problem(50000, 500, "internal server error")
-"""The pusher's (ntfy and the writer answer 50001)."""
+"""The front door's own, for a handler or app that raised (the writer's failures, as ntfy's, answer 50001)."""
 
 
 class Owner(Protocol):
-    """The connection that runs a cycle (server.HttpProtocol)."""
+    """The connection that runs a cycle (frontdoor.HttpProtocol)."""
 
     transport: asyncio.Transport
 

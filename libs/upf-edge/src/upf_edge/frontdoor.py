@@ -1,0 +1,495 @@
+"""UPF's own HTTP/1.1 front door: an asyncio Protocol server that routes each request to a role's
+plain-function handlers, else to its ASGI app.
+
+Why not granian: a publish through granian's ASGI bridge crosses a Rust I/O thread, an ASGI scope and
+message dicts; here the head is parsed once (``http11``) and the handler awaited directly, which is
+what lets the writer's CPU per publish approach a bare ASGI app's. The pusher serves its subscriptions
+on a subclass (``upf_pusher.server``): a role adds routes by overriding ``HttpProtocol._route``.
+
+- ``OPTIONS`` on any path: the CORS preflight, as ntfy answers it.
+- The ops routes (health, heartbeats, version, metrics): the role's ops ``Handler``.
+- A request the optional ``handler`` wants (the writer's publish): its body is read here and the
+  handler awaited directly -- one parse, no ASGI.
+- Anything else: the optional fallback ASGI app (the writer's cold routes), else 404.
+
+Limits: a request head over 16 KB is 431; a head not complete within ``HEAD_TIMEOUT`` seconds, or a
+keep-alive connection idle for ``IDLE_TIMEOUT``, is closed. A peer address holding
+``max_connections_per_ip`` connections gets 429 (42903) on the next one's first request (exempt peers:
+``limit_exempt`` and ``proxy_trusted``). Accepting backs off while descriptors run out (``Acceptor``).
+Error replies are ntfy's JSON.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import time
+from typing import Any
+
+from upf_keyspace import Settings
+
+from .asgi_bridge import INTERNAL_ERROR, MAX_BODY, ASGIApp, Cycle, Lifespan
+from .errors import NOT_FOUND, NtfyError, Problem
+from .handler import NO_BODY, PREFLIGHT, Handler
+from .http11 import HttpError, RequestBody, RequestHead, error_response, find_head_end, parse_head, reply_response
+from .limits import LIMITS_DOCS
+from .limits_os import Acceptor, PeerCounter
+from .serve import bound_socket
+
+__all__ = ["FrontDoor", "HttpProtocol", "HandlerCycle", "keeps", "HEAD_TIMEOUT", "IDLE_TIMEOUT", "SHUTTING_DOWN"]
+
+log = logging.getLogger("upf.edge.frontdoor")
+
+HEAD_TIMEOUT = 30.0
+IDLE_TIMEOUT = 75.0
+SWEEP_SECS = 0.5  # how late a timeout may fire
+LISTEN_BACKLOG = 4096
+_monotonic = time.monotonic
+_MAX_PENDING = 64 * 1024
+REFUSED_HEAD_TIMEOUT = 5.0
+"""How long a connection over its address's cap may take to send the head its 429 answers."""
+TOO_MANY_CONNECTIONS = NtfyError(Problem(42903, 429, "limit reached: too many open connections", LIMITS_DOCS))
+SHUTTING_DOWN = Problem(50300, 503, "service unavailable: shutting down")
+
+
+class HandlerCycle:
+    """One request served by the ``upf_edge`` handler: read its body, await the handler, write the reply.
+
+    Same framing and limits as the ASGI fallback (``MAX_BODY``, chunked, 100-continue), without an
+    ASGI scope or messages: the head parsed once is all the handler needs."""
+
+    __slots__ = ("owner", "head", "handler", "reader", "task", "keep_alive")
+
+    def __init__(self, owner: HttpProtocol, head: RequestHead, handler: Handler) -> None:
+        self.owner = owner
+        self.head = head
+        self.handler = handler
+        self.reader: RequestBody | None = None
+        self.task: asyncio.Task[None] | None = None
+        self.keep_alive = head.keep_alive
+
+    def begin(self, buf: bytes) -> bytes | None:
+        """As ``Cycle.begin``: the bytes after the body once it is complete (the handler then runs).
+
+        A client waiting on ``Expect: 100-continue`` with a declared length over the handler's limit gets
+        the handler's 413 instead of the go-ahead, and the connection then closes (its body is never read)."""
+        head = self.head
+        self.reader = RequestBody(head, MAX_BODY)
+        if self.reader.expect_continue:
+            limit = self.handler.body_limit(head.method, head.path[1:])
+            if limit != NO_BODY and head.content_length is not None and head.content_length > limit:
+                self.keep_alive = False
+                self.task = self.owner.spawn(self._run(None))
+                return b""
+            self.owner.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        return self.feed(buf)
+
+    def feed(self, data: bytes) -> bytes | None:
+        assert self.reader is not None
+        rest = self.reader.feed(data)
+        if rest is not None:
+            self.task = self.owner.spawn(self._run(self.reader.body))
+        return rest
+
+    @property
+    def reading_body(self) -> bool:
+        return self.task is None
+
+    def connection_lost(self) -> None:
+        """Nothing to wake: the handler finishes its store call; its reply is dropped."""
+
+    async def _run(self, raw: bytes | None) -> None:
+        head = self.head
+        method = head.method
+        t = self.owner.transport
+        finished = False
+        try:
+            topic = head.path[1:]
+            limit = self.handler.body_limit(method, topic)
+            body = b"" if limit == NO_BODY else raw if raw is not None and len(raw) <= limit else None
+            reply = await self.handler(method, topic, head.headers, head.query_string, body, self.owner.client)
+            if self.owner.door.closing:
+                self.keep_alive = False  # shutting down: this reply is the connection's last
+            if not t.is_closing():
+                t.write(reply_response(reply, keep_alive=self.keep_alive, head_only=method == "HEAD"))
+            finished = True
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("handler failed", extra={"method": method})  # never the path: it names a topic
+            if not t.is_closing():
+                t.write(error_response(INTERNAL_ERROR))
+        finally:
+            self.owner.cycle_done(self, self.keep_alive and finished)
+
+
+def keeps(head: RequestHead) -> bool:
+    """Whether the connection serves another request after this one, for a request whose body is
+    never read (a subscribe, a preflight): not if it has one, whose bytes would otherwise be parsed
+    as the next request (a request hidden in a GET's body, as ntfy's server, which discards unread
+    bodies, never runs it)."""
+    return head.keep_alive and not head.content_length and not head.chunked
+
+
+class HttpProtocol(asyncio.Protocol):
+    """A connection until it is routed: parses heads, answers ops and errors, runs handler and fallback cycles."""
+
+    __slots__ = ("door", "transport", "client", "buf", "busy", "deadline", "cycle", "gone", "admitted", "paused")
+
+    def __init__(self, door: FrontDoor) -> None:
+        self.door = door
+        self.transport: asyncio.Transport = None  # type: ignore[assignment]  # set by connection_made before any use
+        self.client = ""
+        """The peer's IP ("" when the socket has none): who the request limit counts."""
+        self.buf = b""
+        self.busy = False
+        self.deadline = 0.0  # time.monotonic() past which _timeout runs (0: none); see FrontDoor._sweep
+        self.cycle: Cycle | HandlerCycle | None = None
+        self.gone = False
+        self.admitted = True
+        """Counted against its address's connection cap (False: over it, its first request gets 429)."""
+        self.paused = False
+        """The peer is not reading our replies (above the write buffer's high mark): the next request
+        waits. asyncio tells a transport's protocol once, so this also goes to whichever protocol
+        takes the connection next."""
+
+    # --- asyncio callbacks --------------------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]  # asyncio passes a BaseTransport; a stream server's is a Transport
+        peer = transport.get_extra_info("peername")
+        if isinstance(peer, tuple) and peer:
+            self.client = str(peer[0])
+        door = self.door
+        door._http.add(self)
+        if door._sweeper is None:
+            door._arm_sweeper()
+        self.admitted = door.peers.acquire(self.client)
+        self._arm(HEAD_TIMEOUT if self.admitted else REFUSED_HEAD_TIMEOUT)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.admitted and not self.gone:
+            self.door.peers.release(self.client)
+        self.gone = True
+        self._disarm()
+        self.door._http.discard(self)
+        if self.cycle is not None:
+            self.cycle.connection_lost()
+
+    def data_received(self, data: bytes) -> None:
+        cycle = self.cycle
+        if cycle is not None and cycle.reading_body:
+            try:
+                rest = cycle.feed(data)
+            except HttpError as e:
+                self._refuse(e)
+                return
+            if rest is not None:
+                self._disarm()
+                self.buf = rest
+            return
+        self.buf += data
+        if self.busy or self.paused:
+            if len(self.buf) > _MAX_PENDING:
+                self.transport.pause_reading()
+            return
+        self._process()
+
+    def pause_writing(self) -> None:
+        self.paused = True
+
+    def resume_writing(self) -> None:
+        self.paused = False
+        if not self.busy and not self.gone and not self.transport.is_closing():
+            self.transport.resume_reading()
+            self._process()
+
+    # --- timers -------------------------------------------------------------------------------------
+    # A deadline, not a loop timer: arming and cancelling a TimerHandle on every request of a keep-alive
+    # connection cost ~3.5 us (measured; a float store is ~0.2 us), about half of parsing its head, and
+    # leaves a cancelled 75 s timer in the loop's heap per request; one sweep every SWEEP_SECS
+    # (FrontDoor._sweep) enforces all the deadlines.
+    def _arm(self, secs: float) -> None:
+        self.deadline = _monotonic() + secs
+
+    def _disarm(self) -> None:
+        self.deadline = 0.0
+
+    def _timeout(self) -> None:
+        """No request head (or no request body) in time, or idle too long between requests: close."""
+        self.deadline = 0.0
+        if not self.busy or (self.cycle is not None and self.cycle.reading_body):
+            self.transport.close()
+
+    # --- requests -----------------------------------------------------------------------------------
+    def _refuse(self, e: NtfyError) -> None:
+        """Answer with ntfy's error JSON and close: the stream position is unknown after bad input."""
+        if not self.transport.is_closing():
+            self.transport.write(error_response(e.problem, extra=e.headers))
+            self.transport.close()
+
+    def _process(self) -> None:
+        while not self.busy and not self.paused and not self.gone and not self.transport.is_closing():
+            try:
+                end = find_head_end(self.buf)
+                if end < 0:
+                    return
+                raw, self.buf = self.buf[:end], self.buf[end:]
+                head = parse_head(raw)
+            except HttpError as e:
+                self._refuse(e)
+                return
+            self._disarm()
+            if not self.admitted:
+                self._refuse(TOO_MANY_CONNECTIONS)
+                return
+            if self._route(head):
+                return  # handed over (a subscriber) or waiting on async work
+
+    def _reply(self, head: RequestHead, data: bytes, keep_alive: bool) -> None:
+        self.transport.write(data)
+        if not keep_alive:
+            self.transport.close()
+        else:
+            self._arm(IDLE_TIMEOUT)
+
+    def _route(self, head: RequestHead) -> bool:
+        """Serve one request. True when this protocol must stop parsing (handed over, or busy)."""
+        door = self.door
+        if head.method == "OPTIONS":  # a CORS preflight, answered on every path as ntfy does
+            keep = keeps(head)  # a body is never read: close
+            self._reply(head, reply_response(PREFLIGHT, keep_alive=keep), keep)
+            return False
+        if door.ops.wants(head.method, head.path):
+            return self._begin(HandlerCycle(self, head, door.ops))
+        handler = door.handler
+        if handler is not None and handler.wants(head.method, head.path):
+            return self._begin(HandlerCycle(self, head, handler))
+        if door.fallback is not None:
+            return self._begin(Cycle(self, head, door.fallback, door.lifespan.state if door.lifespan else None))
+        keep = head.keep_alive
+        self._reply(head, error_response(NOT_FOUND, keep_alive=keep), keep)
+        return False
+
+    def _begin(self, cycle: Cycle | HandlerCycle) -> bool:
+        """Hand the request (and what has arrived of its body) to a cycle; parsing waits for it."""
+        self.busy = True
+        self.cycle = cycle
+        buf, self.buf = self.buf, b""
+        try:
+            rest = cycle.begin(buf)
+        except HttpError as e:
+            self._refuse(e)
+            return True
+        if rest is not None:
+            self.buf = rest
+        else:
+            self._arm(HEAD_TIMEOUT)  # a body that never arrives
+        return True
+
+    def _resume(self) -> None:
+        """Parse what arrived while a request waited (pipelined requests)."""
+        self.busy = False
+        if not self.gone and not self.transport.is_closing():
+            self.transport.resume_reading()
+            self._process()
+
+    def _handover(self) -> None:
+        """The connection now belongs to another protocol (a subscriber): this one is done with it."""
+        self.gone = True
+        self._disarm()
+        self.door._http.discard(self)
+
+    def adopt(self, transport: asyncio.Transport, client: str, pipelined: bytes, paused: bool) -> None:
+        """Serve the next requests of a connection another protocol gives back (a keep-alive poll's). It
+        was counted against its address's cap when it was accepted, and this protocol releases that
+        count. ``paused``: the previous reply is still above the write buffer's high mark, so the next
+        request waits for ``resume_writing``, which asyncio now calls on this protocol."""
+        self.transport = transport
+        self.client = client
+        self.buf = pipelined
+        self.paused = paused
+        transport.set_protocol(self)
+        door = self.door
+        door._http.add(self)
+        if door.closing:
+            transport.close()
+            return
+        if door._sweeper is None:
+            door._arm_sweeper()
+        self._arm(IDLE_TIMEOUT)
+        self._process()
+
+    # --- cycles -------------------------------------------------------------------------------------
+    def spawn(self, coro: Any) -> asyncio.Task[Any]:
+        return self.door.spawn(coro)
+
+    def cycle_done(self, cycle: Cycle | HandlerCycle, keep_alive: bool) -> None:
+        self.cycle = None
+        self.busy = False
+        if self.gone or self.transport.is_closing():
+            return
+        if not keep_alive or self.door.closing:
+            self.transport.close()
+            return
+        self.transport.resume_reading()
+        self._arm(IDLE_TIMEOUT)
+        self._process()
+
+
+class FrontDoor:
+    """A listening socket and its HTTP connections, serving a role's ops routes, its direct handler and
+    its fallback ASGI app (whose lifespan this runs).
+
+    ``start()`` binds (unless given a socket), runs the fallback's lifespan startup and the role's
+    ``_starting``, then listens; ``stop()`` stops accepting, closes idle keep-alive connections, lets
+    requests whose body has arrived finish and get their reply within the grace, then cuts the rest
+    and runs the lifespan shutdown. A role (the pusher) subclasses it for its own start and stop and
+    sets ``protocol`` to its ``HttpProtocol`` subclass.
+    """
+
+    protocol: type[HttpProtocol] = HttpProtocol
+    role = "writer"
+    """Named in the start and stop log lines (an attribute, the message is static)."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        ops: Handler,
+        *,
+        fallback: ASGIApp | None = None,
+        handler: Handler | None = None,
+    ) -> None:
+        self.settings = settings
+        self.ops = ops
+        self.fallback = fallback
+        self.handler = handler
+        self.lifespan: Lifespan | None = Lifespan(fallback) if fallback is not None else None
+        self.closing = False
+        self.peers = PeerCounter(settings.max_connections_per_ip, settings.limit_exempt + settings.proxy_trusted)
+        """Connections per peer address (a trusted proxy carries many clients: it is not counted)."""
+        self._acceptor: Acceptor | None = None
+        self._http: set[HttpProtocol] = set()
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._sweeper: asyncio.TimerHandle | None = None
+
+    @property
+    def port(self) -> int:
+        assert self._acceptor is not None
+        return int(self._acceptor.sock.getsockname()[1])
+
+    @property
+    def sockets(self) -> tuple[socket.socket, ...]:
+        return (self._acceptor.sock,) if self._acceptor is not None else ()
+
+    def spawn(self, coro: Any) -> asyncio.Task[Any]:
+        """A task ``stop`` waits for within the grace (a request being served), then cancels."""
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    def _arm_sweeper(self) -> None:
+        """Sweep while an unrouted connection exists, not forever: an idle node takes no timer wake-ups."""
+        if not self.closing:
+            self._sweeper = asyncio.get_running_loop().call_later(SWEEP_SECS, self._sweep)
+
+    def _sweep(self) -> None:
+        """Run the timeout of every connection past its deadline (see HttpProtocol._arm)."""
+        self._sweeper = None
+        now = _monotonic()
+        for proto in [p for p in self._http if p.deadline and p.deadline <= now]:
+            proto._timeout()
+        if self._http:
+            self._arm_sweeper()
+
+    async def start(
+        self, *, host: str | None = None, port: int | None = None, sock: socket.socket | None = None
+    ) -> None:
+        """Bind (settings' bind address by default), run the fallback's lifespan startup and the role's
+        ``_starting``, then listen. The bind comes first so a busy port fails before anything runs; a
+        start that fails or is cancelled (a SIGTERM while a store call hangs) stops what it had started."""
+        own = sock is None
+        if sock is None:
+            sock = bound_socket(
+                self.settings.bind_host if host is None else host, self.settings.bind_port if port is None else port
+            )
+        try:
+            if self.lifespan is not None:
+                await self.lifespan.startup()
+            await self._starting()
+            sock.listen(LISTEN_BACKLOG)
+            self._acceptor = Acceptor(asyncio.get_running_loop(), sock, lambda: self.protocol(self))
+            self._acceptor.start()
+        except BaseException:
+            await self._undo_start(sock if own else None)
+            raise
+        log.info(
+            "front door listening",
+            extra={
+                "role": self.role,
+                "port": self.port,
+                "node": self.settings.node_id,
+                "fallback": self.fallback is not None,
+                "handler": self.handler is not None,
+            },
+        )
+
+    async def _starting(self) -> None:
+        """The role's start, after the fallback's lifespan startup and before listening."""
+
+    async def _unstarting(self) -> None:
+        """Undo what ``_starting`` began (it may have failed part-way)."""
+
+    async def _stopping(self, grace: float, deadline: float) -> None:
+        """The role's stop, after accepting stopped and idle connections closed, while requests in
+        flight run on; ``grace`` is the whole stop's, which ends at ``deadline`` (time.monotonic)."""
+
+    async def _stopped(self) -> None:
+        """The role's last step, after the fallback's lifespan shutdown."""
+
+    async def _undo_start(self, sock: socket.socket | None) -> None:
+        """Stop what a failed start began; close the socket it bound."""
+        self.closing = True
+        if self._acceptor is not None:
+            self._acceptor.close()
+            self._acceptor = None
+        elif sock is not None:
+            sock.close()
+        await self._unstarting()
+        if self.lifespan is not None:
+            await self.lifespan.shutdown()
+
+    async def stop(self, timeout: float | None = None) -> None:
+        """Graceful shutdown within ``timeout`` seconds (default: ``shutdown_grace_secs``).
+
+        Stop accepting; close idle keep-alive connections; run the role's ``_stopping``; let requests
+        whose body has fully arrived finish and get their reply (then the connection closes); then cut
+        whatever remains (a request body still arriving, a stuck store call)."""
+        if self.closing:
+            return
+        self.closing = True
+        grace = self.settings.shutdown_grace_secs if timeout is None else timeout
+        deadline = time.monotonic() + grace
+        log.info("front door stopping", extra={"role": self.role, "node": self.settings.node_id, "grace": grace})
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            self._sweeper = None
+        if self._acceptor is not None:
+            self._acceptor.close()
+        for proto in list(self._http):
+            if not proto.busy:
+                proto.transport.close()
+        await self._stopping(grace, deadline)
+        while self._tasks and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        for t in list(self._tasks):
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        for proto in list(self._http):
+            proto.transport.abort()
+        await asyncio.sleep(0)  # let connection_lost callbacks run
+        if self.lifespan is not None:
+            await self.lifespan.shutdown()
+        await self._stopped()
+        log.info("front door stopped", extra={"role": self.role, "node": self.settings.node_id})
