@@ -168,7 +168,8 @@ async def test_poll_request(upf):
 
 
 async def test_standalone_writer_takes_sequence_routes(fleet):
-    """The writer alone (granian + serve_asgi) serves the same routes; a pusher on the store replays them."""
+    """The writer alone (on UPF's front door, its default server) serves the same routes; a pusher on the
+    store replays them."""
     writer = fleet.start("upf_writer", node="wseq")
     pusher = fleet.start("upf_pusher", node="pseq")
     async with httpx.AsyncClient(timeout=10) as c:

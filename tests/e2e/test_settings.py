@@ -56,10 +56,18 @@ def test_a_store_path_that_cannot_be_opened_stops_every_entry_point_in_one_line(
 
 
 @pytest.mark.parametrize(
-    ("module", "roles"),
-    [("upf_janitor", None), ("upf", "janitor"), ("upf_writer", None), ("upf", "writer"), ("upf", "writer,janitor")],
+    ("module", "roles", "server"),
+    [
+        ("upf_janitor", None, None),
+        ("upf", "janitor", None),
+        ("upf_writer", None, None),
+        ("upf", "writer", None),
+        ("upf", "writer,janitor", None),
+        ("upf_writer", None, "granian"),
+        ("upf", "writer", "granian"),
+    ],
 )
-def test_a_busy_port_stops_the_janitor_and_the_writer_in_one_line(module, roles, tmp_path):
+def test_a_busy_port_stops_the_janitor_and_the_writer_in_one_line(module, roles, server, tmp_path):
     """As the pusher and the supervisor do: one line naming UPF_BIND, exit 1, not a traceback (granian's
     own is some 70 lines of Python and Rust)."""
     import socket
@@ -72,6 +80,8 @@ def test_a_busy_port_stops_the_janitor_and_the_writer_in_one_line(module, roles,
         env.update(UPF_STORE_PATH=str(tmp_path / "upf.db"), UPF_BIND=f"127.0.0.1:{port}")
         if roles is not None:
             env["UPF_ROLES"] = roles
+        if server is not None:
+            env["UPF_WRITER_SERVER"] = server
         out = subprocess.run([sys.executable, "-m", module], env=env, capture_output=True, text=True, timeout=60)
     assert out.returncode == 1, out.stderr
     assert f"cannot bind UPF_BIND 127.0.0.1:{port}" in out.stderr and "Traceback" not in out.stderr

@@ -184,19 +184,22 @@ async def test_allinone_sigterm(fleet, workers):
     await sigterm_under_load(fleet, upf, upf, [upf], "sdAll" + workers)
 
 
-async def test_split_pusher_and_writer_sigterm(fleet):
-    """The standalone pusher and writer (granian) each stop gracefully; the pusher releases its affinity."""
+@pytest.mark.parametrize("server", ["upf", "granian"])
+async def test_split_pusher_and_writer_sigterm(fleet, server):
+    """The standalone pusher and writer (on either server) each stop gracefully; the pusher releases
+    its affinity."""
     from upf_keyspace import Settings, keys, open_store
 
-    pusher = start(fleet, "pusher", "upf_pusher", UPF_NODE_ID="sdP")
-    writer = start(fleet, "writer", "upf_writer")
-    topic = "sdSplit"
+    node = "sdP" + server[0]
+    pusher = start(fleet, "pusher", "upf_pusher", UPF_NODE_ID=node)
+    writer = start(fleet, "writer", "upf_writer", UPF_WRITER_SERVER=server)
+    topic = "sdSplit" + server
     await sigterm_under_load(fleet, pusher, writer, [pusher, writer], topic)
     store = await open_store(Settings(store_path=fleet.store, shard_count=8))
     try:
 
         async def held(tr):
-            return await tr.get_range(*keys.reverse_affinity_range("sdP"))
+            return await tr.get_range(*keys.reverse_affinity_range(node))
 
         assert await store.db.transact(held) == [], "the stopped pusher's affinity must be released"
     finally:

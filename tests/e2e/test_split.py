@@ -99,3 +99,28 @@ async def test_janitor_expires_ttl_and_sweeps_killed_node(split):
         await eventually(swept, timeout=20, interval=0.3)
     finally:
         await store.close()
+
+
+@pytest.mark.parametrize("server", ["upf", "granian"])
+async def test_writer_and_janitor_in_one_process(fleet, server):
+    """``upf`` with UPF_ROLES=writer,janitor (no pusher) on either server: it publishes (an X-Cache: no
+    message is never replayed), its janitor runs its passes, its ``/metrics`` covers both roles, and
+    SIGTERM ends it with 0."""
+    import httpx
+
+    wj = fleet.start("upf", roles="writer,janitor", node="wj" + server, UPF_WRITER_SERVER=server)
+    p = fleet.start("upf_pusher", node="pusherWJ" + server)
+    topic = "wjTopic" + server
+    kept = (await publish(wj.base, topic, "kept")).json()
+    await publish(wj.base, topic, "gone", headers={"X-Cache": "no"})
+    assert [m.id for m in await poll(p.base, topic)] == [kept["id"]]
+    async with httpx.AsyncClient(timeout=10) as c:
+
+        async def janitor_passed() -> None:
+            text = (await c.get(wj.base + "/metrics")).text
+            assert 'upf_janitor_passes_total{result="ok"}' in text and "upf_writer_publishes_total" in text
+
+        await eventually(janitor_passed, timeout=10)
+    wj.proc.send_signal(15)
+    assert wj.proc.wait(20) == 0
+    assert "Traceback" not in wj.log()

@@ -81,9 +81,11 @@ def free_port() -> int:
 
 
 class WriterProcess:
-    """A real ``upf-writer`` on 127.0.0.1 (granian, one worker), stopped with SIGTERM."""
+    """A real ``upf-writer`` on 127.0.0.1, stopped with SIGTERM; ``server``: UPF_WRITER_SERVER (UPF's
+    own front door, the default, or granian with one worker)."""
 
-    def __init__(self, tmp_path: Path, **env: str) -> None:
+    def __init__(self, tmp_path: Path, server: str = "upf", **env: str) -> None:
+        self.server = server
         self.port = free_port()
         self.store_path = str(tmp_path / "upf.db")
         self.log_path = tmp_path / "writer.log"
@@ -93,6 +95,7 @@ class WriterProcess:
             "UPF_BIND": f"127.0.0.1:{self.port}",
             "UPF_STORE_PATH": self.store_path,
             "UPF_PUBLIC_URL": PUBLIC_URL,
+            "UPF_WRITER_SERVER": server,
             **env,
         }
         self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
@@ -131,8 +134,9 @@ class WriterProcess:
         return self.proc.returncode
 
 
-@pytest.fixture
-def writer_process(tmp_path: Path) -> Iterator[WriterProcess]:
-    w = WriterProcess(tmp_path)
+@pytest.fixture(params=["upf", "granian"])
+def writer_process(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[WriterProcess]:
+    """Each black-box test runs against both servers the writer may run on."""
+    w = WriterProcess(tmp_path, request.param)
     yield w
     w.stop()

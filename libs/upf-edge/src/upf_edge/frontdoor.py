@@ -72,25 +72,40 @@ class HandlerCycle:
     def begin(self, buf: bytes) -> bytes | None:
         """As ``Cycle.begin``: the bytes after the body once it is complete (the handler then runs).
 
-        A client waiting on ``Expect: 100-continue`` with a declared length over the handler's limit gets
-        the handler's 413 instead of the go-ahead, and the connection then closes (its body is never read)."""
+        A body the handler would refuse as too large and that is not worth reading (a declared length
+        over ``MAX_BODY``, or over the handler's limit from a client waiting on ``Expect:
+        100-continue``) gets the handler's own 413 at once, as one under ``MAX_BODY`` does once read;
+        the connection then closes, its body unread."""
         head = self.head
-        self.reader = RequestBody(head, MAX_BODY)
+        limit = self.handler.body_limit(head.method, head.path[1:])
+        try:
+            self.reader = RequestBody(head, MAX_BODY)
+        except HttpError as e:
+            if e.problem.http != 413 or limit == NO_BODY:
+                raise
+            return self._too_large()
         if self.reader.expect_continue:
-            limit = self.handler.body_limit(head.method, head.path[1:])
             if limit != NO_BODY and head.content_length is not None and head.content_length > limit:
-                self.keep_alive = False
-                self.task = self.owner.spawn(self._run(None))
-                return b""
+                return self._too_large()
             self.owner.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
         return self.feed(buf)
 
     def feed(self, data: bytes) -> bytes | None:
         assert self.reader is not None
-        rest = self.reader.feed(data)
+        try:
+            rest = self.reader.feed(data)
+        except HttpError as e:  # a chunked body past MAX_BODY: the handler's 413, as for a declared one
+            if e.problem.http != 413 or self.handler.body_limit(self.head.method, self.head.path[1:]) == NO_BODY:
+                raise
+            return self._too_large()
         if rest is not None:
             self.task = self.owner.spawn(self._run(self.reader.body))
         return rest
+
+    def _too_large(self) -> bytes:
+        self.keep_alive = False
+        self.task = self.owner.spawn(self._run(None))
+        return b""
 
     @property
     def reading_body(self) -> bool:

@@ -237,6 +237,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     with no users as open as before; read-only, write-only or deny-all close it."""
     workers: Annotated[int, var(_int, ge=1, le=256, unset=_cores)] = 1
     """Worker processes of the all-in-one with the pusher role, on one port (SO_REUSEPORT); default: the cores."""
+    writer_server: Annotated[str, var(_choice("upf", "granian"))] = "upf"
+    """What serves the writer without a pusher beside it (``upf-writer``, ``upf`` with UPF_ROLES=writer):
+    UPF's own front door (``upf_edge.frontdoor``, as the all-in-one's) or granian (one worker, ASGI)."""
     limit_exempt: Annotated[tuple[str, ...], var(_networks, blank_is_value=True)] = ("127.0.0.0/8", "::1/128")
     """Networks (CIDR) whose clients no request limit applies to; hosts were resolved at start."""
     limit_request_burst: Annotated[int, var(_int, ge=1, le=1_000_000)] = 60

@@ -6,13 +6,15 @@ the pusher present, its lean HTTP/1.1 server is the single front door, so a phon
 URL: it serves subscriptions, calls the writer's publish function directly, and hands the writer's
 cold routes to its ASGI app. With UPF_WORKERS > 1 (default: the cores) a supervisor runs that many
 such processes on the port (SO_REUSEPORT), each its own pusher node (``workers.py``). Without the
-pusher the writer runs on granian as in its own image, with the janitor (when on) in the same worker
-process (``upf.asgi``), so its ``GET /metrics`` covers both.
+pusher the writer runs as in its own image: on the same front door (``upf_writer.door``), or on granian
+with UPF_WRITER_SERVER=granian (``upf.asgi``), with the janitor (when on) in the same process, so its
+``GET /metrics`` covers both.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import socket
@@ -24,8 +26,8 @@ from upf_edge.limits_os import raise_open_files_limit
 from upf_edge.loop import install_loop_policy
 from upf_edge.provision import load_provisioning
 from upf_edge.serve import base_url
-from upf_keyspace import Settings, SettingsError, StoreOpenError, load_settings, open_store
-from upf_keyspace.telemetry import configure_logging, setup_telemetry
+from upf_keyspace import Settings, SettingsError, Store, StoreOpenError, load_settings, open_store
+from upf_keyspace.telemetry import Telemetry, configure_logging, setup_telemetry
 
 from . import __version__
 
@@ -113,6 +115,13 @@ async def run_with_pusher(settings: Settings, sock: socket.socket | None = None)
         telemetry.shutdown()
 
 
+async def _janitor(settings: Settings, store: Store, telemetry: Telemetry, stop: asyncio.Event) -> None:
+    """The janitor beside a writer without a pusher (``upf_writer.door.run_writer``), on its store."""
+    from upf_janitor import Janitor
+
+    await Janitor(store, settings, telemetry).run(stop)
+
+
 def main() -> None:
     configure_logging(os.environ.get("UPF_LOG_LEVEL", "INFO"))
     if len(sys.argv) > 1:
@@ -159,6 +168,17 @@ def main() -> None:
                     print(f"upf: {bind_error(settings.bind_host, settings.bind_port, exc)}", file=sys.stderr)
                     sys.exit(1)
                 asyncio.run(run_with_pusher(settings, sock=sock))
+        elif "writer" in roles and settings.writer_server == "upf":
+            from upf_edge.serve import bind_error, bound_socket
+            from upf_writer.door import run_writer
+
+            try:
+                sock = bound_socket(settings.bind_host, settings.bind_port)
+            except OSError as exc:
+                print(f"upf: {bind_error(settings.bind_host, settings.bind_port, exc)}", file=sys.stderr)
+                sys.exit(1)
+            beside = functools.partial(_janitor, settings) if "janitor" in roles else None
+            asyncio.run(run_writer(settings, sock, ("upf", __version__), beside))
         elif "writer" in roles:
             from upf_edge.serve import bind_error
             from upf_writer.__main__ import build_server, check_port, check_store

@@ -1,8 +1,8 @@
-"""``upf-writer``: serve the writer with granian (one worker process; SIGTERM/SIGINT stop it
-gracefully: granian's main process closes the listening socket and signals the worker, whose server
-stops accepting, lets in-flight requests finish and closes idle keep-alive connections, then runs the
-app's lifespan shutdown, which closes the store; a worker still running UPF_SHUTDOWN_GRACE_SECS later
-is killed, and the main process exits 0)."""
+"""``upf-writer``: serve the writer alone, on UPF's own front door (``door``, the default) or on granian
+(``UPF_WRITER_SERVER=granian``: one worker process). SIGTERM/SIGINT stop either gracefully: the port
+stops accepting, in-flight requests finish, idle keep-alive connections close, the store closes, and
+the process exits 0; on the front door a stop still running UPF_SHUTDOWN_GRACE_SECS (plus a slack)
+later exits 70, under granian a worker still running then is killed."""
 
 from __future__ import annotations
 
@@ -19,9 +19,11 @@ from granian.http import HTTP1Settings
 from granian.log import LogLevels
 
 from upf_edge.limits_os import raise_open_files_limit
+from upf_edge.loop import install_loop_policy
 from upf_edge.provision import load_provisioning
 from upf_edge.serve import bind_error, bound_socket
 from upf_keyspace import Settings, SettingsError, StoreOpenError, load_settings, open_store
+from upf_keyspace.telemetry import configure_logging
 
 from .logs import log_dictconfig
 
@@ -90,26 +92,49 @@ def main(argv: list[str] | None = None) -> int:
     try:
         settings = load_settings()
         load_provisioning()  # a malformed UPF_AUTH_* entry stops the start here, naming the variable
-        check_store(settings)
+        if settings.writer_server == "granian":
+            check_store(settings)
     except (SettingsError, StoreOpenError) as exc:
         print(f"upf-writer: {exc}", file=sys.stderr)
         return 2
     try:
-        check_port(settings)
+        sock = bound_socket(settings.bind_host, settings.bind_port)  # a busy port: one line, exit 1
     except OSError as exc:
         print(f"upf-writer: {bind_error(settings.bind_host, settings.bind_port, exc)}", file=sys.stderr)
         return 1
     level = settings.log_level.lower()
-    logging.config.dictConfig(log_dictconfig(level.upper()))
     raise_open_files_limit()  # granian's workers inherit it
-    log.info(
-        "writer starting",
-        extra={"bind_host": settings.bind_host, "bind_port": settings.bind_port, "public_url": settings.public_url},
-    )
-    build_server(
-        settings.bind_host, settings.bind_port, log_level=level, grace_secs=settings.shutdown_grace_secs
-    ).serve()
+    if settings.writer_server == "granian":
+        sock.close()  # granian binds it again in its own process; the gap is a start's moment
+        logging.config.dictConfig(log_dictconfig(level.upper()))
+        log.info("writer starting", extra=_start_attrs(settings))
+        build_server(
+            settings.bind_host, settings.bind_port, log_level=level, grace_secs=settings.shutdown_grace_secs
+        ).serve()
+        return 0
+    from . import __version__
+    from .door import run_writer
+
+    configure_logging(level)
+    install_loop_policy()
+    log.info("writer starting", extra=_start_attrs(settings))
+    try:
+        asyncio.run(run_writer(settings, sock, ("upf-writer", __version__)))
+    except StoreOpenError as exc:
+        print(f"upf-writer: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        pass
     return 0
+
+
+def _start_attrs(settings: Settings) -> dict[str, object]:
+    return {
+        "bind_host": settings.bind_host,
+        "bind_port": settings.bind_port,
+        "public_url": settings.public_url,
+        "server": settings.writer_server,
+    }
 
 
 if __name__ == "__main__":
