@@ -59,7 +59,8 @@ def loadavg() -> str:
 # --------------------------------------------------------------------------------------------- servers
 class Shape:
     """A running UPF: the all-in-one program (``allinone``: one process; ``allinone_wN``: UPF_WORKERS=N),
-    or the split writer + pusher on one store file."""
+    the split writer + pusher on one store file, or the writer alone (``writer``: on its default server,
+    UPF's front door; ``writer_granian``: on granian)."""
 
     def __init__(self, kind: str, workdir: Path, cpus: set[int] | None = None, **extra: str) -> None:
         self.kind = kind
@@ -78,8 +79,9 @@ class Shape:
             p, pport = procs.start_upf_pusher(self.dir, store, cpus)
             self.roles.update(writer=w, pusher=p)
             self.writer, self.pusher = f"http://127.0.0.1:{wport}", f"http://127.0.0.1:{pport}"
-        elif kind == "writer":
-            w, wport = procs.start_upf_writer(self.dir, store, cpus)
+        elif kind in ("writer", "writer_granian"):
+            server = "granian" if kind == "writer_granian" else "upf"
+            w, wport = procs.start_upf_writer(self.dir, store, cpus, UPF_WRITER_SERVER=server, **extra)
             self.roles["writer"] = w
             self.writer = self.pusher = f"http://127.0.0.1:{wport}"
         else:

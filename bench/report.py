@@ -75,7 +75,9 @@ def summarize(res: Results) -> dict[str, Any]:
         }
         s["ingest"] = ing
         bare = ing["bare_asgi"]
-        for k in ("upf_writer", "upf_allinone"):
+        for k in ("upf_writer", "upf_allinone", "upf_writer_granian"):
+            if k not in ing:  # results from before the writer had a second server
+                continue
             ing[k]["ratio_rate_vs_bare_per_round"] = [round(i[k].ok_per_s / i["bare_asgi"].ok_per_s, 3) for i in ings]
             ing[k]["ratio_rate_vs_bare"] = round(ing[k]["ok_per_s"] / bare["ok_per_s"], 3)
             ing[k]["ratio_cpu_vs_bare"] = round(bare["cpu_us_per_publish"] / ing[k]["cpu_us_per_publish"], 3)

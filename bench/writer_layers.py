@@ -1,4 +1,5 @@
-"""The standalone writer under granian, layer by layer: what each layer adds to a publish's CPU.
+"""The standalone writer under granian, layer by layer: what each layer adds to a publish's CPU, and the
+same writer on UPF's own front door (its default server) beside them.
 
 Why: the writer's goal is a ratio to a bare granian ASGI app (the ``rounds`` phase's ingest), and a
 ratio alone does not say where the rest goes. Four servers answer the same load, each configured as
@@ -11,10 +12,11 @@ reference:
   publish handler answers a fixed reply: granian's bridge and UPF's ASGI layer;
 - ``front``: the real ``WriterFront`` (headers, the access gate, the request limits, ingest, the
   reply) over a store whose ``publish`` answers at once: what the front adds;
-- ``writer``: ``upf-writer`` itself: what the store adds (the publish transaction on the event loop,
-  the group commit's thread, the LMDB commit and the kernel's writes);
-- ``allinone``, the reference: the same front and store behind UPF's own HTTP/1.1 front door (``upf``
-  with one worker, no subscribers), i.e. the writer without granian.
+- ``writer``: ``upf-writer`` itself on granian (UPF_WRITER_SERVER=granian): what the store adds (the
+  publish transaction on the event loop, the group commit's thread, the LMDB commit and the kernel's
+  writes);
+- ``door``, the reference: ``upf-writer`` on its default server, UPF's own HTTP/1.1 front door
+  (``upf_edge.frontdoor``): the same front and store without granian.
 
 Not part of bench/run.py. Each round prints publishes/s and server CPU per publish; the end prints
 the medians, each layer's increment, the ratio to ``bare``, and the CPU split over the server's
@@ -56,7 +58,7 @@ from upf_edge.asgi import lazy_app
 from upf_edge.handler import Reply
 
 LAYERS = ("bare", "edge", "front", "writer")
-SERVERS = (*LAYERS, "allinone")  # the last is a reference, not a layer (see the module docstring)
+SERVERS = (*LAYERS, "door")  # the last is a reference, not a layer (see the module docstring)
 _TOPICS = 1000
 _BODY = (
     b'{"id":"AAAAAAAAAAIAAAAAAAAA","time":1764450000,"expires":1766869200,"event":"message",'
@@ -150,10 +152,9 @@ def _start(layer: str, work: Path) -> tuple[Proc, int]:
     store = work / f"{layer}.db"
     if layer == "bare":
         return procs.start_bare_asgi(work, SERVER_CPUS)
-    if layer == "writer":
-        return procs.start_upf_writer(work, store, SERVER_CPUS)
-    if layer == "allinone":
-        return procs.start_upf_allinone(work, store, SERVER_CPUS)
+    if layer in ("writer", "door"):
+        server = "granian" if layer == "writer" else "upf"
+        return procs.start_upf_writer(work, store, SERVER_CPUS, UPF_WRITER_SERVER=server)
     argv = [PY, __file__, "serve", layer]
     return procs.start_upf_command(f"writer-{layer}", argv, layer, f"bench-{layer}", work, store, SERVER_CPUS)
 
@@ -222,8 +223,8 @@ def main() -> None:
         else:
             ratio = f"{r / statistics.median(rate['bare']):.2f}"
         label = layer
-        if layer == "allinone":  # a reference: the writer's front and store without granian
-            label, added = "(allinone)", f"{c - previous:+.1f} (vs writer)" if previous is not None else "-"
+        if layer == "door":  # a reference: the writer's front and store without granian
+            label, added = "(door)", f"{c - previous:+.1f} (vs writer)" if previous is not None else "-"
         else:
             added = "-" if previous is None else f"{c - previous:+.1f}"
             previous = c

@@ -85,7 +85,7 @@ def ingest_round(cfg: Config, work: Path) -> dict[str, Drive]:
         res["bare_asgi"].rss_kb = tree_rss_kb([p.pid])
     finally:
         p.stop()
-    for kind in ("writer", "allinone"):
+    for kind in ("writer", "allinone", "writer_granian"):
         shape = Shape(kind, work, SERVER_CPUS)
         try:
             roots = [r.pid for r in shape.roles.values()]
