@@ -59,12 +59,14 @@ class HandlerCycle:
     Same framing and limits as the ASGI fallback (``MAX_BODY``, chunked, 100-continue), without an
     ASGI scope or messages: the head parsed once is all the handler needs."""
 
-    __slots__ = ("owner", "head", "handler", "reader", "task", "keep_alive")
+    __slots__ = ("owner", "head", "handler", "limit", "reader", "task", "keep_alive")
 
     def __init__(self, owner: HttpProtocol, head: RequestHead, handler: Handler) -> None:
         self.owner = owner
         self.head = head
         self.handler = handler
+        self.limit = handler.body_limit(head.method, head.path[1:])
+        """The most body bytes the handler takes (``NO_BODY``: none is read)."""
         self.reader: RequestBody | None = None
         self.task: asyncio.Task[None] | None = None
         self.keep_alive = head.keep_alive
@@ -77,7 +79,7 @@ class HandlerCycle:
         100-continue``) gets the handler's own 413 at once, as one under ``MAX_BODY`` does once read;
         the connection then closes, its body unread."""
         head = self.head
-        limit = self.handler.body_limit(head.method, head.path[1:])
+        limit = self.limit
         try:
             self.reader = RequestBody(head, MAX_BODY)
         except HttpError as e:
@@ -95,7 +97,7 @@ class HandlerCycle:
         try:
             rest = self.reader.feed(data)
         except HttpError as e:  # a chunked body past MAX_BODY: the handler's 413, as for a declared one
-            if e.problem.http != 413 or self.handler.body_limit(self.head.method, self.head.path[1:]) == NO_BODY:
+            if e.problem.http != 413 or self.limit == NO_BODY:
                 raise
             return self._too_large()
         if rest is not None:
@@ -120,10 +122,9 @@ class HandlerCycle:
         t = self.owner.transport
         finished = False
         try:
-            topic = head.path[1:]
-            limit = self.handler.body_limit(method, topic)
+            limit = self.limit
             body = b"" if limit == NO_BODY else raw if raw is not None and len(raw) <= limit else None
-            reply = await self.handler(method, topic, head.headers, head.query_string, body, self.owner.client)
+            reply = await self.handler(method, head.path[1:], head.headers, head.query_string, body, self.owner.client)
             if self.owner.door.closing:
                 self.keep_alive = False  # shutting down: this reply is the connection's last
             if not t.is_closing():
