@@ -81,6 +81,17 @@ async def test_declared_length_over_the_limit_is_413_before_100_continue(upf):
     assert await poll(upf.base, "fd3") == []
 
 
+async def test_declared_length_past_the_body_cap_is_the_writers_413(upf):
+    """A publish declaring more than the front door would ever read (64 KiB) gets the writer's own 413,
+    as one within it does, and the connection closes with the body unread."""
+    resp, closed = exchange(
+        upf.port, b"POST /fd5 HTTP/1.1\r\nHost: x\r\nContent-Length: 10000000\r\n\r\n" + b"a" * 1000
+    )
+    status, err = _status_and_error(resp)
+    assert (status, err["code"]) == (413, 41301) and closed
+    assert await poll(upf.base, "fd5") == []
+
+
 def test_within_the_limit_100_continue_still_comes(upf):
     """A publish within the limit still gets ``100 Continue`` and then its 200."""
     with socket.create_connection(("127.0.0.1", upf.port), timeout=5) as s:

@@ -123,4 +123,6 @@ async def test_writer_and_janitor_in_one_process(fleet, server):
         await eventually(janitor_passed, timeout=10)
     wj.proc.send_signal(15)
     assert wj.proc.wait(20) == 0
-    assert "Traceback" not in wj.log()
+    log = wj.log()
+    assert "Traceback" not in log
+    assert ("front door listening role='writer'" in log) == (server == "upf")  # the server asked for

@@ -56,8 +56,9 @@ SHUTTING_DOWN = Problem(50300, 503, "service unavailable: shutting down")
 class HandlerCycle:
     """One request served by the ``upf_edge`` handler: read its body, await the handler, write the reply.
 
-    Same framing and limits as the ASGI fallback (``MAX_BODY``, chunked, 100-continue), without an
-    ASGI scope or messages: the head parsed once is all the handler needs."""
+    Same framing as the ASGI fallback (chunked, 100-continue), without an ASGI scope or messages: the
+    head parsed once is all the handler needs. A body is read up to ``MAX_BODY`` or the handler's own
+    limit, whichever is larger; past the handler's limit the handler answers (its own 413)."""
 
     __slots__ = ("owner", "head", "handler", "limit", "reader", "task", "keep_alive")
 
@@ -81,7 +82,7 @@ class HandlerCycle:
         head = self.head
         limit = self.limit
         try:
-            self.reader = RequestBody(head, MAX_BODY)
+            self.reader = RequestBody(head, MAX_BODY if limit == NO_BODY else max(MAX_BODY, limit))
         except HttpError as e:
             if e.problem.http != 413 or limit == NO_BODY:
                 raise
@@ -96,7 +97,7 @@ class HandlerCycle:
         assert self.reader is not None
         try:
             rest = self.reader.feed(data)
-        except HttpError as e:  # a chunked body past MAX_BODY: the handler's 413, as for a declared one
+        except HttpError as e:  # a chunked body past the cap: the handler's 413, as for a declared one
             if e.problem.http != 413 or self.limit == NO_BODY:
                 raise
             return self._too_large()
@@ -365,18 +366,19 @@ class FrontDoor:
     """
 
     protocol: type[HttpProtocol] = HttpProtocol
-    role = "writer"
-    """Named in the start and stop log lines (an attribute, the message is static)."""
 
     def __init__(
         self,
         settings: Settings,
         ops: Handler,
         *,
+        role: str,
         fallback: ASGIApp | None = None,
         handler: Handler | None = None,
     ) -> None:
+        """``role`` is named in the start and stop log lines (an attribute: the messages are static)."""
         self.settings = settings
+        self.role = role
         self.ops = ops
         self.fallback = fallback
         self.handler = handler

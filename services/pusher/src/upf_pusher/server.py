@@ -228,7 +228,6 @@ class Pusher(FrontDoor):
     """
 
     protocol = PusherProtocol
-    role = "pusher"
 
     def __init__(
         self,
@@ -257,7 +256,7 @@ class Pusher(FrontDoor):
             heartbeat_timeout=STORE_CHECK_TIMEOUT + 1.0,
             scrapers=MetricsAccess.of(settings),
         )
-        super().__init__(settings, ops, fallback=fallback, handler=handler)
+        super().__init__(settings, ops, role="pusher", fallback=fallback, handler=handler)
         self.hub = Hub(settings, store, self.telemetry)
         self.gate = AccessGate(store, settings.auth_default_access)
         """Replaced at start by the process's shared gate for this store (who may subscribe to what)."""

@@ -115,6 +115,17 @@ async def run_with_pusher(settings: Settings, sock: socket.socket | None = None)
         telemetry.shutdown()
 
 
+def _bound_or_exit(settings: Settings) -> socket.socket:
+    """The port, bound before anything starts (as the supervisor binds it): a busy one is one line, exit 1."""
+    from upf_edge.serve import bind_error, bound_socket
+
+    try:
+        return bound_socket(settings.bind_host, settings.bind_port)
+    except OSError as exc:
+        print(f"upf: {bind_error(settings.bind_host, settings.bind_port, exc)}", file=sys.stderr)
+        sys.exit(1)
+
+
 async def _janitor(settings: Settings, store: Store, telemetry: Telemetry, stop: asyncio.Event) -> None:
     """The janitor beside a writer without a pusher (``upf_writer.door.run_writer``), on its store."""
     from upf_janitor import Janitor
@@ -147,7 +158,7 @@ def main() -> None:
     install_loop_policy()
     try:
         if "pusher" in roles:
-            from upf_edge.serve import bind_error, bound_socket
+            from upf_edge.serve import bound_socket
 
             from .workers import Supervisor, become_worker, worker_env_index
 
@@ -162,41 +173,27 @@ def main() -> None:
             elif settings.workers > 1:
                 sys.exit(Supervisor(settings).run())
             else:
-                try:  # bound before anything starts, as the supervisor does: a busy port is one line, exit 1
-                    sock = bound_socket(settings.bind_host, settings.bind_port)
-                except OSError as exc:
-                    print(f"upf: {bind_error(settings.bind_host, settings.bind_port, exc)}", file=sys.stderr)
-                    sys.exit(1)
-                asyncio.run(run_with_pusher(settings, sock=sock))
-        elif "writer" in roles and settings.writer_server == "upf":
-            from upf_edge.serve import bind_error, bound_socket
-            from upf_writer.door import run_writer
-
-            try:
-                sock = bound_socket(settings.bind_host, settings.bind_port)
-            except OSError as exc:
-                print(f"upf: {bind_error(settings.bind_host, settings.bind_port, exc)}", file=sys.stderr)
-                sys.exit(1)
-            beside = functools.partial(_janitor, settings) if "janitor" in roles else None
-            asyncio.run(run_writer(settings, sock, ("upf", __version__), beside))
+                asyncio.run(run_with_pusher(settings, sock=_bound_or_exit(settings)))
         elif "writer" in roles:
-            from upf_edge.serve import bind_error
-            from upf_writer.__main__ import build_server, check_port, check_store
+            from upf_writer.__main__ import build_server, check_store
 
-            check_store(settings)  # before granian's worker meets it
-            try:
-                check_port(settings)
-            except OSError as exc:
-                print(f"upf: {bind_error(settings.bind_host, settings.bind_port, exc)}", file=sys.stderr)
-                sys.exit(1)
-            # The janitor, when on, runs inside the writer's worker process (upf.asgi), beside it.
-            build_server(
-                settings.bind_host,
-                settings.bind_port,
-                log_level=settings.log_level.lower(),
-                target="upf.asgi:app",
-                grace_secs=settings.shutdown_grace_secs,
-            ).serve()
+            check_store(settings)  # one line, exit 2, before the port is tried (and granian's worker starts)
+            sock = _bound_or_exit(settings)
+            if settings.writer_server == "upf":
+                from upf_writer.door import run_writer
+
+                beside = functools.partial(_janitor, settings) if "janitor" in roles else None
+                asyncio.run(run_writer(settings, sock, ("upf", __version__), beside))
+            else:
+                sock.close()  # granian binds it again in its own process; the gap is a start's moment
+                # The janitor, when on, runs inside the writer's worker process (upf.asgi), beside it.
+                build_server(
+                    settings.bind_host,
+                    settings.bind_port,
+                    log_level=settings.log_level.lower(),
+                    target="upf.asgi:app",
+                    grace_secs=settings.shutdown_grace_secs,
+                ).serve()
         else:
             from upf_janitor.__main__ import BindError, amain
 

@@ -71,9 +71,10 @@ def build_server(
 
 
 def check_store(settings: Settings) -> None:
-    """Open and close the embedded store before granian starts, so a path that cannot be opened is
-    ``StoreOpenError`` (one line, exit 2) here, not a traceback from granian's worker. FoundationDB is
-    left to the worker: its client's network thread must not start before granian forks."""
+    """Open and close the embedded store before anything starts, so a path that cannot be opened is
+    ``StoreOpenError`` (one line, exit 2, before the port is tried) here, not a traceback from granian's
+    worker or a log line before it. FoundationDB is left to the server: its client's network thread
+    must not start before granian forks."""
     if not settings.fdb_cluster_file:
 
         async def probe() -> None:
@@ -82,18 +83,11 @@ def check_store(settings: Settings) -> None:
         asyncio.run(probe())
 
 
-def check_port(settings: Settings) -> None:
-    """Bind UPF_BIND once and let it go, so a busy port is one line (``OSError``), not granian's
-    Python and Rust tracebacks; the gap until granian binds it is a start's moment."""
-    bound_socket(settings.bind_host, settings.bind_port).close()
-
-
 def main(argv: list[str] | None = None) -> int:
     try:
         settings = load_settings()
         load_provisioning()  # a malformed UPF_AUTH_* entry stops the start here, naming the variable
-        if settings.writer_server == "granian":
-            check_store(settings)
+        check_store(settings)
     except (SettingsError, StoreOpenError) as exc:
         print(f"upf-writer: {exc}", file=sys.stderr)
         return 2
@@ -120,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     log.info("writer starting", extra=_start_attrs(settings))
     try:
         asyncio.run(run_writer(settings, sock, ("upf-writer", __version__)))
-    except StoreOpenError as exc:
+    except StoreOpenError as exc:  # checked above; another process may have changed it since
         print(f"upf-writer: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -1,10 +1,11 @@
 """``create_app``: the writer as a Litestar ASGI app.
 
 Two ways to run it:
-- standalone (``upf-writer``, granian): ``create_app(settings)`` -- the store is opened in the app's
-  lifespan, i.e. inside granian's worker process, and closed at shutdown;
-- inside the all-in-one program: ``create_app(settings, store)`` with an already-open store, which the
-  app then neither opens nor closes (its owner does).
+- ``create_app(settings)``: the store is opened in the app's lifespan and closed at shutdown (the
+  writer on granian, ``UPF_WRITER_SERVER=granian``: inside granian's worker process);
+- ``create_app(settings, store)`` with an already-open store, which the app then neither opens nor
+  closes (its owner does): the all-in-one program, and the standalone writer on UPF's own front door
+  (``door.run_writer``).
 """
 
 from __future__ import annotations

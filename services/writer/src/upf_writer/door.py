@@ -38,8 +38,9 @@ async def run_writer(
     """Serve the writer on ``sock`` (bound, not listening) until SIGTERM/SIGINT, then stop gracefully:
     no new connections, idle keep-alive connections closed, publishes already received answered
     within the grace. ``program`` names the telemetry's service; ``beside`` runs next to the writer on
-    the same store and gets what is left of the grace at the stop. A store that cannot be opened
-    raises ``StoreOpenError`` before the port listens."""
+    the same store (its failure is logged at once) and gets what is left of the grace at the stop. A
+    store that cannot be opened raises ``StoreOpenError`` before the port listens; until the store is
+    open, a signal's default action ends the process (opening may wait on another process's lock)."""
     telemetry = setup_telemetry(*program)
     grace = settings.shutdown_grace_secs
     try:
@@ -48,7 +49,7 @@ async def run_writer(
         try:
             stop = stop_event(grace)
             app = create_app(settings, store, telemetry=telemetry)  # the store stays ours: closed below
-            door = FrontDoor(settings, app.ops, handler=app.front, fallback=app)  # type: ignore[arg-type]  # litestar types its ASGI app with its own aliases
+            door = FrontDoor(settings, app.ops, role="writer", handler=app.front, fallback=app)  # type: ignore[arg-type]  # litestar types its ASGI app with its own aliases
 
             async def start() -> FrontDoor:
                 await door.start(sock=sock)
@@ -58,6 +59,8 @@ async def run_writer(
                 log.warning("start given up at a stop signal")
                 return
             task = asyncio.create_task(beside(store, telemetry, stop)) if beside is not None else None
+            if task is not None:
+                task.add_done_callback(_log_failure)
             settle_gc()
             print(
                 f"{program[0]}: writer on {base_url(settings.bind_host, settings.bind_port)} "
@@ -68,12 +71,18 @@ async def run_writer(
             deadline = asyncio.get_running_loop().time() + grace
             await door.stop()
             if task is not None:
-                try:
-                    await asyncio.wait_for(task, max(0.1, deadline - asyncio.get_running_loop().time()))
-                except TimeoutError:
+                await asyncio.wait((task,), timeout=max(0.1, deadline - asyncio.get_running_loop().time()))
+                if not task.done():
                     log.warning("role beside the writer cut at shutdown")
+                    task.cancel()
+                    await asyncio.wait((task,))
         finally:
             await store.close()
             log.info("writer store closed")
     finally:
         telemetry.shutdown()
+
+
+def _log_failure(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("role beside the writer failed", exc_info=task.exception())

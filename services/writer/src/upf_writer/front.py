@@ -5,9 +5,10 @@
 /{topic}/publish`` (ntfy's webhook form) is a publish too. They are served
 by :class:`WriterFront`, which implements ``upf_edge.handler.Handler``: it decodes, calls the pure
 core (``ingest``), makes the one store call and returns the ntfy JSON reply or ntfy's JSON error body.
-No framework is involved, so every front door calls it directly: the pusher's asyncio server in the
-all-in-one program (the writer's function is wired in as its publish handler, no ASGI bridge), and
-``upf_edge.asgi.serve_asgi`` under granian for the standalone writer (``WriterApp`` in app.py). Why:
+No framework is involved, so every front door calls it directly: UPF's own asyncio server
+(``upf_edge.frontdoor``: the pusher's in the all-in-one program, the standalone writer's own by
+default; no ASGI bridge), and ``upf_edge.asgi.serve_asgi`` under granian (``UPF_WRITER_SERVER=granian``,
+``WriterApp`` in app.py). Why:
 Litestar's per-request machinery costs ~3.5x a bare callable (measurements.md), and in the all-in-one
 an ASGI bridge on top re-built a scope for every publish. Litestar keeps the cold routes.
 

@@ -82,7 +82,34 @@ async def test_bad_input_over_real_http(writer_process: WriterProcess) -> None:
     )
     status, body = raw_request(w.port, chunked)
     assert status == 413 and json.loads(body)["code"] == 41301
+    past_any_cap = (  # 80 KiB chunked: past the front door's own body cap (64 KiB) too
+        b"POST /t HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+        + (b"1000\r\n" + b"a" * 4096 + b"\r\n") * 20
+        + b"0\r\n\r\n"
+    )
+    status, body = raw_request(w.port, past_any_cap)
+    assert status == 413 and json.loads(body)["code"] == 41301
     assert await read_store(w, "t") == []
+
+
+@pytest.mark.parametrize("server", ["upf", "granian"])
+async def test_a_json_publish_within_its_limit_is_taken_past_64_kib(tmp_path: Path, server: str) -> None:
+    """A JSON publish may be twice UPF_MAX_MESSAGE_BYTES: at its largest (64 KiB) that is past the front
+    door's own body cap, which then follows the writer's limit; one byte over it is 413."""
+    w = WriterProcess(tmp_path, server, UPF_MAX_MESSAGE_BYTES="65536")
+    try:
+        message = "m" * 65536
+        body = json.dumps({"topic": "big", "message": message, "title": "t" * 1000}).encode()
+        assert len(body) > 64 * 1024
+        async with httpx.AsyncClient(base_url=w.base_url, timeout=30) as c:
+            r = await c.post("/", content=body)
+            assert r.status_code == 200, r.text
+            over = await c.post("/", content=b" " * (2 * 65536 + 1 - len(body)) + body)
+            assert over.status_code == 413
+        rows = await read_store(w, "big")
+        assert [r.envelope.message for r in rows] == [message]
+    finally:
+        w.stop()
 
 
 async def test_invalid_utf8_path_and_huge_headers(writer_process: WriterProcess) -> None:
@@ -120,6 +147,7 @@ def test_sigterm_stops_gracefully(tmp_path: Path, server: str) -> None:
     assert w.stop() == 0
     log = w.log()
     assert "writer store opened" in log and "writer store closed" in log
+    assert ("front door stopped role='writer'" in log) == (server == "upf")  # the server asked for
 
 
 def test_bad_settings_exit_2(tmp_path: Path) -> None:
