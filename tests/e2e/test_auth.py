@@ -247,6 +247,36 @@ async def _ws_frames(url: str, headers: dict, frames: list[dict]) -> int | None:
     return ws.close_code
 
 
+async def test_a_stream_opened_while_auth_was_off_keeps_its_login_once_auth_is_on(fleet):
+    """With no users (auth off) credentials are not checked, but a stream keeps the ones it presented:
+    once auth is on, each auth change re-checks the stream as a new subscribe with them would be. The
+    right password's stream goes on and receives; a wrong password's and an anonymous one end."""
+    role = fleet.start("upf", node="opened", UPF_WORKERS="1")
+    alice = {"Authorization": basic("alice", "alice-pass")}
+    ws_base = "ws" + role.base.removeprefix("http")
+    frames: dict[str, list[dict]] = {"alice": [], "wrong": [], "anon": []}
+    heads = {"alice": alice, "wrong": {"Authorization": basic("alice", "nope")}, "anon": {}}
+    tasks = {k: asyncio.create_task(_ws_frames(f"{ws_base}/secret/ws", heads[k], frames[k])) for k in frames}
+
+    async def opened() -> bool:
+        return all(f and f[0]["event"] == "open" for f in frames.values())
+
+    assert await until(opened)
+    cli(fleet, "user", "add", "alice", password="alice-pass")
+    cli(fleet, "access", "alice", "secret", "rw")
+    cli(fleet, "access", "*", "secret", "deny")
+    assert await asyncio.wait_for(tasks["wrong"], 10) == 1008
+    assert await asyncio.wait_for(tasks["anon"], 10) == 1008
+    sent = (await post(role.base, "secret", "for alice", alice)).json()
+
+    async def delivered() -> bool:
+        return any(m.get("id") == sent["id"] for m in frames["alice"])
+
+    assert await until(delivered)
+    assert not tasks["alice"].done()
+    tasks["alice"].cancel()
+
+
 async def test_an_auth_change_ends_the_open_streams_it_revokes_and_no_other(secured, fleet):
     """ntfy ends a user's subscriptions when its access is reset; UPF does so for every change that
     takes a stream's access away: an ACL entry, a token, a password, a user. Streams the change does

@@ -62,6 +62,13 @@ def _package_version() -> str:
         return __version__
 
 
+def _kept(credential: Credential, who: Identity) -> Credential | None:
+    """What an open stream is re-checked with at an auth change (``Pusher._auth_changed``): the
+    credential it logged in with, also one it presented while auth was off (once auth is on it must
+    pass, as a new subscribe's would), else None (anonymous: nothing is kept)."""
+    return credential if who.user is not None or presents_credentials(*credential) else None
+
+
 class PusherProtocol(HttpProtocol):
     """A connection of the pusher's front door: a subscribe is routed here, the rest as every front door."""
 
@@ -94,22 +101,23 @@ class PusherProtocol(HttpProtocol):
             return True
         # ntfy's order: bad credentials (401), then the request limit (429), then a denied topic (403;
         # one denied topic fails them all). A subscribe is a request: it spends a token.
+        credential = (headers.get("authorization"), auth_param(query))
         try:
             forwarded = header_list(head.headers, p.limiter.header)
             if (
                 p.limiter.visitor(None, self.client, forwarded) is not None
                 or p.limiter.wants_rates(req.topics)
-                or (not p.gate.open and presents_credentials(headers.get("authorization"), auth_param(query)))
+                or (not p.gate.open and presents_credentials(*credential))
             ):  # an exempt peer's login attempts still count (ntfy's failed-login limit exempts no one)
                 self.busy = True  # parsing waits while the store is asked (leases, failed logins, counts)
                 p.spawn(self._subscribe_limited(head, req, transport_name, headers, query, forwarded))
                 return True
-            who = p.gate.identify(headers.get("authorization"), auth_param(query))
+            who = p.gate.identify(*credential)
             p.gate.authorize(who, req.topics, write=False)
         except NtfyError as e:
             self._reply(head, error_response(e.problem, keep_alive=keep, extra=e.headers), keep)
             return False
-        return self._attach(head, req, transport_name)
+        return self._attach(head, req, transport_name, None, _kept(credential, who))
 
     async def _subscribe_limited(
         self, head: RequestHead, req: Subscribe, transport_name: str, headers: Any, query: Any, forwarded: str | None
@@ -162,7 +170,7 @@ class PusherProtocol(HttpProtocol):
                 self._resume()
                 return
         on_close = uncount if visitor is not None else None
-        if not self._attach(head, req, transport_name, on_close, credential if who.user is not None else None):
+        if not self._attach(head, req, transport_name, on_close, _kept(credential, who)):
             self._resume()
 
     def _attach(
