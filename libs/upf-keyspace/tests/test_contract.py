@@ -346,6 +346,24 @@ async def test_watch_fires_for_change_between_read_version_and_arming(db, prefix
     await asyncio.wait_for(_wait(watch), 2.0)
 
 
+async def test_watches_arm_one_watch_per_key_in_order(db, prefix):
+    """``watches`` is ``watch`` for each key: only the watch of the key that changed fires, and a key
+    changed between the transaction's read and its commit fires at once."""
+    keys = [prefix + b"bell" + bytes([i]) for i in range(3)]
+    await put(db, dict.fromkeys(keys, b"0"))
+    tr = db.create_transaction()
+    await tr.get(prefix + b"unrelated")
+    await put(db, {keys[2]: b"1"})
+    w0, w1, w2 = tr.watches(keys)
+    await tr.commit()
+    await asyncio.wait_for(_wait(w2), 2.0)
+    await put(db, {keys[1]: b"1"})
+    await asyncio.wait_for(_wait(w1), 2.0)
+    with pytest.raises(asyncio.TimeoutError):
+        await asyncio.wait_for(asyncio.shield(asyncio.ensure_future(_wait(w0))), 0.2)
+    w0.cancel()
+
+
 async def test_limits_are_enforced_with_clear_errors(db, prefix):
     """Oversized keys, values and transactions fail with FoundationDB's codes."""
 

@@ -22,7 +22,7 @@ Semantics every driver keeps (and the contract tests check):
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Protocol, TypeVar
 
 __all__ = ["Transaction", "Database", "Watch", "KEY_LIMIT", "VALUE_LIMIT", "TRANSACTION_LIMIT", "LIFETIME_SECS"]
@@ -85,6 +85,11 @@ class Transaction(Protocol):
         ...
 
     def watch(self, key: bytes) -> Watch: ...
+
+    def watches(self, keys: Sequence[bytes]) -> Sequence[Watch]:
+        """``watch`` for each key, answers in order: a pusher's wake-up re-arms every rung shard's bell,
+        which the embedded store then checks and registers in one pass."""
+        ...
 
     def next_user_version(self) -> int:
         """A 16-bit counter, reset on every attempt, to tell a transaction's stamped entries apart."""

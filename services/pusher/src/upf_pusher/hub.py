@@ -23,7 +23,6 @@ the backlog in Q.
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import time
 from collections.abc import Callable, Collection, Coroutine, Iterable
@@ -231,7 +230,7 @@ class Hub:
         self._round_waiters: list[asyncio.Future[None]] = []
         self._rung: set[int] = set()
         """Shards whose bell fired since the bell loop last drained."""
-        self._bell_callbacks = [functools.partial(self._bell_fired, s) for s in range(settings.shard_count)]
+        self._bell_callbacks = [self._bell_callback(s) for s in range(settings.shard_count)]
         """Per shard, what its fired bell calls: made once, since a node re-arms dozens per wake-up."""
         self._wake: asyncio.Future[None] | None = None
         """What the idle bell loop waits on: a bell waiter resolves it (or the loop's timeout does)."""
@@ -673,6 +672,7 @@ class Hub:
                 backoff = 0.05
                 topics: set[str] = set()
                 entries = 0
+                armed: dict[int, Watch] = {}
                 for shard, d in drained.items():
                     after[shard] = d.last
                     entries += d.entries
@@ -681,8 +681,9 @@ class Hub:
                         d.bell.cancel()  # more than one batch waits: drain again at once
                         rung.add(shard)
                     else:
-                        bells[shard] = d.bell
-                        self._watch_bell(shard, d.bell)
+                        armed[shard] = d.bell
+                bells.update(armed)
+                self._watch_bells(armed)
                 if entries:
                     self.metrics.inbox_entries.add(entries)
                 self._in_bell = True
@@ -719,18 +720,31 @@ class Hub:
             return
         cleared.update(due)
 
-    def _watch_bell(self, shard: int, bell: Watch) -> None:
-        """Wait for ``bell``: a fire callback when the watch takes one (the embedded store's), which
-        spares a task per rung shard per wake-up; else a waiter task."""
-        when_fired = getattr(bell, "when_fired", None)
-        if when_fired is not None:
-            when_fired(self._bell_callbacks[shard])
-        else:
-            self._spawn(self._bell_waiter(shard, bell))
+    def _watch_bells(self, bells: dict[int, Watch]) -> None:
+        """Wait for each shard's bell: a fire callback when the watch takes one (the embedded store's),
+        which spares a task per rung shard per wake-up; else a waiter task."""
+        callbacks = self._bell_callbacks
+        for shard, bell in bells.items():
+            when_fired = getattr(bell, "when_fired", None)
+            if when_fired is not None:
+                when_fired(callbacks[shard])
+            else:
+                self._spawn(self._bell_waiter(shard, bell))
 
-    def _bell_fired(self, shard: int) -> None:
-        self.metrics.bells.add()
-        self._ring(shard)
+    def _bell_callback(self, shard: int) -> Callable[[], None]:
+        """What ``shard``'s bell calls when it fires: counts it, marks the shard rung, wakes the loop.
+        One call, no method chain: a busy node's bells fire dozens of times per wake-up."""
+        bells = self.metrics.bells
+        rung = self._rung
+
+        def fired() -> None:
+            bells.value += 1
+            rung.add(shard)
+            wake = self._wake
+            if wake is not None and not wake.done():
+                wake.set_result(None)
+
+        return fired
 
     def _ring(self, shard: int) -> None:
         self._rung.add(shard)
@@ -748,7 +762,7 @@ class Hub:
             await asyncio.sleep(0.05)  # never spin on a failing watch
             self._ring(shard)
         else:
-            self._bell_fired(shard)
+            self._bell_callbacks[shard]()
 
     # --- periodic work ------------------------------------------------------------------------------
     async def safety_pass(self, *, force: bool = False) -> None:

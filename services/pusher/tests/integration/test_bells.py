@@ -72,7 +72,7 @@ async def test_a_bell_that_takes_a_callback_rings_through_it_at_once(tmp_path: A
     rang = hub.metrics.bells.value  # the cells are process-wide
     bell = _CallbackWatch()
     hub._wake = asyncio.get_running_loop().create_future()
-    hub._watch_bell(2, bell)  # type: ignore[arg-type]
+    hub._watch_bells({2: bell})  # type: ignore[dict-item]
     assert not hub._tasks  # no waiter task
     assert hub._rung == set()
     bell.fire()
@@ -85,7 +85,7 @@ async def test_cancelled_bell_does_not_ring(tmp_path: Any, store: Store) -> None
     hub = Hub(settings_for(tmp_path), store)
     rang = hub.metrics.bells.value  # the cells are process-wide
     for bell in (_CallbackWatch(), _OpaqueWatch(_FutureWatch())):
-        hub._watch_bell(1, bell)  # type: ignore[arg-type]
+        hub._watch_bells({1: bell})  # type: ignore[dict-item]
         bell.cancel()
     await asyncio.sleep(20 * MS)
     assert hub._rung == set()
@@ -96,7 +96,7 @@ async def test_failed_bell_rings_late_and_is_not_counted(tmp_path: Any, store: S
     hub = Hub(settings_for(tmp_path), store)
     rang = hub.metrics.bells.value  # the cells are process-wide
     inner = _FutureWatch()
-    hub._watch_bell(3, _OpaqueWatch(inner))  # type: ignore[arg-type]
+    hub._watch_bells({3: _OpaqueWatch(inner)})  # type: ignore[dict-item]
     inner.future.set_exception(RuntimeError("watch lost"))
     for _ in range(5):
         await asyncio.sleep(0)
@@ -110,7 +110,7 @@ async def test_opaque_bell_gets_a_waiter_task(tmp_path: Any, store: Store) -> No
     hub = Hub(settings_for(tmp_path), store)
     rang = hub.metrics.bells.value  # the cells are process-wide
     inner = _FutureWatch()
-    hub._watch_bell(0, _OpaqueWatch(inner))  # type: ignore[arg-type]
+    hub._watch_bells({0: _OpaqueWatch(inner)})  # type: ignore[dict-item]
     assert len(hub._tasks) == 1
     inner.future.set_result(None)
     for _ in range(5):

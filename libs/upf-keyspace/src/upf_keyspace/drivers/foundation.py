@@ -22,7 +22,7 @@ import asyncio
 import functools
 import os
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar, cast
 
 from .. import errors, keys
@@ -274,6 +274,9 @@ class FoundationTransaction:
         w = _FdbWatch(_bridge(self._loop, self._tr.watch(key), lambda f: f.wait()))
         self._watches.append(w)
         return w
+
+    def watches(self, keys: Sequence[bytes]) -> list[_FdbWatch]:
+        return [self.watch(key) for key in keys]
 
     async def commit(self) -> None:
         fdb_stamp = None

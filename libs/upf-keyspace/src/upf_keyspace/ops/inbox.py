@@ -39,8 +39,9 @@ async def drain_many(tr: Transaction, node: str, afters: Mapping[int, bytes | No
         begin, end = keys.inbox_range(node, shard)
         ranges.append((begin if after is None else after + b"\x00", end, _DRAIN_BATCH))
     out: dict[int, Drained] = {}
-    for (shard, after), rows in zip(afters.items(), await tr.get_ranges(ranges, snapshot=True), strict=True):
-        bell = tr.watch(keys.bell_key(node, shard))
+    answers = await tr.get_ranges(ranges, snapshot=True)
+    bells = tr.watches([keys.bell_key(node, shard) for shard in afters])
+    for (shard, after), rows, bell in zip(afters.items(), answers, bells, strict=True):
         topics: set[str] = set()  # a loop, not a comprehension: on 3.11 that is a function object and a frame per shard
         for _, v in rows:
             topics.add(v.decode())

@@ -15,7 +15,7 @@ returns, so a read after a write could not see it: that read is refused), and it
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Generator
+from collections.abc import Awaitable, Callable, Generator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ... import errors
@@ -115,6 +115,9 @@ class CommitTransaction:
 
     def watch(self, key: bytes) -> Any:
         raise errors.StoreError(errors.CLIENT_INVALID_OPERATION, "no watch in a grouped transaction")
+
+    def watches(self, keys: Sequence[bytes]) -> list[Any]:
+        return [self.watch(key) for key in keys]
 
     # --- writes --------------------------------------------------------------------------------------
     def _check_write(self, key: bytes, value: bytes) -> None:

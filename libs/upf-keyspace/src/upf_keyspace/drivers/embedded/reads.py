@@ -99,7 +99,7 @@ class _Reads(_WriteLog):
     ) -> list[tuple[bytes, bytes]]:
         cur = txn.cursor(db=self._reader.kv)
         if not reverse:
-            return _forward(cur, begin, end, limit)
+            return _forward(cur, [(begin, end, limit)])[0]
         rows: list[tuple[bytes, bytes]] = []
         ok = cur.prev() if cur.set_range(end) else cur.last()
         while ok:
@@ -116,8 +116,7 @@ class _Reads(_WriteLog):
         self, txn: lmdb.Transaction, ranges: list[tuple[bytes, bytes, int]]
     ) -> list[list[tuple[bytes, bytes]]]:
         """Forward ``_rows`` for several ranges through one cursor (a transaction's ``get_ranges``)."""
-        cur = txn.cursor(db=self._reader.kv)
-        return [_forward(cur, begin, end, limit) if begin < end else [] for begin, end, limit in ranges]
+        return _forward(txn.cursor(db=self._reader.kv), ranges)
 
     def _read_version_now(self) -> int:
         """The commit counter for a transaction's first read, read once per event-loop iteration and
@@ -197,16 +196,20 @@ class _Reads(_WriteLog):
         return version
 
 
-def _forward(cur: lmdb.Cursor, begin: bytes, end: bytes, limit: int) -> list[tuple[bytes, bytes]]:
-    """The rows in [begin, end), at most ``limit`` of them (0: all), read forward through ``cur``."""
-    rows: list[tuple[bytes, bytes]] = []
-    if cur.set_range(begin):
-        # Typed here, not with cast(): that is a Python call per range.
-        rest: Iterator[tuple[bytes, bytes]] = cur.iternext()  # type: ignore[assignment]  # the stubs add memoryview, returned only with buffers=True
-        for k, v in rest:
-            if k >= end:
-                break
-            rows.append((k, v))
-            if len(rows) == limit:
-                break
-    return rows
+def _forward(cur: lmdb.Cursor, ranges: list[tuple[bytes, bytes, int]]) -> list[list[tuple[bytes, bytes]]]:
+    """For each (begin, end, limit), the rows in [begin, end), at most ``limit`` of them (0: all), read
+    forward through ``cur``. One call for all: a pusher's wake-up reads dozens of ranges."""
+    out = []
+    for begin, end, limit in ranges:
+        rows: list[tuple[bytes, bytes]] = []
+        if begin < end and cur.set_range(begin):
+            # Typed here, not with cast(): that is a Python call per range.
+            rest: Iterator[tuple[bytes, bytes]] = cur.iternext()  # type: ignore[assignment]  # the stubs add memoryview, returned only with buffers=True
+            for k, v in rest:
+                if k >= end:
+                    break
+                rows.append((k, v))
+                if len(rows) == limit:
+                    break
+        out.append(rows)
+    return out

@@ -7,8 +7,8 @@ import asyncio
 import operator
 import random
 import time
-from collections.abc import Awaitable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Sequence
+from typing import TYPE_CHECKING
 
 from ... import errors
 from ...contract import LIFETIME_SECS, TRANSACTION_LIMIT
@@ -110,7 +110,26 @@ class EmbeddedTransaction:
         if not snapshot:
             self._reads.append((begin, end))
             self._size += len(begin) + len(end)
-        if version != self._read_version and self._db._changed_since(self._read_version, version, self._seen):
+        if version != self._read_version:
+            self._check_moved(version)
+
+    def _note_reads(self, spans: list[tuple[bytes, bytes]], snapshot: bool, version: int) -> None:
+        """``_note_read`` for the ranges of one ``get_ranges``, in one call: a wake-up reads dozens."""
+        if self._read_version is None:
+            self._read_version = version
+        self._seen += spans
+        if not snapshot:
+            self._reads += spans
+            for begin, end in spans:
+                self._size += len(begin) + len(end)
+        if version != self._read_version:
+            self._check_moved(version)
+
+    def _check_moved(self, version: int) -> None:
+        """A read at a later version than the transaction's first: fine unless a commit between them
+        wrote what the transaction read."""
+        assert self._read_version is not None
+        if self._db._changed_since(self._read_version, version, self._seen):
             raise errors.StoreError(errors.NOT_COMMITTED, "snapshot moved")
 
     def _local_value(self, key: bytes, base: bytes | None) -> bytes | None:
@@ -197,12 +216,17 @@ class EmbeddedTransaction:
         if snap is None:  # writes of its own to merge, small ranges the cache may hold, or no snapshot
             return [await self.get_range(b, e, limit=n, snapshot=snapshot) for b, e, n in ranges]
         out = self._db._rows_many(snap.txn, ranges)
-        for (begin, end, limit), rows in zip(ranges, out, strict=True):
-            if begin < end:  # an empty range reads nothing, as in get_range
-                # Like FoundationDB, a read that stopped at its limit only conflicts on what it covered.
-                self._note_read(
-                    begin, rows[-1][0] + b"\x00" if limit and len(rows) >= limit else end, snapshot, snap.version
-                )
+        # Like FoundationDB, a read that stopped at its limit only conflicts on what it covered; an
+        # empty range reads nothing, as in get_range.
+        self._note_reads(
+            [
+                (begin, rows[-1][0] + b"\x00" if limit and len(rows) >= limit else end)
+                for (begin, end, limit), rows in zip(ranges, out, strict=True)
+                if begin < end
+            ],
+            snapshot,
+            snap.version,
+        )
         return out
 
     # --- writes ------------------------------------------------------------------------------------
@@ -276,18 +300,26 @@ class EmbeddedTransaction:
         return self._stamp_future
 
     def watch(self, key: bytes) -> _Watch:
-        if self._db._watch_n + len(self._watches) >= _MAX_WATCHES:
+        return self.watches((key,))[0]
+
+    def watches(self, keys: Sequence[bytes]) -> list[_Watch]:
+        db = self._db
+        if db._watch_n + len(self._watches) + len(keys) > _MAX_WATCHES:
             raise errors.StoreError(errors.TOO_MANY_WATCHES)
         self._check_alive()
-        version, base = self._db._read_point(key, self._snapshot())
-        value: Any = self._local_value(key, base) if self._overlay or self._cleared or self._adds else base
-        if self._read_version is None:
-            self._read_version = version
-        elif version != self._read_version and self._db._changed_since(self._read_version, version, [point(key)]):
-            value = _CHANGED  # changed after our snapshot: FoundationDB's watch would fire at once
-        w = _Watch(self._db, key, value, version)
-        self._watches.append(w)
-        return w
+        snap = self._snapshot()
+        local = bool(self._overlay or self._cleared or self._adds)
+        out = []
+        for key in keys:
+            version, base = db._read_point(key, snap)
+            value: object = self._local_value(key, base) if local else base
+            if self._read_version is None:
+                self._read_version = version
+            elif version != self._read_version and db._changed_since(self._read_version, version, [point(key)]):
+                value = _CHANGED  # changed after our snapshot: FoundationDB's watch would fire at once
+            out.append(_Watch(db, key, value, version))
+        self._watches += out
+        return out
 
     # --- commit ------------------------------------------------------------------------------------
     async def commit(self) -> None:

@@ -126,7 +126,13 @@ class _Watch:
 
     def _fire(self) -> None:
         self.state = _FIRED
-        self._db._unregister(self)
+        db = self._db
+        s = db._watches.get(self.key)  # db._unregister(self), inlined: a node fires dozens a wake-up
+        if s is not None and self in s:
+            s.discard(self)
+            db._watch_n -= 1
+            if not s:
+                del db._watches[self.key]
         fut = self._future
         if fut is not None and not fut.done():  # done: its awaiter was cancelled, ``_forget`` is due
             fut.set_result(None)
@@ -154,33 +160,29 @@ class _Watches(_Reads):
         """Register watches, firing at once those whose key already changed (before this point the
         incremental check below cannot see the change: it may predate the checked version)."""
         skipped = False
+        registry = self._watches
+        checked = self._watch_version
         for w in watches:
             if w.state:
                 continue
-            if w.version is not None and w.value is not _CHANGED and self._watch_version <= w.version:
+            if w.version is not None and w.value is not _CHANGED and checked <= w.version:
                 # No check has moved past the version the value was read at, so the next one compares
                 # every commit after it: no change can slip between the read and this point.
-                self._register(w)
                 skipped = True
-                continue
-            _, value = self._read_point(w.key)
-            if value != w.value:
+            elif self._read_point(w.key)[1] != w.value:
                 w._fire()
-            else:
-                self._register(w)
+                continue
+            s = registry.get(w.key)  # registered, inline: a node re-arms dozens a wake-up
+            if s is None:
+                registry[w.key] = {w}
+                self._watch_n += 1
+            elif w not in s:
+                s.add(w)
+                self._watch_n += 1
         if skipped and self._unchecked:
             self._schedule_watch_check()  # a commit announced while nothing was watched may be one of them
         if self._watches and self._fallback is None and not self._closed:
             self._fallback = self._loop.call_later(self.fallback_poll_secs, self._fallback_poll)
-
-    def _register(self, w: _Watch) -> None:
-        s = self._watches.get(w.key)
-        if s is None:
-            self._watches[w.key] = {w}
-            self._watch_n += 1
-        elif w not in s:
-            s.add(w)
-            self._watch_n += 1
 
     def _unregister(self, w: _Watch) -> None:
         s = self._watches.get(w.key)
