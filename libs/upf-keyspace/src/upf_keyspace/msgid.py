@@ -15,10 +15,14 @@ STAMP_LEN = 12
 ID_LEN = 16
 
 
+_URLSAFE = bytes.maketrans(b"+/", b"-_")
+
+
 def encode_id(stamp: bytes) -> str:
+    """``base64.urlsafe_b64encode``, without its two Python calls: a pusher frames one per delivery."""
     if len(stamp) != STAMP_LEN:
         raise ValueError("a message id is a 12-byte versionstamp")
-    return base64.urlsafe_b64encode(stamp).decode("ascii")
+    return binascii.b2a_base64(stamp, newline=False).translate(_URLSAFE).decode("ascii")
 
 
 def decode_id(text: str) -> bytes | None:

@@ -98,7 +98,7 @@ def ws_frame(msg: Message) -> bytes:
     """What /ws writes for an event: a ping for a keepalive, else the JSON in one text frame."""
     if msg.event == "keepalive":
         return WS_PING
-    return ws_text_frame(encode_ws(msg))
+    return ws_text_frame(encode_json(msg))  # encode_ws, without its call
 
 
 def ws_client_frame_size(payload: int) -> int:

@@ -532,10 +532,11 @@ class WsSubscriber(Subscriber):
             self.ws.receive_eof()
         return False
 
-    def frame(self, msg: Message) -> bytes:
-        # Server frames are unmasked and, with no extension negotiated, carry no per-connection state:
-        # written straight to the transport they are exactly what the sans-I/O core's send_text emits.
-        return framing.ws_frame(msg)  # a keepalive is a ping frame, as ntfy sends it
+    # Server frames are unmasked and, with no extension negotiated, carry no per-connection state:
+    # written straight to the transport they are exactly what the sans-I/O core's send_text emits. A
+    # keepalive is a ping frame, as ntfy sends it. The encoder itself, not a method calling it: the
+    # hub frames one message per delivery.
+    frame = staticmethod(framing.ws_frame)
 
     def writable(self) -> bool:
         return (self.ws is None or self.ws.state is State.OPEN) and not self.transport.is_closing()
