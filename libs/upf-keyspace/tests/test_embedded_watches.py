@@ -96,6 +96,25 @@ async def test_watch_limit_uses_the_running_count(pair, monkeypatch):
         w.cancel()
 
 
+async def test_watches_over_the_limit_arm_none_of_them(pair, monkeypatch):
+    """A ``watches`` call that would pass the limit is refused whole: no watch of it is armed, and the
+    room it did not take is there for the next call."""
+    a, _ = pair
+    monkeypatch.setattr(transaction, "_MAX_WATCHES", 3)
+    keys = [PREFIX + b"w" + bytes([i]) for i in range(4)]
+    await _put(a, dict.fromkeys(keys, b"0"))
+    tr = a.create_transaction()
+    with pytest.raises(errors.StoreError) as info:
+        tr.watches(keys)
+    assert info.value.code == errors.TOO_MANY_WATCHES
+    held = tr.watches(keys[:3])
+    await tr.commit()
+    assert a._watch_count() == _counted(a) == 3
+    for w in held:
+        w.cancel()
+    assert a._watch_count() == 0
+
+
 async def test_keys_are_found_in_memcmp_order_and_come_back_as_bytes(pair):
     """LMDB's default comparator is memcmp, then length: FoundationDB's byte order, shorter first."""
     a, _ = pair
