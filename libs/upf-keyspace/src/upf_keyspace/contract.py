@@ -88,7 +88,9 @@ class Transaction(Protocol):
 
     def watches(self, keys: Sequence[bytes]) -> Sequence[Watch]:
         """``watch`` for each key, answers in order: a pusher's wake-up re-arms every rung shard's bell,
-        which the embedded store then checks and registers in one pass."""
+        for which the embedded store checks the transaction and reads the keys in one pass. After an
+        error, the watches a driver made already are the transaction's, as ``watch``'s are (the
+        embedded store refuses the whole call past its watch limit)."""
         ...
 
     def next_user_version(self) -> int:

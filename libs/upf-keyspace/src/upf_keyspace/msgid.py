@@ -19,7 +19,8 @@ _URLSAFE = bytes.maketrans(b"+/", b"-_")
 
 
 def encode_id(stamp: bytes) -> str:
-    """``base64.urlsafe_b64encode``, without its two Python calls: a pusher frames one per delivery."""
+    """``base64.urlsafe_b64encode(stamp).decode("ascii")``, without its two Python calls: a pusher
+    frames one id per delivery."""
     if len(stamp) != STAMP_LEN:
         raise ValueError("a message id is a 12-byte versionstamp")
     return binascii.b2a_base64(stamp, newline=False).translate(_URLSAFE).decode("ascii")

@@ -534,8 +534,8 @@ class WsSubscriber(Subscriber):
 
     # Server frames are unmasked and, with no extension negotiated, carry no per-connection state:
     # written straight to the transport they are exactly what the sans-I/O core's send_text emits. A
-    # keepalive is a ping frame, as ntfy sends it. The encoder itself, not a method calling it: the
-    # hub frames one message per delivery.
+    # keepalive is a ping frame, as ntfy sends it. ``framing.ws_frame`` itself, not a method calling
+    # it: the hub frames one message per delivery.
     frame = staticmethod(framing.ws_frame)
 
     def writable(self) -> bool:

@@ -115,6 +115,8 @@ class EmbeddedTransaction:
 
     def _note_reads(self, spans: list[tuple[bytes, bytes]], snapshot: bool, version: int) -> None:
         """``_note_read`` for the ranges of one ``get_ranges``, in one call: a wake-up reads dozens."""
+        if not spans:
+            return  # nothing read (every range empty): no read version taken, as in get_range
         if self._read_version is None:
             self._read_version = version
         self._seen += spans
@@ -217,7 +219,7 @@ class EmbeddedTransaction:
             return [await self.get_range(b, e, limit=n, snapshot=snapshot) for b, e, n in ranges]
         out = self._db._rows_many(snap.txn, ranges)
         # Like FoundationDB, a read that stopped at its limit only conflicts on what it covered; an
-        # empty range reads nothing, as in get_range.
+        # empty range reads nothing, as in get_range (and a call of only empty ranges takes no version).
         self._note_reads(
             [
                 (begin, rows[-1][0] + b"\x00" if limit and len(rows) >= limit else end)
@@ -303,6 +305,9 @@ class EmbeddedTransaction:
         return self.watches((key,))[0]
 
     def watches(self, keys: Sequence[bytes]) -> list[_Watch]:
+        """Refused whole past the watch limit (none armed); registered at commit, as each ``watch``."""
+        if not keys:
+            return []
         db = self._db
         if db._watch_n + len(self._watches) + len(keys) > _MAX_WATCHES:
             raise errors.StoreError(errors.TOO_MANY_WATCHES)

@@ -147,7 +147,7 @@ class _Watches(_Reads):
     _closed: bool
     _check_scheduled: bool
     _watch_version: int
-    _watch_n: int  # the watches in ``_watches``, kept as they come and go: the limit check is per watch()
+    _watch_n: int  # the watches in ``_watches``, kept as they come and go: the limit check is per watches() call
     _unchecked: bool  # a commit was announced while nothing was watched: no check has covered it
     _fallback: asyncio.TimerHandle | None
     _inbox: Inbox | None
@@ -185,6 +185,7 @@ class _Watches(_Reads):
             self._fallback = self._loop.call_later(self.fallback_poll_secs, self._fallback_poll)
 
     def _unregister(self, w: _Watch) -> None:
+        # Inlined in ``_Watch._fire`` (and its mirror, registering, in ``_arm``): change all three together.
         s = self._watches.get(w.key)
         if s is not None and w in s:
             s.discard(w)
