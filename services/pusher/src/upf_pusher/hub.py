@@ -78,19 +78,21 @@ _Wanted = dict[tuple[str, bytes | None, int], list[tuple["Subscriber", str]]]
 _Outbox = dict["Subscriber", list[tuple[Send, str]]]
 
 
-_FrameCache = dict[tuple[bytes, str], list[Any]]
-"""A read round's framed messages, by (stamp, frame kind): stamps are unique across topics, and each
-message is framed at most once per kind however many connections it goes to. Each entry is
-``[frame, deliveries, published_ms, latency cell]``: the latency is recorded once per entry when the
-round's writes are done (``_record_latency``), weighted by its deliveries, not once per connection."""
+_FrameCache = dict[str, dict[bytes, list[Any]]]
+"""A read round's framed messages, by frame kind, then stamp (no key tuple to build and hash per
+delivery): stamps are unique across topics, and each message is framed at most once per kind however
+many connections it goes to. Each entry is ``[frame, deliveries, published_ms, latency cell]``: the
+latency is recorded once per entry when the round's writes are done (``_record_latency``), weighted by
+its deliveries, not once per connection."""
 
 
 def _record_latency(frames: _FrameCache, now_ms: float) -> None:
     """Each framed message's publish-to-delivery latency, once per message and frame kind, weighted
     by the connections it was written to."""
-    for _, deliveries, published_ms, latency in frames.values():
-        if published_ms and deliveries:
-            latency.record_many(max(0.0, now_ms - published_ms) / 1000.0, deliveries)
+    for by_stamp in frames.values():
+        for _, deliveries, published_ms, latency in by_stamp.values():
+            if published_ms and deliveries:
+                latency.record_many(max(0.0, now_ms - published_ms) / 1000.0, deliveries)
 
 
 # What started the read chain a delivery came from (a span attribute; safety-poll deliveries are counted).
@@ -472,22 +474,28 @@ class Hub:
         message's publish span (its ``traceparent`` from the envelope)."""
         if not sub.writable():
             return  # the transport drops the write: nothing is delivered
-        kind = sub.frame_kind
         parts: list[bytes] = []
-        queued = 0
+        queued = safety = 0
         cells = self.metrics.transports[sub.transport_name]
-        for cmd, _ in sends:
+        framed: dict[bytes, list[Any]] | None = None
+        for cmd, trigger in sends:
             for ev in cmd.events:
                 parts.append(sub.frame(ev))
             rows = cmd.rows
             if not rows:
                 continue
             queued += len(rows)
+            if trigger is SAFETY:
+                safety += len(rows)
+            if framed is None:
+                framed = frames.get(sub.frame_kind)
+                if framed is None:
+                    framed = frames[sub.frame_kind] = {}
             for topic, row in zip(cmd.topics, rows, strict=True):
-                entry = frames.get((row.stamp, kind))
+                entry = framed.get(row.stamp)
                 if entry is None:
                     data = sub.frame(message_from_envelope(row.stamp, topic, row.envelope))
-                    entry = frames[row.stamp, kind] = [data, 0, row.envelope.published_ms, cells.latency]
+                    entry = framed[row.stamp] = [data, 0, row.envelope.published_ms, cells.latency]
                 entry[1] += 1
                 parts.append(entry[0])
         if not queued:
@@ -502,9 +510,8 @@ class Hub:
         else:
             sub.write(parts)
         cells.deliveries.value += queued  # Counter.add, inline: once per write
-        for cmd, trigger in sends:
-            if trigger is SAFETY and cmd.rows:
-                self.metrics.safety.add(len(cmd.rows))
+        if safety:
+            self.metrics.safety.add(safety)
         if now_ms is None:  # a write of its own, not a round's: its latencies now
             _record_latency(frames, time.time() * 1000.0)
 
@@ -581,15 +588,20 @@ class Hub:
                         asyncio.get_running_loop().call_later(POLL_RETRY_SECS, self._retry_poll, sub, key[0])
             return
         out: _Outbox = {}
+        frames: _FrameCache = {}
+        now_ms = time.time() * 1000.0
         for key, rows in zip(keys, answers, strict=True):
             topic = key[0]
             for sub, trigger in wanted[key]:
                 try:
-                    self.run(sub, sub.session.batch_read(topic, rows), trigger, out)
+                    cmds = sub.session.batch_read(topic, rows)
+                    if len(cmds) == 1 and type(cmds[0]) is Send and len(sub.session.topics) == 1:
+                        # One topic: nothing else of this round goes to it, so no outbox to merge in.
+                        self._write(sub, [(cmds[0], trigger)], frames, now_ms)
+                    else:
+                        self.run(sub, cmds, trigger, out)
                 except Exception:  # one broken connection must not stall the round for the others
                     log.warning("delivery failed", exc_info=True)
-        frames: _FrameCache = {}
-        now_ms = time.time() * 1000.0
         for sub, sends in out.items():
             try:
                 self._write(sub, sends if len(sends) == 1 else in_stamp_order(sends), frames, now_ms)
@@ -612,11 +624,14 @@ class Hub:
     # --- pokes --------------------------------------------------------------------------------------
     def poke_topic(self, topic: str) -> None:
         held = self.by_topic.get(topic)
-        if isinstance(held, set):
-            for sub in list(held):
-                self.run(sub, sub.session.poke(topic))
-        elif held is not None:
-            self.run(held, held.session.poke(topic))
+        if held is None:
+            return
+        for sub in list(held) if isinstance(held, set) else (held,):
+            cmds = sub.session.poke(topic)
+            if len(cmds) == 1 and type(cmds[0]) is Read:  # the usual answer: straight to the round
+                self._want_read(sub, cmds[0], BELL)
+            elif cmds:
+                self.run(sub, cmds)
 
     async def _bell_loop(self) -> None:
         """One loop for the node's K bells. Each armed bell has a waiter that marks its shard rung;

@@ -244,14 +244,15 @@ class Session:
     def poke(self, topic: str) -> list[Command]:
         """The topic may have new messages (a bell, or the safety poll)."""
         ts = self.topics.get(topic)
-        if ts is None or not self._step("poke"):
+        if ts is None:
             return []
-        if self.phase is Phase.SUBSCRIBING:
+        if self.phase is _L:  # RULES: (LIVE, poke) stays LIVE, so the table needs no look-up here
+            ts.dirty = True
+            return self._live_read(topic, ts)
+        if not self._step("poke") or self.phase is Phase.SUBSCRIBING:
             return []
         ts.dirty = True
-        if self.phase is Phase.CATCHING_UP:
-            return self._merge()
-        return self._live_read(topic, ts)
+        return self._merge()  # CATCHING_UP
 
     def poke_all(self) -> list[Command]:
         out: list[Command] = []
@@ -265,7 +266,7 @@ class Session:
         if ts is None:
             return []
         ts.reading = False
-        if not self._step("batch_read"):
+        if self.phase is not _L and not self._step("batch_read"):  # (LIVE, batch_read) stays LIVE
             return []
         full = len(rows) >= self.config.batch
         cur = ts.cursor
@@ -296,7 +297,9 @@ class Session:
                 kept = self.filter.rows(fresh)
                 if kept:
                     out.append(Send(rows=kept, topics=[topic] * len(kept)))
-        return out + self._live_read(topic, ts)
+        if full or ts.dirty:  # else _live_read would find nothing to read
+            out += self._live_read(topic, ts)
+        return out
 
     def read_failed(self, topic: str) -> list[Command]:
         """A ``Read`` failed: remember the topic needs reading; the next poke or safety poll retries."""

@@ -383,7 +383,9 @@ class WsSubscriber(Subscriber):
 
     def write(self, frames: list[bytes]) -> None:
         if frames:
-            self._put(frames[0] if len(frames) == 1 else b"".join(frames))
+            data = frames[0] if len(frames) == 1 else b"".join(frames)
+            self.out += len(data)  # ``_put``, inline: once per delivery
+            self.transport.write(data)
 
     # Reading stops while the peer does not read: above the high-water mark, or with a pong pending and
     # another owed. The session sees both as a paused write, so the slow-subscriber cut applies to both.
