@@ -127,6 +127,8 @@ class Close(msgspec.Struct, frozen=True):
 
 Command = Send | Read | Close
 
+# The code below names members through these: in 3.11 ``Phase.LIVE`` goes through the metaclass's
+# ``__getattr__`` hook (EnumType defines one), ~1,000 instructions, and a session checks its phase per event.
 _S, _C, _L, _X = Phase.SUBSCRIBING, Phase.CATCHING_UP, Phase.LIVE, Phase.CLOSED
 
 RULES: dict[tuple[Phase, str], Phase] = {
@@ -201,7 +203,7 @@ class Session:
         self.topics_raw = topics_raw
         self.poll = poll
         self.config = config
-        self.phase = Phase.SUBSCRIBING
+        self.phase = _S
         self.paused = False
         self.paused_at = 0.0
         self.topics: dict[str, _Topic] = {t: _Topic() for t in topics}
@@ -211,7 +213,7 @@ class Session:
 
     @property
     def closed(self) -> bool:
-        return self.phase is Phase.CLOSED
+        return self.phase is _X
 
     def cursor(self, topic: str) -> bytes | None:
         return self.topics[topic].cursor
@@ -249,7 +251,7 @@ class Session:
         if self.phase is _L:  # RULES: (LIVE, poke) stays LIVE, so the table needs no look-up here
             ts.dirty = True
             return self._live_read(topic, ts)
-        if not self._step("poke") or self.phase is Phase.SUBSCRIBING:
+        if not self._step("poke") or self.phase is _S:
             return []
         ts.dirty = True
         return self._merge()  # CATCHING_UP
@@ -274,7 +276,7 @@ class Session:
             fresh = rows  # the usual case: shared as is with every connection that read it
         else:
             fresh = [r for r in rows if r.stamp > cur]
-        if self.phase is Phase.CATCHING_UP:
+        if self.phase is _C:
             ts.more = full
             if ts.buffer is None:
                 ts.buffer = deque()
@@ -321,9 +323,9 @@ class Session:
         if not self._step("write_resumed"):
             return []
         self.paused = False
-        if self.phase is Phase.CATCHING_UP:
+        if self.phase is _C:
             return self._merge()
-        if self.phase is Phase.LIVE:
+        if self.phase is _L:
             return self._flush_held() + self._live_reads()
         return []
 

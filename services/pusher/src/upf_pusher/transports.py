@@ -72,6 +72,9 @@ __all__ = [
     "ws_handshake",
 ]
 
+_OPEN, _CLOSED = State.OPEN, State.CLOSED
+"""Read per delivery: in 3.11 ``State.OPEN`` is a call to the enum metaclass's ``__getattr__`` hook."""
+
 WRITE_HIGH = 64 * 1024
 WRITE_LOW = 16 * 1024
 WS_MAX_FRAME = 4096
@@ -492,9 +495,9 @@ class WsSubscriber(Subscriber):
                 ws.fail(CloseCode.INVALID_DATA, "invalid UTF-8")  # RFC 6455 8.1: close with 1007
                 break
         self._flush(ws)
-        if ws.state is State.CLOSED or ws.close_expected():
+        if ws.state is _CLOSED or ws.close_expected():
             self.transport.close()
-        elif not unparsed and ws.state is State.OPEN and ws.current_size is None and not ws.reader.buffer:
+        elif not unparsed and ws.state is _OPEN and ws.current_size is None and not ws.reader.buffer:
             # Every byte read is in a complete frame and no message is open: a fresh core is in this
             # very state, so the idle connection need not hold this one, and the next read may take it.
             self.ws = None
@@ -541,7 +544,7 @@ class WsSubscriber(Subscriber):
     frame = staticmethod(framing.ws_frame)
 
     def writable(self) -> bool:
-        return (self.ws is None or self.ws.state is State.OPEN) and not self.transport.is_closing()
+        return (self.ws is None or self.ws.state is _OPEN) and not self.transport.is_closing()
 
     def close(self, reason: str) -> None:
         if self.transport.is_closing():
@@ -551,7 +554,7 @@ class WsSubscriber(Subscriber):
             return
         if self.head is None:
             ws = self._core()
-            if ws.state is State.OPEN:
+            if ws.state is _OPEN:
                 ws.send_close(_CLOSE_CODES.get(reason, 1000))
                 for data in ws.data_to_send():
                     if data != SEND_EOF:
@@ -570,7 +573,7 @@ _SPARE_MAX = 64
 
 def _ws_core() -> ServerProtocol:
     """A sans-I/O core for an open connection with no extension, waiting for a frame."""
-    ws = ServerProtocol(state=State.OPEN, max_size=WS_MAX_FRAME, logger=_ws_logger)
+    ws = ServerProtocol(state=_OPEN, max_size=WS_MAX_FRAME, logger=_ws_logger)
     ws.debug = False  # its DEBUG lines print frames (topics, message bodies): never logged, at any level
     ws.extensions = []
     return ws
