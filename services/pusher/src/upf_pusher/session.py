@@ -249,8 +249,12 @@ class Session:
         if ts is None:
             return []
         if self.phase is _L:  # RULES: (LIVE, poke) stays LIVE, so the table needs no look-up here
-            ts.dirty = True
-            return self._live_read(topic, ts)
+            if self.paused or ts.reading:  # ``_live_read``, inline (dirty is set): once per delivery
+                ts.dirty = True
+                return []
+            ts.reading = True
+            ts.more = ts.dirty = False
+            return [Read(topic, ts.cursor, self.config.batch)]
         if not self._step("poke") or self.phase is _S:
             return []
         ts.dirty = True
