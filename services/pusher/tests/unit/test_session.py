@@ -286,3 +286,9 @@ def test_unknown_topic_events_are_ignored() -> None:
 def test_rules_table_has_no_exit_from_closed() -> None:
     """CLOSED is terminal: no rule starts from it."""
     assert not [k for k in RULES if k[0] is Phase.CLOSED]
+
+
+def test_live_stays_live_on_a_poke_and_a_batch_read() -> None:
+    """``poke`` and ``batch_read`` skip the table's look-up while LIVE: the table must agree."""
+    assert RULES[Phase.LIVE, "poke"] is Phase.LIVE
+    assert RULES[Phase.LIVE, "batch_read"] is Phase.LIVE
