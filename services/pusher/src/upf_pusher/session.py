@@ -128,7 +128,7 @@ class Close(msgspec.Struct, frozen=True):
 Command = Send | Read | Close
 
 # The code below names members through these: in 3.11 ``Phase.LIVE`` goes through the metaclass's
-# ``__getattr__`` hook (EnumType defines one), ~1,000 instructions, and a session checks its phase per event.
+# ``__getattr__`` hook (EnumType defines one), ~850 instructions, and a session checks its phase per event.
 _S, _C, _L, _X = Phase.SUBSCRIBING, Phase.CATCHING_UP, Phase.LIVE, Phase.CLOSED
 
 RULES: dict[tuple[Phase, str], Phase] = {
