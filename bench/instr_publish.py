@@ -12,6 +12,7 @@ group commit's thread: applying a batch, the LMDB commit). Every publish must an
 
     python3 -m uv run --locked python bench/instr_publish.py                    # 64 at a time
     python3 -m uv run --locked python bench/instr_publish.py --concurrency 8    # smaller batches
+    python3 -m uv run --locked python bench/instr_publish.py --keep /tmp/cg     # keep the dumps, a file per thread
 
 How transactions group into commits depends on the two threads' timing under callgrind, so compare
 two versions by alternating runs: at 64 at a time, runs of one tree agree within ~0.2%. Needs
@@ -23,6 +24,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -77,6 +79,7 @@ def main() -> None:
     ap.add_argument("--publishes", type=int, default=1024)
     ap.add_argument("--warm", type=int, default=1024)
     ap.add_argument("--concurrency", type=int, default=64)
+    ap.add_argument("--keep", type=Path, help="copy the callgrind dumps into this directory (for callgrind_annotate)")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="upf-instr-publish-") as d:
         work = Path(d)
@@ -113,6 +116,9 @@ def main() -> None:
         for f in work.glob("cg.out*-*"):
             thread = int(f.name.rsplit("-", 1)[1])
             by_thread[thread] = by_thread.get(thread, 0) + _totals(f)
+            if args.keep is not None:
+                args.keep.mkdir(parents=True, exist_ok=True)
+                shutil.copy(f, args.keep / f.name)
     if not by_thread:
         raise SystemExit("no callgrind dump of the measured window")
     loop_ir = by_thread.get(1, 0)

@@ -291,7 +291,8 @@ class _Committer(_Watches):
             self._last_prune = wall
             _prune(txn, f, wall - _WLOG_KEEP_SECS, wall + _CLOCK_STEP_SECS)
             f.env.reader_check()  # a killed process's reader slot would pin old pages: the file would grow
-        txn.put(wlog_key(new_version), _T.pack(wall) + written.encode(), db=f.wlog)
+        encoded = written.encode()
+        txn.put(wlog_key(new_version), _T.pack(wall) + encoded, db=f.wlog)
         if f.quota:
             after = f.live_bytes(txn)
             if after > f.quota and after > before:  # a commit that frees space passes, even over it
@@ -299,7 +300,7 @@ class _Committer(_Watches):
         txn.commit()
         with contextlib.suppress(OSError):  # the mark only notices lost commits; it never refuses one
             os.pwrite(self._mark_fd, prefix, 0)
-        self._wlog_cache.put(new_version, written)
+        self._wlog_cache.put(new_version, written, len(encoded))
         return True
 
     def _apply_grouped(

@@ -1,5 +1,9 @@
 """The store file: an LMDB environment (one data file and its lock file) opened once per process and
-shared by its handles, its three databases, and the stamp mark beside it."""
+shared by its handles, its three databases, and the stamp mark beside it.
+
+The reads a pusher or a publish makes per message or per wake-up pass LMDB's database (and a get's
+default) positionally, ``txn.get(key, None, db)`` and ``txn.cursor(db)``: a keyword argument makes
+CPython build a dict for the call and the binding parse it, ~40% of a get (measured with timeit)."""
 
 from __future__ import annotations
 
@@ -60,7 +64,7 @@ class _File:
         self.env.reader_check()  # slots of processes that died holding a snapshot
 
     def version(self, txn: lmdb.Transaction) -> tuple[int, int]:
-        raw = txn.get(_META_KEY, db=self.meta)
+        raw = txn.get(_META_KEY, None, self.meta)  # positional: see the module's docstring
         if raw is None:
             return 0, 0
         version, stamp = _META.unpack(raw)

@@ -72,16 +72,17 @@ class _Reads(_WriteLog):
                 pass
 
     # Each read is one LMDB read transaction (a transaction's snapshot, or its own): the commit counter
-    # and the rows come from one snapshot.
+    # and the rows come from one snapshot. LMDB's calls here take their database positionally (see
+    # file.py).
     def _read_point(self, key: bytes, snap: _Snapshot | None = None) -> tuple[int, bytes | None]:
         f = self._reader
         if snap is not None:
             # Typed here, not with cast(): that is a Python call per read.
-            value: bytes | None = snap.txn.get(key, db=f.kv)  # type: ignore[assignment]  # the stubs add memoryview, returned only with buffers=True
+            value: bytes | None = snap.txn.get(key, None, f.kv)  # type: ignore[assignment]  # the stubs add memoryview, returned only with buffers=True
             return snap.version, value
         with f.env.begin() as txn:
             version = f.version(txn)[0]
-            value = txn.get(key, db=f.kv)
+            value = txn.get(key, None, f.kv)
         return self._observed(version), value
 
     def _read_range(
@@ -97,7 +98,7 @@ class _Reads(_WriteLog):
     def _rows(
         self, txn: lmdb.Transaction, begin: bytes, end: bytes, limit: int, reverse: bool
     ) -> list[tuple[bytes, bytes]]:
-        cur = txn.cursor(db=self._reader.kv)
+        cur = txn.cursor(self._reader.kv)
         if not reverse:
             return _forward(cur, [(begin, end, limit)])[0]
         rows: list[tuple[bytes, bytes]] = []
@@ -116,7 +117,7 @@ class _Reads(_WriteLog):
         self, txn: lmdb.Transaction, ranges: list[tuple[bytes, bytes, int]]
     ) -> list[list[tuple[bytes, bytes]]]:
         """Forward ``_rows`` for several ranges through one cursor (a transaction's ``get_ranges``)."""
-        return _forward(txn.cursor(db=self._reader.kv), ranges)
+        return _forward(txn.cursor(self._reader.kv), ranges)
 
     def _read_version_now(self) -> int:
         """The commit counter for a transaction's first read, read once per event-loop iteration and

@@ -211,8 +211,9 @@ class EmbeddedTransaction:
     ) -> list[list[tuple[bytes, bytes]]]:
         self._check_alive()
         snap = None
+        # Empty ranges tested apart: min()'s default= keyword would cost its every call a parse.
         if not (self._unreadable or self._overlay or self._cleared or self._adds) and (
-            min(map(_limit_of, ranges), default=_RANGE_CACHE_ROWS + 1) > _RANGE_CACHE_ROWS
+            not ranges or min(map(_limit_of, ranges)) > _RANGE_CACHE_ROWS
         ):
             snap = self._snapshot()
         if snap is None:  # writes of its own to merge, small ranges the cache may hold, or no snapshot
@@ -223,7 +224,7 @@ class EmbeddedTransaction:
         self._note_reads(
             [
                 (begin, rows[-1][0] + b"\x00" if limit and len(rows) >= limit else end)
-                for (begin, end, limit), rows in zip(ranges, out, strict=True)
+                for (begin, end, limit), rows in zip(ranges, out)  # noqa: B905  # a row list per range
                 if begin < end
             ],
             snapshot,

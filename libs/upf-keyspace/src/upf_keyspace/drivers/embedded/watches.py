@@ -223,7 +223,7 @@ class _Watches(_Reads):
             keys = list(self._watches) if sets is None else _written(self._watches, sets)
             if not keys:
                 return
-            current = {key: txn.get(key, db=f.kv) for key in keys}
+            current = {key: txn.get(key, None, f.kv) for key in keys}  # positional: see file.py
         for key in keys:
             value = current[key]
             for w in list(self._watches.get(key, ())):

@@ -24,10 +24,12 @@ write thousands of keys (a many-topic subscribe), so 65,536 of them were gigabyt
 read of the ``wlog`` table, never a wrong answer."""
 
 
-def _set_bytes(s: IntervalSet) -> int:
-    """Roughly what an IntervalSet holds in memory: its keys plus two bytes objects and two list
-    slots per interval."""
-    return sum(map(len, s.begins)) + sum(map(len, s.ends)) + 82 * len(s.begins) + 120
+def _set_bytes(s: IntervalSet, encoded: int) -> int:
+    """Roughly what an IntervalSet holds in memory, from the size of its encoding (``encoded``: its
+    keys and a byte or two of header each): its keys plus two bytes objects and two list slots per
+    interval. Why not sum the keys' lengths: that is a pass over every key of every commit a pusher
+    reads back, and the encoding is at hand."""
+    return encoded + 82 * len(s.begins) + 120
 
 
 _HEADS_KEPT = 4096  # distinct heads tallied; a commit under any other head counts as wide
@@ -122,8 +124,9 @@ class _WriteSetCache:
     def get(self, version: int) -> IntervalSet | None:
         return self._sets.get(version)
 
-    def put(self, version: int, s: IntervalSet) -> None:
-        size = _set_bytes(s)
+    def put(self, version: int, s: IntervalSet, encoded: int) -> None:
+        """``encoded``: the length of ``s.encode()``, for its size (``_set_bytes``)."""
+        size = _set_bytes(s, encoded)
         with self._lock:
             self.heads.add(version, s)
             if size > self.max_bytes:
@@ -138,9 +141,9 @@ class _WriteSetCache:
                 del self._sets[oldest]
                 self.bytes -= self._sizes.pop(oldest)
 
-    def update(self, sets: dict[int, IntervalSet]) -> None:
-        for version, s in sets.items():
-            self.put(version, s)
+    def update(self, sets: dict[int, tuple[IntervalSet, int]]) -> None:
+        for version, (s, encoded) in sets.items():
+            self.put(version, s, encoded)
 
 
 class _WriteLog:
@@ -156,8 +159,8 @@ class _WriteLog:
             return []
         cache = self._wlog_cache
         sets = [cache.get(v) for v in range(after + 1, upto + 1)]
-        if all(s is not None for s in sets):
-            return sets  # type: ignore[return-value]  # all() above: no None left, which mypy does not narrow
+        if None not in sets:
+            return sets  # type: ignore[return-value]  # no None left, which mypy does not narrow
         f = self._reader
         if txn is None:
             with f.env.begin() as own:
@@ -167,7 +170,8 @@ class _WriteLog:
         cache.update(loaded)
         out = []
         for v in range(after + 1, upto + 1):
-            s = loaded.get(v) or cache.get(v)
+            got = loaded.get(v)
+            s = got[0] if got is not None else cache.get(v)
             if s is None:
                 # Pruned: the transaction outlived the write log, so it is too old to check.
                 raise errors.StoreError(errors.TRANSACTION_TOO_OLD)
@@ -182,13 +186,15 @@ def wlog_key(version: int) -> bytes:
     return version.to_bytes(8, "big")
 
 
-def _load(txn: lmdb.Transaction, f: _File, after: int, upto: int) -> dict[int, IntervalSet]:
-    out: dict[int, IntervalSet] = {}
-    cur = txn.cursor(db=f.wlog)
+def _load(txn: lmdb.Transaction, f: _File, after: int, upto: int) -> dict[int, tuple[IntervalSet, int]]:
+    """The write sets of commits after..upto in the file, each with its encoded length."""
+    out: dict[int, tuple[IntervalSet, int]] = {}
+    cur = txn.cursor(f.wlog)  # positional: see file.py
     if cur.set_range(wlog_key(after + 1)):
         for k, raw in cur.iternext():
             v = int.from_bytes(k, "big")
             if v > upto:
                 break
-            out[v] = IntervalSet.decode(bytes(raw[8:]))
+            encoded = bytes(raw[8:])
+            out[v] = IntervalSet.decode(encoded), len(encoded)
     return out
