@@ -1,9 +1,10 @@
 """The standalone writer's synced writes: what the disk's flushes cost a publish, and the disk itself.
 
 Why: ``bench/writer_layers.py`` shows the writer on its front door well below the bare ceiling with its
-core not fully used. A closed loop of clients that each await their commit waits, between commits,
-on the group commit's ``fdatasync``s; the committer's commits run back to back, so the physical commit
-is the stage that bounds publishes/s. This prices that stage, in two parts:
+core not fully used. A closed loop of clients that each await their commit waits on the group
+commit's ``fdatasync``s; with the committer's commits running back to back, the physical commit is
+the stage that bounds publishes/s (BENCHMARKS.md, thirtieth pass). This prices that stage, in two
+parts:
 
 - ``disk``: synced writes on the filesystem under the store (a temporary file beside it): N 4 KiB
   pages at scattered offsets and one ``fdatasync``, the same N pages as one contiguous write, and a
