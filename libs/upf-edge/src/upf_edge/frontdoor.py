@@ -183,6 +183,8 @@ class HttpProtocol(asyncio.Protocol):
             door._arm_sweeper()
         self.admitted = door.peers.acquire(self.client)
         self._arm(HEAD_TIMEOUT if self.admitted else REFUSED_HEAD_TIMEOUT)
+        if door.closing:  # accepted before the stop, made after it: as the stop's idle connections
+            transport.close()
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self.admitted and not self.gone:
@@ -471,6 +473,7 @@ class FrontDoor:
         self.closing = True
         if self._acceptor is not None:
             self._acceptor.close()
+            await self._acceptor.wait_closed()
             self._acceptor = None
         elif sock is not None:
             sock.close()
@@ -495,6 +498,7 @@ class FrontDoor:
             self._sweeper = None
         if self._acceptor is not None:
             self._acceptor.close()
+            await self._acceptor.wait_closed()
         for proto in list(self._http):
             if not proto.busy:
                 proto.transport.close()

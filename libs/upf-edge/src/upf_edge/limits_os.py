@@ -79,16 +79,24 @@ class Acceptor:
         self.loop.add_reader(self.sock.fileno(), self._ready)
 
     def close(self) -> None:
-        """Stop accepting and close the listening socket (accepted connections are the caller's)."""
+        """Stop accepting and close the listening socket (accepted connections are the caller's).
+
+        Connections accepted already still get their transport (``wait_closed`` waits for that): the
+        task making one is not cancelled, since uvloop reads a connection's first request before that
+        task ends, and cancelling it then closed the socket under a request in flight (a publish
+        stored, its reply lost). The caller's protocol sees a stopping server and closes it."""
         if self.closed:
             return
         self.closed = True
         if self._retry is not None:
             self._retry.cancel()
-        for task in list(self.tasks):  # accepted, transport not made yet: the socket closes with it
-            task.cancel()
         self.loop.remove_reader(self.sock.fileno())
         self.sock.close()
+
+    async def wait_closed(self) -> None:
+        """Until every connection accepted before ``close`` has its transport (or failed to get one)."""
+        if self.tasks:
+            await asyncio.gather(*self.tasks, return_exceptions=True)
 
     def _ready(self) -> None:
         for _ in range(ACCEPT_BATCH):
@@ -117,7 +125,7 @@ class Acceptor:
         except OSError:
             conn.close()  # the peer left before its transport existed
         except asyncio.CancelledError:
-            conn.close()  # accepting stopped first
+            conn.close()  # the loop is going away before its transport existed
             raise
 
     def _exhausted(self, err: int) -> None:

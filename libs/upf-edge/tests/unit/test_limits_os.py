@@ -87,3 +87,49 @@ async def test_acceptor_pauses_when_out_of_descriptors_and_logs_once(caplog) -> 
     client.close()
     assert 2 <= sock.accepts <= 4  # one attempt per backoff period, not a busy loop
     assert [r.getMessage() for r in caplog.records] == ["accept paused: out of descriptors"]
+
+
+@pytest.mark.parametrize("loop_kind", ["asyncio", "uvloop"])
+def test_a_request_that_arrived_before_accepting_stopped_gets_its_reply(loop_kind: str) -> None:
+    """A stop can close the acceptor after a connection's request arrived but before the task that
+    made its transport finished (uvloop delivers the data first). Cancelling that task made uvloop
+    close the socket under the request: a publish was stored and its reply lost (seen in the rolling
+    restart test). The connection must be left to its protocol, which answers."""
+    import asyncio
+    import socket
+    from typing import cast
+
+    import uvloop
+
+    from upf_edge import limits_os
+
+    async def main() -> bytes:
+        loop = asyncio.get_running_loop()
+        server = socket.create_server(("127.0.0.1", 0))
+        address = server.getsockname()
+        acceptor: limits_os.Acceptor
+
+        class Handler(asyncio.Protocol):
+            def connection_made(self, transport: asyncio.BaseTransport) -> None:
+                self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a registered subclass
+
+            def data_received(self, data: bytes) -> None:
+                acceptor.close()  # the stop, in the loop iteration that read the request
+                loop.call_later(0.05, self.reply)  # the handler's store call
+
+            def reply(self) -> None:
+                if not self.transport.is_closing():
+                    self.transport.write(b"stored")
+
+        acceptor = limits_os.Acceptor(loop, server, Handler)
+        acceptor.start()
+        reader, writer = await asyncio.open_connection(*address)
+        writer.write(b"publish")
+        try:
+            return await asyncio.wait_for(reader.read(100), 5)
+        finally:
+            writer.close()
+            await acceptor.wait_closed()
+
+    run = uvloop.run if loop_kind == "uvloop" else asyncio.run
+    assert run(main()) == b"stored"
