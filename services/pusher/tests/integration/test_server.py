@@ -542,6 +542,25 @@ async def test_idle_keep_alive_connection_is_closed(start_pusher: Any, monkeypat
         writer.close()
 
 
+async def test_a_connection_made_once_the_stop_began_is_closed_unserved(start_pusher: Any) -> None:
+    """A connection accepted before a stop whose transport is made after it began (the accept task
+    is no longer cancelled) is closed as the stop's idle connections are: its request is not served."""
+    p = await start_pusher()
+    reader, writer = await asyncio.open_connection("127.0.0.1", p.port)
+    try:
+        await eventually(lambda: len(p._http) == 1)
+        (served,) = p._http
+        p.closing = True  # as stop() sets it; what follows is connection_made after that point
+        reader2, writer2 = await asyncio.open_connection("127.0.0.1", p.port)
+        writer2.write(b"GET /v1/health HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert await asyncio.wait_for(reader2.read(), 5000 * MS) == b""
+        writer2.close()
+        assert served in p._http and not served.transport.is_closing()  # made before: left to the stop
+    finally:
+        p.closing = False  # so that the fixture's stop runs in full
+        writer.close()
+
+
 def _client_frame(opcode: int, payload: bytes, fin: bool = True) -> bytes:
     """A masked client frame (RFC 6455 5.2), built by hand so that it can carry what no library sends."""
     mask = b"\x11\x22\x33\x44"
