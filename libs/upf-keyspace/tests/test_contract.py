@@ -99,6 +99,11 @@ async def test_get_ranges_answers_as_get_range_each(db, prefix):
     assert many == each
     assert many[1][-1] == (prefix + b"\x03\x09", b"mine")
 
+    async def no_ranges(tr):
+        return await tr.get_ranges([]), await tr.get_ranges([], snapshot=True)
+
+    assert await db.transact(no_ranges) == ([], [])  # no range: no rows, and no error
+
 
 async def test_get_ranges_conflicts_like_get_range(db, prefix):
     """A non-snapshot ``get_ranges`` conflicts with a write inside what it read, and a range cut by
