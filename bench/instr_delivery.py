@@ -58,13 +58,22 @@ def _child(lib: str, module: str) -> None:
     if lib.endswith(".cpu"):  # --cpu: the window's user and system CPU, nothing instrumented
         import resource
 
-        marks: list[float] = []
+        marks: list[resource.struct_rusage] = []
 
         def mark(*_: Any) -> None:
-            ru = resource.getrusage(resource.RUSAGE_SELF)
-            marks.extend((ru.ru_utime, ru.ru_stime))
-            if len(marks) == 4:
-                Path(lib).write_text(json.dumps({"user_s": marks[2] - marks[0], "sys_s": marks[3] - marks[1]}))
+            marks.append(resource.getrusage(resource.RUSAGE_SELF))
+            if len(marks) == 2:
+                a, b = marks
+                Path(lib).write_text(
+                    json.dumps(
+                        {
+                            "user_s": b.ru_utime - a.ru_utime,
+                            "sys_s": b.ru_stime - a.ru_stime,
+                            "minflt": b.ru_minflt - a.ru_minflt,
+                            "ctxsw": b.ru_nvcsw - a.ru_nvcsw + b.ru_nivcsw - a.ru_nivcsw,
+                        }
+                    )
+                )
 
         signal.signal(signal.SIGUSR1, mark)
         signal.signal(signal.SIGUSR2, mark)
@@ -274,7 +283,8 @@ def main() -> None:
         print(
             f"role={args.role} topics={args.topics} subs={args.subs} messages={args.messages} burst={args.burst} shards={args.shards or 64}: "
             f"delivered {r['delivered']}, violations {r['violations']}, per delivery "
-            f"{r['user_s'] * 1e6 / n:.1f} us user + {r['sys_s'] * 1e6 / n:.1f} us system ({r['wall_s']:.1f} s)"
+            f"{r['user_s'] * 1e6 / n:.1f} us user + {r['sys_s'] * 1e6 / n:.1f} us system, "
+            f"{r['minflt'] / n:.2f} page faults and {r['ctxsw'] / n:.2f} context switches ({r['wall_s']:.1f} s)"
         )
         return
     print(

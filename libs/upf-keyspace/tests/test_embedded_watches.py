@@ -222,6 +222,43 @@ def test_written_keys_match_testing_every_key_against_every_set():
         assert sorted(got) == sorted(expected) and len(got) == len(set(got))
 
 
+def test_written_keys_cut_to_the_watched_heads_match_testing_every_key_against_every_set():
+    """Cut to the slices under the watched keys' heads (a node's bells share one head; a commit of
+    publishes writes hundreds of keys under others), the search finds exactly what a brute-force
+    overlap test finds: keys shorter than a head, heads ending in 0xff, wider intervals within and
+    across heads, and heads kept from an earlier check whose keys are no longer watched."""
+    import random
+
+    from upf_keyspace.drivers._ranges import HEAD_BYTES, IntervalSet, point
+    from upf_keyspace.drivers.embedded.watches import _SLICED_ABOVE, _Heads, _written
+
+    rng = random.Random(11)
+    prefixes = [b"\x02upf\x00\x02SI", b"\x02upf\x00\x02Q\x00", b"\x02upf\x00\x02Q\xff", b"\xff" * HEAD_BYTES, b"ab"]
+    tails = [b"", b"\x00", b"a", b"a\x00", b"b", b"\xff", b"c", b"d"]
+
+    def key() -> bytes:
+        prefix = rng.choices(prefixes, weights=(20, 20, 4, 4, 1))[0]
+        return prefix + b"".join(rng.choice(tails) for _ in range(rng.randint(0, 4)))
+
+    heads = _Heads()
+    sliced = 0
+    for i in range(1000):
+        watched = {key(): None for _ in range(rng.randint(1, 60))}
+        sets = []
+        for _ in range(rng.randint(1, 3)):
+            ranges = []
+            for _ in range(rng.randint(0, 150)):
+                k = key()
+                ranges.append(point(k) if rng.random() < (0.995 if i % 2 else 0.95) else tuple(sorted((k, key()))))
+            sets.append(IntervalSet(ranges))
+        expected = {k for k in watched if any(s.overlaps(*point(k)) for s in sets)}
+        bounds = heads.of(watched.keys())
+        sliced += sum(len(s.begins) > _SLICED_ABOVE and 2 * len(bounds) < len(watched) for s in sets)
+        got = _written(watched, sets, heads)
+        assert sorted(got) == sorted(expected) and len(got) == len(set(got))
+    assert sliced > 500  # the sliced search ran, not only the others
+
+
 async def test_a_range_clear_and_a_point_write_fire_exactly_the_watches_under_them(pair):
     a, b = pair
     names = [b"a", b"b", b"b\x00", b"c", b"d", b"e"]
@@ -269,6 +306,28 @@ async def test_a_fire_callback_runs_once_from_the_firing_check_and_never_after_a
     await asyncio.sleep(0)
     await asyncio.sleep(0)
     assert late == ["late"] and fired == ["w1"]
+
+
+async def test_a_watch_armed_at_the_version_of_the_check_that_fired_takes_the_value_it_read(pair):
+    """A node re-arms a fired bell at the version of the check that fired it; the watch takes the value
+    that check read instead of reading it again, so a write of that same value does not fire it and
+    the next change does."""
+    a, b = pair
+    a.fallback_poll_secs = 30.0
+    k = PREFIX + b"rearm"
+    await _put(a, {k: b"0"})
+    first = await _watch(a, k)
+    await _put(b, {k: b"1"})
+    await asyncio.wait_for(first.future, 2.0)
+    version, values = a._checked_values
+    assert values == {k: b"1"}
+    again = await _watch(a, k)  # no commit since the check: the same version
+    assert (again.version, again.value) == (version, b"1")
+    await _put(b, {k: b"1"})  # the value it holds: no change
+    await asyncio.sleep(0.2)
+    assert not again.done()
+    await _put(b, {k: b"2"})
+    await asyncio.wait_for(again.future, 2.0)
 
 
 async def test_a_watch_whose_awaiter_gives_up_is_unregistered(pair):

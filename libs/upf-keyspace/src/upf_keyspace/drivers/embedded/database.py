@@ -27,7 +27,7 @@ from .grouped import _Grouped
 from .health import _FullLog, _health_marker
 from .reads import _Snapshot
 from .transaction import EmbeddedTransaction
-from .watches import _FALLBACK_POLL_SECS, _NO_WAKE_POLL_SECS, _Watch
+from .watches import _FALLBACK_POLL_SECS, _NO_WAKE_POLL_SECS, _Heads, _Watch
 
 log = logging.getLogger("upf.store.embedded")
 T = TypeVar("T")
@@ -56,6 +56,8 @@ class EmbeddedDatabase(_Committer):
         self._closed = False
         self._check_scheduled = False
         self._watch_version = self._committed_version()
+        self._checked_values: tuple[int, dict[bytes, bytes | None]] = (-1, {})
+        self._heads = _Heads()
         self._range_cache: dict[tuple[bytes, bytes, int, bool], tuple[int, list[tuple[bytes, bytes]]]] = {}
         self._snap_open: list[_Snapshot] = []
         self._snap_gen = 0

@@ -11,7 +11,7 @@ at once (LMDB's reader table is shared by every process on the file); past that 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import TYPE_CHECKING, cast
 
 from ... import errors
@@ -199,18 +199,24 @@ class _Reads(_WriteLog):
 
 def _forward(cur: lmdb.Cursor, ranges: list[tuple[bytes, bytes, int]]) -> list[list[tuple[bytes, bytes]]]:
     """For each (begin, end, limit), the rows in [begin, end), at most ``limit`` of them (0: all), read
-    forward through ``cur``. One call for all: a pusher's wake-up reads dozens of ranges."""
+    forward through ``cur``. One call for all: a pusher's wake-up reads dozens of ranges.
+
+    Key first, value only inside the range: ``iternext`` would copy the value of the row past the end
+    (a neighbouring topic's envelope) to find the end. Faster at every length (timeit: 434 against
+    557 ns for a one-row range, 11.2 against 11.8 us for 64 rows)."""
     out = []
+    # Typed here, not with cast(): that is a Python call per row.
+    key: Callable[[], bytes] = cur.key  # type: ignore[assignment]  # the stubs add memoryview (buffers=True only)
+    value: Callable[[], bytes] = cur.value  # type: ignore[assignment]  # as for key
+    step = cur.next
     for begin, end, limit in ranges:
         rows: list[tuple[bytes, bytes]] = []
         if begin < end and cur.set_range(begin):
-            # Typed here, not with cast(): that is a Python call per range.
-            rest: Iterator[tuple[bytes, bytes]] = cur.iternext()  # type: ignore[assignment]  # the stubs add memoryview, returned only with buffers=True
-            for k, v in rest:
-                if k >= end:
+            k = key()
+            while k < end:
+                rows.append((k, value()))
+                if len(rows) == limit or not step():
                     break
-                rows.append((k, v))
-                if len(rows) == limit:
-                    break
+                k = key()
         out.append(rows)
     return out

@@ -11,7 +11,7 @@ from collections.abc import Callable, Collection
 from typing import TYPE_CHECKING, Any
 
 from ... import errors
-from .._ranges import IntervalSet
+from .._ranges import HEAD_BYTES, IntervalSet
 from .._wake import Inbox
 from .reads import _Reads
 
@@ -22,22 +22,46 @@ _FALLBACK_POLL_SECS = 1.0  # the backstop for lost wake datagrams
 _NO_WAKE_POLL_SECS = 0.05  # without a wake socket (a read-only directory, no /proc for long paths)
 _ZEROS = itertools.repeat(b"\x00")  # each interval's point end is its begin + this
 _FEW_WATCHED = 4  # a set this many times bigger than the watched keys is searched key by key
+_SLICED_ABOVE = 32  # a set of more intervals is cut to the watched heads' slices (``_written``)
+_HEAD = operator.itemgetter(slice(0, HEAD_BYTES))
 _CHANGED = object()  # a watched value no committed value equals: the watch fires when armed
 
 
-def _written(watched: Collection[bytes], sets: list[IntervalSet]) -> list[bytes]:
-    """The ``watched`` keys some write set covers. A process watching a few keys (a writer's, a
-    janitor's) bisects each into every set: a batch of publishes writes hundreds of keys. Otherwise
-    most written intervals are single keys (a commit of publishes writes no other kind): those are
-    matched by one set intersection, in C. Only a set with a wider interval (a clear_range) then has
-    its intervals bisected into the sorted watched keys."""
+def _written(watched: Collection[bytes], sets: list[IntervalSet], heads: _Heads | None = None) -> list[bytes]:
+    """The ``watched`` keys some write set covers.
+
+    - With ``heads`` (the watched keys' heads, kept across checks), a big set is cut to the slices
+      under those heads first: a node's bells share one head, and a commit of publishes writes
+      hundreds of keys under others (Q, X, QT, IN).
+    - A process watching a few keys (a writer's, a janitor's) bisects each into every set.
+    - Otherwise most written intervals are single keys (a commit of publishes writes no other kind):
+      those are matched by one set intersection, in C. Only a set with a wider interval (a
+      clear_range) then has its intervals bisected into the sorted watched keys."""
     keys = watched.keys() if isinstance(watched, dict) else set(watched)
     found: set[bytes] = set()
     ordered: list[bytes] | None = None
+    bounds: list[tuple[bytes, bytes | None]] | None = None
     for ws in sets:
         begins, ends = ws.begins, ws.ends
-        if len(keys) * _FEW_WATCHED < len(begins):
-            n = len(begins)
+        n = len(begins)
+        if heads is not None and n > _SLICED_ABOVE and bounds is None:
+            bounds = heads.of(keys)  # only for a big set: a commit of one publish is searched as it is
+        if bounds is not None and n > _SLICED_ABOVE and 2 * len(bounds) < len(keys):
+            for head, above in bounds:
+                lo = bisect.bisect_right(ends, head)  # the first interval that may hold a key >= head
+                hi = n if above is None else bisect.bisect_left(begins, above, lo)
+                if lo >= hi:
+                    continue
+                sb = begins[lo:hi]
+                found.update(keys & set(sb))
+                if all(map(operator.eq, ends[lo:hi], map(bytes.__add__, sb, _ZEROS))):
+                    continue
+                for k in keys:  # a wider interval under this head: each key bisected into the slice
+                    i = bisect.bisect_right(ends, k, lo, hi)
+                    if i < hi and begins[i] <= k:
+                        found.add(k)
+            continue
+        if len(keys) * _FEW_WATCHED < n:
             for k in keys:  # ws.overlaps(k, k + b"\x00"), inlined: a call per watched key per set
                 i = bisect.bisect_right(ends, k)
                 if i < n and begins[i] <= k:
@@ -48,13 +72,38 @@ def _written(watched: Collection[bytes], sets: list[IntervalSet]) -> list[bytes]
             continue
         if ordered is None:
             ordered = sorted(watched)
-        n = len(ordered)
+        m = len(ordered)
         for b, e in zip(begins, ends, strict=True):
             i = bisect.bisect_left(ordered, b)
-            while i < n and ordered[i] < e:
+            while i < m and ordered[i] < e:
                 found.add(ordered[i])
                 i += 1
     return list(found)
+
+
+def _above(prefix: bytes) -> bytes | None:
+    """The first key after every key that starts with ``prefix`` (None: no such key)."""
+    p = prefix.rstrip(b"\xff")
+    return p[:-1] + bytes((p[-1] + 1,)) if p else None
+
+
+class _Heads:
+    """The heads of the watched keys, kept across checks: a node's bells re-arm the same keys every
+    wake-up, so the heads are recomputed only when a key not seen before is watched. A head whose keys
+    are no longer watched stays until the next rebuild; it costs two bisects a set, and finds nothing."""
+
+    __slots__ = ("seen", "bounds")
+
+    def __init__(self) -> None:
+        self.seen: set[bytes] = set()
+        self.bounds: list[tuple[bytes, bytes | None]] = []
+
+    def of(self, keys: Collection[bytes]) -> list[tuple[bytes, bytes | None]]:
+        seen = self.seen
+        if len(seen) > 2 * len(keys) + 64 or not seen.issuperset(keys):
+            self.seen = set(keys)
+            self.bounds = [(h, _above(h)) for h in sorted(set(map(_HEAD, keys)))]
+        return self.bounds
 
 
 _PENDING, _FIRED, _CANCELLED = 0, 1, 2
@@ -147,6 +196,10 @@ class _Watches(_Reads):
     _closed: bool
     _check_scheduled: bool
     _watch_version: int
+    _checked_values: tuple[int, dict[bytes, bytes | None]]
+    _heads: _Heads
+    """The last check's version and the watched keys' values it read: a drain at that version re-arms
+    a fired bell on the value without reading it again."""
     _watch_n: int  # the watches in ``_watches``, kept as they come and go: the limit check is per watches() call
     _unchecked: bool  # a commit was announced while nothing was watched: no check has covered it
     _fallback: asyncio.TimerHandle | None
@@ -220,10 +273,11 @@ class _Watches(_Reads):
             except errors.StoreError:  # the log no longer reaches back that far: compare them all
                 sets = None
             self._watch_version = current_version
-            keys = list(self._watches) if sets is None else _written(self._watches, sets)
+            keys = list(self._watches) if sets is None else _written(self._watches, sets, self._heads)
             if not keys:
                 return
             current = {key: txn.get(key, None, f.kv) for key in keys}  # positional: see file.py
+            self._checked_values = (current_version, current)
         for key in keys:
             value = current[key]
             for w in list(self._watches.get(key, ())):
