@@ -15,7 +15,7 @@ import msgspec
 from .envelope import Envelope
 from .msgid import encode_id
 
-__all__ = ["Attachment", "Message", "message_from_envelope", "encode_json", "decode_json"]
+__all__ = ["Attachment", "Message", "message_from_envelope", "encode_json"]
 
 
 class Attachment(msgspec.Struct, frozen=True):
@@ -29,13 +29,18 @@ class Attachment(msgspec.Struct, frozen=True):
 _NO_ACTIONS = msgspec.Raw()
 
 
-class Message(msgspec.Struct, frozen=True, omit_defaults=True, kw_only=True):
-    id: str
+class Message(msgspec.Struct, frozen=True, omit_defaults=True):
+    """Every field has a default, so ``message_from_envelope`` can pass its fields by position: with
+    ``kw_only`` (the only way to give defaults to some fields and not to the ones between them) a
+    delivery's 17 keywords cost 1.1 us against 0.4 by position. The four fields ntfy always sends
+    default to values no message has (an empty id, event or topic, time 0), so they are never omitted."""
+
+    id: str = ""
     sequence_id: str = ""
-    time: int
+    time: int = 0
     expires: int = 0
-    event: str
-    topic: str
+    event: str = ""
+    topic: str = ""
     title: str = ""
     message: str = ""
     priority: int = 0
@@ -53,34 +58,30 @@ class Message(msgspec.Struct, frozen=True, omit_defaults=True, kw_only=True):
 def message_from_envelope(stamp: bytes, topic: str, env: Envelope) -> Message:
     """A released scheduled message keeps the id its publisher was given (``origin_id``); an
     ``X-Cache: no`` one has no ``expires`` (ntfy's wire form: it is never kept)."""
+    # By position, in the field order above (see ``Message``).
     return Message(
-        id=env.origin_id or encode_id(stamp),
-        sequence_id=env.sequence_id,
-        time=env.time,
-        expires=0 if env.nocache else env.expires,
-        event=env.event or "message",
-        topic=topic,
-        title=env.title,
-        message=env.message,
-        priority=env.priority,
-        tags=env.tags,
-        click=env.click,
-        icon=env.icon,
-        poll_id=env.poll_id,
-        actions=msgspec.Raw(env.actions.encode()) if env.actions else _NO_ACTIONS,
-        attachment=Attachment(env.attach_name, env.attach_url) if env.attach_url else None,
-        content_type=env.content_type,
-        encoding=env.encoding,
+        env.origin_id or encode_id(stamp),
+        env.sequence_id,
+        env.time,
+        0 if env.nocache else env.expires,
+        env.event or "message",
+        topic,
+        env.title,
+        env.message,
+        env.priority,
+        env.tags,
+        env.click,
+        env.icon,
+        env.poll_id,
+        msgspec.Raw(env.actions.encode()) if env.actions else _NO_ACTIONS,
+        Attachment(env.attach_name, env.attach_url) if env.attach_url else None,
+        env.content_type,
+        env.encoding,
     )
 
 
 _json_encoder = msgspec.json.Encoder()
-_message_decoder = msgspec.json.Decoder(Message)
 
 
 def encode_json(obj: msgspec.Struct) -> bytes:
     return _json_encoder.encode(obj)
-
-
-def decode_json(raw: bytes) -> Message:
-    return _message_decoder.decode(raw)
