@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import json
 
+import msgspec
 import pytest
 
 from upf_edge import NtfyError
@@ -492,3 +493,51 @@ def test_catalog_is_consistent() -> None:
     codes = [p.code for p in ingest.CATALOG]
     assert len(codes) == len(set(codes))
     assert all(p.code // 100 == p.http for p in ingest.CATALOG)
+
+
+def test_every_publish_field_lands_in_the_envelope_field_of_its_name() -> None:
+    """The envelope is built by position: each field set to a value no other field of its type has,
+    so a swap shows."""
+    params = ingest.Params(
+        title="the title",
+        priority=4,
+        tags=("a", "b"),
+        click="https://click.example",
+        icon="https://icon.example",
+        content_type="text/markdown",
+        ttl=600,
+        idem="the-idem",
+        cache=False,
+        sequence_id="the-sequence",
+        urgency="high",
+        push_topic="the-push-topic",
+        actions='[{"action":"view","label":"l","url":"https://u.example"}]',
+        attach_url="https://attach.example/f",
+        attach_name="f.txt",
+    )
+    env = ingest.build_envelope(params, b"the body", now=NOW, limits=LIMITS)
+    assert msgspec.structs.asdict(env) == {
+        "time": NOW,
+        "expires": NOW + LIMITS.nocache_keep_secs,  # X-Cache: no keeps it for live delivery only
+        "message": "the body",
+        "encoding": "",
+        "title": "the title",
+        "priority": 4,
+        "tags": ("a", "b"),
+        "click": "https://click.example",
+        "icon": "https://icon.example",
+        "content_type": "text/markdown",
+        "traceparent": "",
+        "idem": "the-idem",
+        "published_ms": 0,
+        "event": "",
+        "sequence_id": "the-sequence",
+        "nocache": True,
+        "origin_id": "",
+        "urgency": "high",
+        "push_topic": "the-push-topic",
+        "actions": params.actions,
+        "attach_url": "https://attach.example/f",
+        "attach_name": "f.txt",
+        "poll_id": "",
+    }
