@@ -197,9 +197,9 @@ class _Watches(_Reads):
     _check_scheduled: bool
     _watch_version: int
     _checked_values: tuple[int, dict[bytes, bytes | None]]
-    _heads: _Heads
     """The last check's version and the watched keys' values it read: a drain at that version re-arms
     a fired bell on the value without reading it again."""
+    _heads: _Heads  # the watched keys' heads, for ``_written``
     _watch_n: int  # the watches in ``_watches``, kept as they come and go: the limit check is per watches() call
     _unchecked: bool  # a commit was announced while nothing was watched: no check has covered it
     _fallback: asyncio.TimerHandle | None
