@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from upf_edge.errors import Problem
 from upf_edge.gate import Credential
-from upf_keyspace import Settings, Since, Store, StoreError, Watch, message_from_envelope
+from upf_keyspace import Settings, Since, Store, Stored, StoreError, Watch, message_from_envelope
 from upf_keyspace import telemetry as tm
 
 from .release import release_loop
@@ -93,6 +93,17 @@ def _record_latency(frames: _FrameCache, now_ms: float) -> None:
         for _, deliveries, published_ms, latency in by_stamp.values():
             if published_ms and deliveries:
                 latency.record_many(max(0.0, now_ms - published_ms) / 1000.0, deliveries)
+
+
+def _frame_entry(sub: Subscriber, framed: dict[bytes, list[Any]], topic: str, row: Stored, latency: Any) -> list[Any]:
+    """A round's first framing of ``row`` in ``sub``'s frame kind: its ``_FrameCache`` entry."""
+    entry = framed[row.stamp] = [
+        sub.frame(message_from_envelope(row.stamp, topic, row.envelope)),
+        0,
+        row.envelope.published_ms,
+        latency,
+    ]
+    return entry
 
 
 # What started the read chain a delivery came from (a span attribute; safety-poll deliveries are counted).
@@ -496,8 +507,7 @@ class Hub:
             for topic, row in zip(cmd.topics, rows):  # noqa: B905
                 entry = framed.get(row.stamp)
                 if entry is None:
-                    data = sub.frame(message_from_envelope(row.stamp, topic, row.envelope))
-                    entry = framed[row.stamp] = [data, 0, row.envelope.published_ms, cells.latency]
+                    entry = _frame_entry(sub, framed, topic, row, cells.latency)
                 entry[1] += 1
                 parts.append(entry[0])
         if not queued:
@@ -516,6 +526,30 @@ class Hub:
             self.metrics.safety.add(safety)
         if now_ms is None:  # a write of its own, not a round's: its latencies now
             _record_latency(frames, time.time() * 1000.0)
+
+    def _write_send(self, sub: Subscriber, cmd: Send, trigger: str, frames: _FrameCache, now_ms: float) -> None:
+        """A read round's one ``Send`` to a one-topic connection, what a bell ends in. One row, the
+        usual case, is written as ``_write`` would write it, without the lists ``_write`` walks and
+        builds; anything else (events, several rows, a trace span) goes through ``_write``."""
+        rows = cmd.rows
+        if len(rows) != 1 or cmd.events or self.telemetry.tracing:
+            self._write(sub, [(cmd, trigger)], frames, now_ms)
+            return
+        if not sub.writable():
+            return
+        row = rows[0]
+        framed = frames.get(sub.frame_kind)
+        if framed is None:
+            framed = frames[sub.frame_kind] = {}
+        cells = self.metrics.transports[sub.transport_name]
+        entry = framed.get(row.stamp)
+        if entry is None:
+            entry = _frame_entry(sub, framed, cmd.topics[0], row, cells.latency)
+        entry[1] += 1
+        sub.write_one(entry[0])
+        cells.deliveries.value += 1
+        if trigger is SAFETY:
+            self.metrics.safety.add(1)
 
     def _deliver_span(self, sub: Subscriber, sends: list[tuple[Send, str]]) -> Any:
         from opentelemetry.trace import SpanKind
@@ -599,7 +633,7 @@ class Hub:
                     cmds = sub.session.batch_read(topic, rows)
                     if len(cmds) == 1 and type(cmds[0]) is Send and len(sub.session.topics) == 1:
                         # One topic: nothing else of this round goes to it, so no outbox to merge in.
-                        self._write(sub, [(cmds[0], trigger)], frames, now_ms)
+                        self._write_send(sub, cmds[0], trigger, frames, now_ms)
                     else:
                         self.run(sub, cmds, trigger, out)
                 except Exception:  # one broken connection must not stall the round for the others

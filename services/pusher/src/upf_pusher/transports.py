@@ -214,6 +214,10 @@ class Subscriber(asyncio.Protocol, abc.ABC):
         if frames:
             self.transport.write(frames[0] if len(frames) == 1 else b"".join(frames))
 
+    def write_one(self, data: bytes) -> None:
+        """``write([data])`` without the list: most deliveries are one message to one connection."""
+        self.transport.write(data)
+
     def send(self, messages: list[Message]) -> None:
         """Frame and write ``messages``."""
         if self.writable():
@@ -369,7 +373,7 @@ class WsSubscriber(Subscriber):
     def accept(self) -> None:
         head, self.head = self.head, None
         if head is not None:
-            self._put(head)
+            self.write_one(head)
         self.budget_at = _monotonic()  # the last time the peer was heard from (``_spend`` moves it)
         ws = self.ws
         if ws is not None:  # frames came before the 101 (``data_received``): answered after it
@@ -380,14 +384,14 @@ class WsSubscriber(Subscriber):
     def silent(self, now: float) -> bool:
         return self.head is None and now - self.budget_at > self.hub.settings.keepalive_secs + WS_PONG_WAIT_SECS
 
-    def _put(self, data: bytes) -> None:
+    def write_one(self, data: bytes) -> None:
         self.out += len(data)
         self.transport.write(data)
 
     def write(self, frames: list[bytes]) -> None:
         if frames:
             data = frames[0] if len(frames) == 1 else b"".join(frames)
-            self.out += len(data)  # ``_put``, inline: once per delivery
+            self.out += len(data)  # ``write_one``, inline: once per write
             self.transport.write(data)
 
     # Reading stops while the peer does not read: above the high-water mark, or with a pong pending and
@@ -420,7 +424,7 @@ class WsSubscriber(Subscriber):
     def _pong(self, data: bytes) -> None:
         """Write a pong, or owe it (replacing an older one owed) while the previous is still pending."""
         if self.owed is None and not self._pong_pending():
-            self._put(data)
+            self.write_one(data)
             self.pong_end = self.out
             return
         if self.owed is None:
@@ -435,7 +439,7 @@ class WsSubscriber(Subscriber):
             asyncio.get_running_loop().call_later(PONG_CHECK_SECS, self._check_pong)
             return
         data, self.owed = self.owed, None
-        self._put(data)
+        self.write_one(data)
         self.pong_end = self.out
         self._release(_HELD_PONG)
 
@@ -461,7 +465,7 @@ class WsSubscriber(Subscriber):
                 if i == pong:
                     self._pong(data)
             else:
-                self._put(data)
+                self.write_one(data)
 
     def data_received(self, data: bytes) -> None:
         if self.ws is None and framing.is_client_pong(data) and self._spend(1):
@@ -558,7 +562,7 @@ class WsSubscriber(Subscriber):
                 ws.send_close(_CLOSE_CODES.get(reason, 1000))
                 for data in ws.data_to_send():
                     if data != SEND_EOF:
-                        self._put(data)
+                        self.write_one(data)
         self.transport.close()
 
 
