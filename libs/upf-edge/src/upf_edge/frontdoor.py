@@ -13,7 +13,9 @@ on a subclass (``upf_pusher.server``): a role adds routes by overriding ``HttpPr
 - Anything else: the optional fallback ASGI app (the writer's cold routes), else 404.
 
 Limits: a request head over 16 KB is 431; a head not complete within ``HEAD_TIMEOUT`` seconds, or a
-keep-alive connection idle for ``IDLE_TIMEOUT``, is closed. A peer address holding
+keep-alive connection idle for ``IDLE_TIMEOUT``, is closed. A connection's last reply is followed by a
+lingering close: what the peer still sends (a body refused with 413, unread) is read and dropped until
+it closes, for up to ``LINGER_SECS`` and ``LINGER_BYTES``, so the reply is not lost to a reset. A peer address holding
 ``max_connections_per_ip`` connections gets 429 (42903) on the next one's first request (exempt peers:
 ``limit_exempt`` and ``proxy_trusted``). Accepting backs off while descriptors run out (``Acceptor``).
 Error replies are ntfy's JSON.
@@ -51,6 +53,12 @@ REFUSED_HEAD_TIMEOUT = 5.0
 """How long a connection over its address's cap may take to send the head its 429 answers."""
 TOO_MANY_CONNECTIONS = NtfyError(Problem(42903, 429, "limit reached: too many open connections", LIMITS_DOCS))
 SHUTTING_DOWN = Problem(50300, 503, "service unavailable: shutting down")
+LINGER_SECS = 30.0
+LINGER_BYTES = 32 * 1024 * 1024
+"""A lingering close's limits (nginx's ``lingering_close``, its ``lingering_time``): a client that writes
+a whole refused body before it reads (most do: curl without ``Expect``, Go, urllib3) gets its 413. The
+kernel answers a close with bytes still unread by a reset, which can reach the client before it has
+read the reply. 32 MiB covers the 15 MB attachment a client of ntfy's default limits may send."""
 
 
 class HandlerCycle:
@@ -152,7 +160,19 @@ def keeps(head: RequestHead) -> bool:
 class HttpProtocol(asyncio.Protocol):
     """A connection until it is routed: parses heads, answers ops and errors, runs handler and fallback cycles."""
 
-    __slots__ = ("door", "transport", "client", "buf", "busy", "deadline", "cycle", "gone", "admitted", "paused")
+    __slots__ = (
+        "door",
+        "transport",
+        "client",
+        "buf",
+        "busy",
+        "deadline",
+        "cycle",
+        "gone",
+        "admitted",
+        "paused",
+        "lingered",
+    )
 
     def __init__(self, door: FrontDoor) -> None:
         self.door = door
@@ -170,6 +190,8 @@ class HttpProtocol(asyncio.Protocol):
         """The peer is not reading our replies (above the write buffer's high mark): the next request
         waits. asyncio tells a transport's protocol once, so this also goes to whichever protocol
         takes the connection next."""
+        self.lingered = -1
+        """Bytes dropped since the last reply (``_linger``); -1 while the connection serves requests."""
 
     # --- asyncio callbacks --------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -209,6 +231,9 @@ class HttpProtocol(asyncio.Protocol):
             return
         self.buf += data
         if self.busy or self.paused:
+            if self.lingered >= 0:
+                self._drop()
+                return
             if len(self.buf) > _MAX_PENDING:
                 self.transport.pause_reading()
             return
@@ -235,9 +260,10 @@ class HttpProtocol(asyncio.Protocol):
         self.deadline = 0.0
 
     def _timeout(self) -> None:
-        """No request head (or no request body) in time, or idle too long between requests: close."""
+        """No request head (or no request body) in time, idle too long between requests, or lingering
+        for ``LINGER_SECS``: close."""
         self.deadline = 0.0
-        if not self.busy or (self.cycle is not None and self.cycle.reading_body):
+        if not self.busy or self.lingered >= 0 or (self.cycle is not None and self.cycle.reading_body):
             self.transport.close()
 
     # --- requests -----------------------------------------------------------------------------------
@@ -245,6 +271,31 @@ class HttpProtocol(asyncio.Protocol):
         """Answer with ntfy's error JSON and close: the stream position is unknown after bad input."""
         if not self.transport.is_closing():
             self.transport.write(error_response(e.problem, extra=e.headers))
+            self._linger()
+
+    def _linger(self) -> None:
+        """Close after the last reply without resetting it: half-close (the reply, then our FIN), then
+        read and drop what the peer still sends until it closes (``eof_received``: asyncio then closes
+        the transport), ``LINGER_BYTES`` have come, or ``LINGER_SECS`` have passed (``_timeout``). A
+        stopping door closes at once."""
+        t = self.transport
+        if t.is_closing():
+            return
+        if self.door.closing or not t.can_write_eof():
+            t.close()
+            return
+        self.busy = True  # no request is parsed any more
+        self.cycle = None  # nor is a body read (a cycle still running ends in ``cycle_done``)
+        self.lingered = 0
+        self._drop()
+        t.write_eof()
+        t.resume_reading()
+        self._arm(LINGER_SECS)
+
+    def _drop(self) -> None:
+        self.lingered += len(self.buf)
+        self.buf = b""
+        if self.lingered > LINGER_BYTES:
             self.transport.close()
 
     def _process(self) -> None:
@@ -268,7 +319,7 @@ class HttpProtocol(asyncio.Protocol):
     def _reply(self, head: RequestHead, data: bytes, keep_alive: bool) -> None:
         self.transport.write(data)
         if not keep_alive:
-            self.transport.close()
+            self._linger()
         else:
             self._arm(IDLE_TIMEOUT)
 
@@ -286,7 +337,7 @@ class HttpProtocol(asyncio.Protocol):
             return self._begin(HandlerCycle(self, head, handler))
         if door.fallback is not None:
             return self._begin(Cycle(self, head, door.fallback, door.lifespan.state if door.lifespan else None))
-        keep = head.keep_alive
+        keep = keeps(head)  # its body is never read: close
         self._reply(head, error_response(NOT_FOUND, keep_alive=keep), keep)
         return False
 
@@ -345,11 +396,13 @@ class HttpProtocol(asyncio.Protocol):
 
     def cycle_done(self, cycle: Cycle | HandlerCycle, keep_alive: bool) -> None:
         self.cycle = None
+        if self.lingered >= 0:
+            return  # refused while it ran: the connection is closing, what arrives is dropped
         self.busy = False
         if self.gone or self.transport.is_closing():
             return
         if not keep_alive or self.door.closing:
-            self.transport.close()
+            self._linger()
             return
         self.transport.resume_reading()
         self._arm(IDLE_TIMEOUT)
@@ -500,7 +553,7 @@ class FrontDoor:
             self._acceptor.close()
             await self._acceptor.wait_closed()
         for proto in list(self._http):
-            if not proto.busy:
+            if not proto.busy or proto.lingered >= 0:
                 proto.transport.close()
         await self._stopping(grace, deadline)
         while self._tasks and time.monotonic() < deadline:

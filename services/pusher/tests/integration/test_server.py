@@ -4,6 +4,7 @@ shutdown, affinity races."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import socket
 from typing import Any
@@ -258,6 +259,83 @@ async def test_fallback_body_over_limit_is_413(start_pusher: Any) -> None:
         await raw_request(p.port, b"POST /t HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n" + big * 3)
     )
     assert status == 413
+
+
+def _send_whole_then_read(port: int, head: bytes, body_bytes: int) -> bytes:
+    """A client that writes a whole request body before it reads the reply (curl without ``Expect``,
+    Go's client, urllib3): blocking sockets, in a thread."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        s.sendall(head)
+        chunk = b"\0" * 65536
+        left = body_bytes
+        while left > 0:
+            left -= s.send(chunk[: min(left, len(chunk))])
+        out = b""
+        while data := s.recv(65536):
+            out += data
+        return out
+
+
+async def test_a_body_refused_unread_still_gets_its_413_not_a_reset(
+    start_pusher: Any, tmp_path: Any, store: Store
+) -> None:
+    """A body over the limit is answered at once and not read; a client still writing it must get the
+    413, not a reset: the connection closes after the reply by half-closing and dropping what the peer
+    still sends (a lingering close). Through the fallback's 413, the direct handler's and a 404."""
+    n = 8 * 1024 * 1024
+    p = await start_pusher(fallback=EchoApp())
+    out = await asyncio.to_thread(
+        _send_whole_then_read, p.port, b"POST /a/b HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % n, n
+    )
+    status, headers, body = status_and_body(out)
+    assert status == 413 and json.loads(body)["http"] == 413 and headers["connection"] == "close"
+    await eventually(lambda: not p._http)  # the peer closed: so did the server
+
+    handler = RecordingHandler()
+    h = await serve(settings_for(tmp_path), store, handler=handler, host="127.0.0.1", port=0)
+    try:
+        head = b"POST /t HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n1000000\r\n"
+        status, headers, body = status_and_body(await asyncio.to_thread(_send_whole_then_read, h.port, head, n))
+        assert status == 200 and headers["connection"] == "close"  # the handler answered its body as None
+        assert handler.calls[-1] == ("POST", "t", None)
+        head = b"PUT /a/b/c HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % n  # no route: 404
+        status, headers, body = status_and_body(await asyncio.to_thread(_send_whole_then_read, h.port, head, n))
+        assert status == 404 and json.loads(body)["code"] == 40401 and headers["connection"] == "close"
+    finally:
+        await h.stop()
+
+
+async def test_a_lingering_close_ends_at_its_time_and_byte_limits(start_pusher: Any, monkeypatch: Any) -> None:
+    """A peer that reads the reply and our FIN but never closes is closed after ``LINGER_SECS``; one
+    that keeps sending is closed once ``LINGER_BYTES`` have come, whatever the time."""
+    from upf_edge import frontdoor
+
+    monkeypatch.setattr(frontdoor, "SWEEP_SECS", 0.05)
+    monkeypatch.setattr(frontdoor, "LINGER_SECS", 0.3)
+    p = await start_pusher(fallback=EchoApp())
+    reader, writer = await asyncio.open_connection("127.0.0.1", p.port)
+    try:
+        writer.write(b"POST /a/b HTTP/1.1\r\nHost: x\r\nContent-Length: 70000\r\n\r\n")
+        assert status_and_body(await asyncio.wait_for(reader.read(), 3))[0] == 413  # the reply, then our FIN
+        assert p._http  # still open: it may send the body it was writing
+        await eventually(lambda: not p._http)  # closed by the server after LINGER_SECS
+    finally:
+        writer.close()
+
+    monkeypatch.setattr(frontdoor, "LINGER_SECS", 30.0)
+    monkeypatch.setattr(frontdoor, "LINGER_BYTES", 256 * 1024)
+    p = await start_pusher(fallback=EchoApp())
+    reader, writer = await asyncio.open_connection("127.0.0.1", p.port)
+    try:
+        writer.write(b"POST /a/b HTTP/1.1\r\nHost: x\r\nContent-Length: 70000000\r\n\r\n")
+        assert status_and_body(await asyncio.wait_for(reader.read(), 3))[0] == 413
+        with contextlib.suppress(ConnectionError):
+            for _ in range(16):  # 1 MiB, past the limit
+                writer.write(b"\0" * 65536)
+                await writer.drain()
+        await eventually(lambda: not p._http)  # long before LINGER_SECS
+    finally:
+        writer.close()
 
 
 async def test_fallback_error_is_500(start_pusher: Any) -> None:

@@ -112,6 +112,34 @@ async def test_a_json_publish_within_its_limit_is_taken_past_64_kib(tmp_path: Pa
         w.stop()
 
 
+async def test_a_large_body_written_whole_before_the_reply_is_read_gets_its_413(tmp_path: Path) -> None:
+    """An attachment-sized PUT (ntfy's clients may send 15 MB) from a client that writes the whole body
+    before it reads, as urllib3 and curl without ``Expect`` do: it reads ntfy's 413 JSON, not a reset,
+    and nothing is stored. On UPF's front door, the writer's default server (and the all-in-one's)."""
+    w = WriterProcess(tmp_path, "upf")
+    try:
+        n = 20_000_000
+        with socket.create_connection(("127.0.0.1", w.port), timeout=30) as s:
+            s.sendall(b"PUT /bigput HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % n)
+            s.sendall(b"\0" * n)
+            out = b""
+            while chunk := s.recv(65536):
+                out += chunk
+        head, _, body = out.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 413 "), head
+        assert json.loads(body) == {
+            "code": 41301,
+            "http": 413,
+            "error": "message too large",
+            "link": "https://ntfy.sh/docs/publish/#limitations",
+        }
+        status, _ = raw_request(w.port, b"GET /v1/health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        assert status == 200  # the writer serves on
+        assert await read_store(w, "bigput") == []
+    finally:
+        w.stop()
+
+
 async def test_invalid_utf8_path_and_huge_headers(writer_process: WriterProcess) -> None:
     """A path of invalid UTF-8, percent-encoded or raw, and oversized header blocks are refused with a
     400/431 and nothing stored. UPF's front door answers each with ntfy's JSON (the path is refused by
