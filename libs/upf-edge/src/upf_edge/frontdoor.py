@@ -287,10 +287,10 @@ class HttpProtocol(asyncio.Protocol):
         self.busy = True  # no request is parsed any more
         self.cycle = None  # nor is a body read (a cycle still running ends in ``cycle_done``)
         self.lingered = 0
-        self._drop()
         t.write_eof()
         t.resume_reading()
         self._arm(LINGER_SECS)
+        self._drop()  # what came with the reply's request; past the limit already, it closes now
 
     def _drop(self) -> None:
         self.lingered += len(self.buf)
