@@ -6,6 +6,7 @@ it is skipped with exactly that reason (there is no container engine to start on
 
 from __future__ import annotations
 
+import asyncio
 import os
 import struct
 import uuid
@@ -165,3 +166,30 @@ async def new_store(request, tmp_path):
 async def two_stores(new_store):
     """Two handles on one store (file or cluster): two processes of a fleet."""
     return await new_store(shard_count=4), await new_store(shard_count=4)
+
+
+class Bells:
+    """A node's bells as a test waits on them: ``store.bells`` with one event per shard."""
+
+    def __init__(self, store: Store, node: str, shards: int) -> None:
+        self.rang = [asyncio.Event() for _ in range(shards)]
+        self.set = store.bells(node, [e.set for e in self.rang])
+
+    async def wait(self, shard: int, timeout: float = 2) -> None:
+        """Wait for ``shard``'s bell to ring, and take the ring."""
+        await asyncio.wait_for(self.rang[shard].wait(), timeout)
+        self.rang[shard].clear()
+
+
+@pytest.fixture
+def bells():
+    """``bells(store, node, shards)``: a ``Bells``, its watch set cancelled after the test."""
+    made: list[Bells] = []
+
+    def make(store: Store, node: str, shards: int = 8) -> Bells:
+        made.append(b := Bells(store, node, shards))
+        return b
+
+    yield make
+    for b in made:
+        b.set.cancel()

@@ -372,6 +372,49 @@ async def test_watches_arm_one_watch_per_key_in_order(db, prefix):
     w0.cancel()
 
 
+async def test_a_watch_set_calls_once_per_arming_for_armed_keys_only(db, prefix):
+    """A watch set's key calls its callback once per arming when its value changes; a key changed
+    between the arming transaction's read and its commit calls at once; an unarmed key never calls; a
+    key armed again calls again; a cancelled set calls nothing."""
+    keys = [prefix + b"set" + bytes([i]) for i in range(3)]
+    await put(db, dict.fromkeys(keys, b"0"))
+    calls: list[int] = []
+    rang = asyncio.Event()
+
+    def ring(i: int) -> None:
+        calls.append(i)
+        rang.set()
+
+    ws = db.watch_set(keys, [lambda i=i: ring(i) for i in range(3)])
+    tr = db.create_transaction()
+    await tr.get(prefix + b"unrelated")
+    await put(db, {keys[1]: b"1"})
+    tr.arm(ws, [0, 1])
+    await tr.commit()
+    await asyncio.wait_for(rang.wait(), 2.0)
+    await asyncio.sleep(0.2)
+    assert calls == [1]
+    rang.clear()
+    await put(db, {keys[0]: b"1", keys[2]: b"1"})
+    await asyncio.wait_for(rang.wait(), 2.0)
+    await asyncio.sleep(0.2)
+    assert calls == [1, 0]  # 2 was never armed; 1 was not armed again
+
+    async def arm(tr, indexes):
+        tr.arm(ws, indexes)
+
+    await db.transact(arm, [1, 2])
+    rang.clear()
+    await put(db, {keys[1]: b"2"})
+    await asyncio.wait_for(rang.wait(), 2.0)
+    await asyncio.sleep(0.2)
+    assert calls == [1, 0, 1]
+    ws.cancel()
+    await put(db, {keys[2]: b"2"})
+    await asyncio.sleep(0.2)
+    assert calls == [1, 0, 1]
+
+
 async def test_limits_are_enforced_with_clear_errors(db, prefix):
     """Oversized keys, values and transactions fail with FoundationDB's codes."""
 

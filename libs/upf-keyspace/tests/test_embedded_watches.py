@@ -278,34 +278,80 @@ async def test_a_range_clear_and_a_point_write_fire_exactly_the_watches_under_th
 
 
 @pytest.mark.parametrize("writer", ["same handle", "other handle"])
-async def test_a_fire_callback_runs_once_from_the_firing_check_and_never_after_a_cancel(pair, writer):
-    """``when_fired``: the check that fires the watch calls it (the watch is unregistered by then);
-    a cancelled watch never calls it; one set on a watch that fired already runs soon, once."""
+async def test_a_watch_set_calls_from_the_firing_check_reuses_its_watches_and_never_calls_after_a_cancel(pair, writer):
+    """A watch set's key calls its callback from the check that fires it (unregistered by then), once
+    per arming; arming it again reuses the same watch object, so a node's bells leave the count flat
+    however often they ring; a cancelled set never calls."""
     a, b = pair
     a.fallback_poll_secs = 30.0
-    k1, k2 = PREFIX + b"cb1", PREFIX + b"cb2"
-    await _put(a, {k1: b"0", k2: b"0"})
-    fired: list[str] = []
-    w1, w2 = await _watch(a, k1), await _watch(a, k2)
+    k1, k2, k3 = PREFIX + b"cb1", PREFIX + b"cb2", PREFIX + b"cb3"
+    await _put(a, {k1: b"0", k2: b"0", k3: b"0"})
+    fired: list[int] = []
+    rang = asyncio.Event()
 
-    def on_fire(name: str, w) -> None:
-        assert w.done() and a._watch_count() == _counted(a)  # already off the registry
-        fired.append(name)
+    def on_fire(i: int) -> None:
+        assert a._watch_count() == _counted(a)  # already off the registry
+        fired.append(i)
+        rang.set()
 
-    w1.when_fired(lambda: on_fire("w1", w1))
-    w2.when_fired(lambda: on_fire("w2", w2))
-    w2.cancel()
-    assert a._watch_count() == _counted(a) == 1  # a cancel unregisters at once
-    await _put(a if writer == "same handle" else b, {k1: b"1", k2: b"1"})
-    await asyncio.wait_for(w1.future, 2.0)
-    assert fired == ["w1"]
+    ws = a.watch_set([k1, k2, k3], [lambda i=i: on_fire(i) for i in range(3)])
+    members = list(ws.members)
+
+    async def arm(tr, indexes):
+        tr.arm(ws, indexes)
+
+    await a.transact(arm, [0, 1])
+    assert a._watch_count() == _counted(a) == 2  # k3 is not armed
+    writes = a if writer == "same handle" else b
+    for n in range(3):
+        rang.clear()
+        await _put(writes, {k1: b"%d" % (n + 1), k3: b"%d" % (n + 1)})
+        await asyncio.wait_for(rang.wait(), 2.0)
+        await asyncio.sleep(0.02)
+        assert fired == [0] * (n + 1)  # k2 unwritten, k3 unarmed: neither calls
+        assert a._watch_count() == _counted(a) == 1
+        await a.transact(arm, [0])
+        assert a._watch_count() == _counted(a) == 2
+    assert ws.members == members  # the same objects, armed again
+    await a.transact(arm, [0, 1])  # armed again while armed: still one registration each
+    assert a._watch_count() == _counted(a) == 2
+    ws.cancel()
     assert a._watch_count() == _counted(a) == 0
-    late: list[str] = []
-    w1.when_fired(lambda: late.append("late"))
-    assert late == []  # not from inside when_fired
-    await asyncio.sleep(0)
-    await asyncio.sleep(0)
-    assert late == ["late"] and fired == ["w1"]
+    await a.transact(arm, [0, 1, 2])  # a cancelled set is never armed again
+    await _put(writes, {k1: b"x", k2: b"x", k3: b"x"})
+    await asyncio.sleep(0.1)
+    assert fired == [0, 0, 0] and a._watch_count() == 0
+
+
+async def test_a_watch_set_armed_while_its_key_changes_fires_at_once(pair):
+    """An arming takes its transaction's read: a write committed between that read and the commit that
+    arms it calls at once (as a watch does), and one already seen by that read does not."""
+    a, b = pair
+    a.fallback_poll_secs = 30.0
+    k = PREFIX + b"mid"
+    await _put(a, {k: b"0"})
+    fired: list[int] = []
+    ws = a.watch_set([k], [lambda: fired.append(1)])
+
+    async def arm_after_a_write(tr):
+        await tr.get(k)
+        await _put(b, {k: b"1"})  # another handle commits after this transaction's read
+        tr.arm(ws, [0])
+
+    await a.transact(arm_after_a_write)
+    for _ in range(50):
+        if fired:
+            break
+        await asyncio.sleep(0.01)
+    assert fired == [1]
+
+    async def arm(tr):
+        tr.arm(ws, [0])
+
+    await a.transact(arm)  # reads "1": no change since
+    await asyncio.sleep(0.1)
+    assert fired == [1]
+    ws.cancel()
 
 
 async def test_a_watch_armed_at_the_version_of_the_check_that_fired_takes_the_value_it_read(pair):

@@ -401,3 +401,78 @@ async def test_a_cluster_file_fdb_cannot_open_is_one_clear_error(monkeypatch: py
     monkeypatch.setattr(foundation, "load_bindings", lambda: types.SimpleNamespace(open=refuse))
     with pytest.raises(RuntimeError, match=r"FoundationDB cluster file /nowhere/fdb\.cluster cannot be used"):
         await foundation.open_foundationdb("/nowhere/fdb.cluster")
+
+
+async def _settle_loop() -> None:
+    for _ in range(5):
+        await asyncio.sleep(0)
+
+
+async def test_a_watch_set_calls_each_armed_key_once_and_an_arming_replaces_the_last(db, cluster):
+    """A fired watch calls its key's callback once; arming a key again cancels its earlier watch (whose
+    firing then calls nothing); an unarmed key's callback never runs; a cancelled set calls nothing."""
+    calls: list[int] = []
+    ws = db.watch_set([b"k0", b"k1", b"k2"], [lambda i=i: calls.append(i) for i in range(3)])
+
+    async def arm(tr, indexes):
+        tr.arm(ws, indexes)
+
+    await db.transact(arm, [0, 1])
+    first = cluster.transactions[-1].watches
+    assert len(first) == 2 and sorted(ws.armed) == [0, 1]
+    first[0].resolve()
+    await _settle_loop()
+    assert calls == [0] and sorted(ws.armed) == [1]
+    await db.transact(arm, [1])  # armed again while armed: the first watch on k1 is cancelled
+    second = cluster.transactions[-1].watches
+    first[1].resolve()  # a late firing of the replaced watch
+    await _settle_loop()
+    assert calls == [0]
+    second[0].resolve()
+    await _settle_loop()
+    assert calls == [0, 1] and ws.armed == {}
+    await db.transact(arm, [0, 2])
+    third = cluster.transactions[-1].watches
+    ws.cancel()
+    for f in third:
+        f.resolve()
+    await _settle_loop()
+    assert calls == [0, 1] and ws.armed == {}
+    await db.transact(arm, [0])  # a cancelled set is never armed again
+    cluster.transactions[-1].watches[0].resolve()
+    await _settle_loop()
+    assert calls == [0, 1]
+
+
+async def test_a_failed_watch_in_a_set_calls_late_and_a_dropped_attempts_watch_not_at_all(db, cluster, caplog):
+    """A watch the cluster fails calls its callback after a pause (a caller re-drains and re-arms, never
+    spins), with a warning; the watches of an attempt whose commit failed are dropped with it: only
+    the attempt that committed arms the key."""
+    calls: list[int] = []
+    ws = db.watch_set([b"k0"], [lambda: calls.append(0)])
+
+    async def arm(tr):
+        tr.arm(ws, [0])
+
+    await db.transact(arm)
+    with caplog.at_level(logging.WARNING, logger="upf.store.foundationdb"):
+        cluster.transactions[-1].watches[0].resolve(error=errors.TOO_MANY_WATCHES)
+        await _settle_loop()
+        assert calls == []  # not at once
+        await asyncio.sleep(foundation._FAILED_WATCH_PAUSE + 0.1)
+    assert calls == [0]
+    assert [r.getMessage() for r in caplog.records] == ["watch failed"]
+
+    async def arm_and_write(tr):
+        tr.set(b"k-other", b"1")
+        tr.arm(ws, [0])
+
+    cluster.outcomes = ["1020", "ok"]
+    await db.transact(arm_and_write)
+    attempts = cluster.transactions[-1]
+    assert len(ws.armed) == 1
+    await asyncio.sleep(foundation._FAILED_WATCH_PAUSE + 0.1)
+    assert calls == [0]  # the failed attempt's watch neither called nor rang late
+    attempts.watches[-1].resolve()
+    await _settle_loop()
+    assert calls == [0, 0]

@@ -3,6 +3,7 @@ them, and a watch in one process fires on another's commit."""
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 import subprocess
@@ -45,11 +46,14 @@ WATCHER = textwrap.dedent(
     async def main(path):
         store = await open_store(Settings(store_path=path, shard_count=4))
         await store.subscribe(["bell-topic"], "watcher", SINCE_NONE)
-        drained = await store.drain_inbox("watcher", keys.shard_of("bell-topic", 4))
+        rang = asyncio.Event()
+        bells = store.bells("watcher", [rang.set] * 4)
+        shard = keys.shard_of("bell-topic", 4)
+        drained = await store.drain_inbox("watcher", shard, bells)
         print("armed", flush=True)
-        await asyncio.wait_for(drained.bell, 30)
-        again = await store.drain_inbox("watcher", keys.shard_of("bell-topic", 4))
-        again.bell.cancel()
+        await asyncio.wait_for(rang.wait(), 30)
+        again = await store.drain_inbox("watcher", shard, bells, drained.last)
+        bells.cancel()
         print("fired", sorted(again.topics), flush=True)
         await store.close()
 
@@ -108,7 +112,9 @@ async def test_watch_latency_across_processes(tmp_path):
     store = await open_store(Settings(store_path=path, shard_count=4))
     try:
         await store.subscribe(["x"], "me", SINCE_NONE)
-        drained = await store.drain_inbox("me", keys.shard_of("x", 4))
+        rang = asyncio.Event()
+        bells = store.bells("me", [rang.set] * 4)
+        await store.drain_inbox("me", keys.shard_of("x", 4), bells)
         code = (
             "import asyncio,sys,time\n"
             "from upf_keyspace import Envelope, Settings, open_store\n"
@@ -120,10 +126,9 @@ async def test_watch_latency_across_processes(tmp_path):
             "asyncio.run(m())\n"
         )
         proc = subprocess.Popen([sys.executable, "-c", code, path], stdout=subprocess.PIPE, text=True)
-        import asyncio
-
-        await asyncio.wait_for(drained.bell, 30)
+        await asyncio.wait_for(rang.wait(), 30)
         woke = time.time()
+        bells.cancel()
         with proc:
             out, _ = proc.communicate(timeout=30)
         committed = float(out.strip())

@@ -84,29 +84,30 @@ async def test_since_time_is_inclusive(store):
     assert [m.envelope.message for m in got] == ["mid", "new"] and mid.stamp > cur["t"]
 
 
-async def test_publish_pokes_every_holding_node(store):
+async def test_publish_pokes_every_holding_node(store, bells):
     """Affinity is per (topic, node): a publish rings each holder's bell and fills its inbox."""
     await store.subscribe(["t"], "n1", SINCE_NONE)
     await store.subscribe(["t"], "n2", SINCE_NONE)
     shard = keys.shard_of("t", 8)
-    d1 = await store.drain_inbox("n1", shard)
-    d2 = await store.drain_inbox("n2", shard)
+    b1, b2 = bells(store, "n1"), bells(store, "n2")
+    d1 = await store.drain_inbox("n1", shard, b1.set)
+    d2 = await store.drain_inbox("n2", shard, b2.set)
     assert d1.topics == set() and d2.topics == set()
     pub = await store.publish("t", env("x"))
     assert pub.poked == 2
-    await asyncio.wait_for(d1.bell, 2)
-    await asyncio.wait_for(d2.bell, 2)
-    first = await store.drain_inbox("n1", shard, d1.last)
+    await b1.wait(shard)
+    await b2.wait(shard)
+    first = await store.drain_inbox("n1", shard, b1.set, d1.last)
     assert first.topics == {"t"}
-    first.bell.cancel()
-    again = await store.drain_inbox("n1", shard, first.last)  # reads after what it saw: nothing new
+    again = await store.drain_inbox("n1", shard, b1.set, first.last)  # reads after what it saw: nothing new
     assert again.topics == set()
-    again.bell.cancel()
     await store.clear_inbox("n1", shard, first.last)
-    cleared = await store.drain_inbox("n1", shard)  # from the start: the clear removed what was read
+    cleared = await store.drain_inbox("n1", shard, b1.set)  # from the start: the clear removed what was read
     assert cleared.topics == set() and cleared.last is None
-    cleared.bell.cancel()
-    (await store.drain_inbox("n2", shard)).bell.cancel()
+    await store.publish("t", env("y"))
+    await b1.wait(shard)  # re-armed by every drain
+    await asyncio.sleep(0.05)
+    assert not b2.rang[shard].is_set()  # rang for x and not re-armed since: no second ring
 
 
 async def test_read_many_answers_each_topic_cursor_and_limit_in_order(store):
@@ -120,7 +121,7 @@ async def test_read_many_answers_each_topic_cursor_and_limit_in_order(store):
         assert rows == await store.read_after(topic, after, limit)
 
 
-async def test_drain_and_clear_several_shards_at_once(store):
+async def test_drain_and_clear_several_shards_at_once(store, bells):
     """drain_inboxes reads each shard's pokes after its own position and re-arms each shard's bell;
     clear_inboxes clears each shard up to what was read."""
     by_shard: dict[int, str] = {}
@@ -129,24 +130,21 @@ async def test_drain_and_clear_several_shards_at_once(store):
         if len(by_shard) == 2:
             break
     (s1, t1), (s2, t2) = sorted(by_shard.items())
+    b = bells(store, "n1")
     await store.subscribe([t1, t2], "n1", SINCE_NONE)
     await store.publish(t1, env("x"))
     await store.publish(t2, env("y"))
-    first = await store.drain_inboxes("n1", {s1: None, s2: None})
+    first = await store.drain_inboxes("n1", {s1: None, s2: None}, b.set)
     assert first[s1].topics == {t1} and first[s2].topics == {t2}
-    for d in first.values():
-        d.bell.cancel()
-    again = await store.drain_inboxes("n1", {s1: first[s1].last, s2: None})
+    again = await store.drain_inboxes("n1", {s1: first[s1].last, s2: None}, b.set)
     assert again[s1].topics == set() and again[s2].topics == {t2}
     await store.publish(t1, env("z"))
-    await asyncio.wait_for(again[s1].bell, 2)  # the re-armed bell fires on the next poke
-    again[s2].bell.cancel()
+    await b.wait(s1)  # the re-armed bell rings on the next poke
+    assert not b.rang[s2].is_set()
     await store.clear_inboxes("n1", {s1: first[s1].last, s2: first[s2].last})
-    cleared = await store.drain_inboxes("n1", {s1: None, s2: None})
+    cleared = await store.drain_inboxes("n1", {s1: None, s2: None}, b.set)
     assert cleared[s1].topics == {t1} and cleared[s1].entries == 1  # only the poke after the cleared one
     assert cleared[s2].topics == set() and cleared[s2].last is None
-    for d in cleared.values():
-        d.bell.cancel()
 
 
 async def test_release_stops_pokes(store):
@@ -206,7 +204,7 @@ async def test_ping_reads_the_format(store):
     assert await store.ping() == CURRENT_FORMAT
 
 
-async def test_drain_never_loses_a_concurrent_poke(new_store):
+async def test_drain_never_loses_a_concurrent_poke(new_store, bells):
     """Publishes racing drains and clears: every poke is reported by exactly one drain, none is cleared unseen."""
     import asyncio
 
@@ -221,17 +219,16 @@ async def test_drain_never_loses_a_concurrent_poke(new_store):
 
         pub = asyncio.create_task(publisher())
         after = None
+        ring = bells(store, "n1", 1)
         while not pub.done():
-            d = await store.drain_inbox("n1", 0, after)
-            d.bell.cancel()
+            d = await store.drain_inbox("n1", 0, ring.set, after)
             reported += d.topics
             if d.last is not None and d.last != after:
                 await store.clear_inbox("n1", 0, d.last)  # clearing races the publishes too
             after = d.last
             await asyncio.sleep(0)
         await pub
-        d = await store.drain_inbox("n1", 0, after)
-        d.bell.cancel()
+        d = await store.drain_inbox("n1", 0, ring.set, after)
         reported += d.topics
         assert sorted(reported) == sorted(topics)
     finally:

@@ -60,13 +60,12 @@ async def test_a_scheduling_rings_the_releasers_watch_and_a_release_does_not(new
         await writer.close()
 
 
-async def test_release_pokes_the_holder(store):
+async def test_release_pokes_the_holder(store, bells):
     now = int(time.time())
     await store.subscribe(["t"], "n1", SINCE_NONE)
     await store.schedule("t", env("x", t=now), now)
     await store.release_due(now)
-    drained = await store.drain_inbox("n1", keys.shard_of("t", 8))
-    drained.bell.cancel()
+    drained = await store.drain_inbox("n1", keys.shard_of("t", 8), bells(store, "n1").set)
     assert drained.topics == {"t"}
 
 

@@ -4,7 +4,7 @@ Stable surface: everything in ``__all__``. Names with a leading underscore, and 
 modules, are internal.
 """
 
-from .contract import Database, Transaction, Watch
+from .contract import Database, Transaction, Watch, WatchSet
 from .envelope import ENVELOPE_VERSION, Envelope, decode_envelope, encode_envelope
 from .errors import FormatVersionError, StoreError, StoreOpenError
 from .format import CURRENT_FORMAT, FormatVersion
@@ -38,6 +38,7 @@ __all__ = [
     "Stored",
     "Transaction",
     "Watch",
+    "WatchSet",
     "decode_envelope",
     "decode_id",
     "encode_envelope",

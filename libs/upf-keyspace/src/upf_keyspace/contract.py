@@ -25,7 +25,16 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Protocol, TypeVar
 
-__all__ = ["Transaction", "Database", "Watch", "KEY_LIMIT", "VALUE_LIMIT", "TRANSACTION_LIMIT", "LIFETIME_SECS"]
+__all__ = [
+    "Transaction",
+    "Database",
+    "Watch",
+    "WatchSet",
+    "KEY_LIMIT",
+    "VALUE_LIMIT",
+    "TRANSACTION_LIMIT",
+    "LIFETIME_SECS",
+]
 
 KEY_LIMIT = 10_000
 VALUE_LIMIT = 100_000
@@ -43,6 +52,17 @@ class Watch(Protocol):
     def cancel(self) -> None: ...
 
     def done(self) -> bool: ...
+
+
+class WatchSet(Protocol):
+    """Watches on a fixed list of keys, one callback per key, each armed by ``Transaction.arm`` as a
+    ``watch`` is: ``callbacks[i]()`` runs on the loop once per arming, when key ``i``'s committed value
+    differs from the one that transaction saw (or the watch failed: a spurious call, never a lost one).
+    A pusher re-arms dozens of its K bells every wake-up, without a watch object or a waiter each."""
+
+    def cancel(self) -> None:
+        """Disarm every key for good: no callback runs after this."""
+        ...
 
 
 class Transaction(Protocol):
@@ -93,6 +113,11 @@ class Transaction(Protocol):
         embedded store refuses the whole call past its watch limit)."""
         ...
 
+    def arm(self, ws: WatchSet, indexes: Sequence[int]) -> None:
+        """Arm ``ws``'s keys at ``indexes`` at this transaction's read, from its commit on; one armed
+        already is armed again at the new value (its earlier arming will not call)."""
+        ...
+
     def next_user_version(self) -> int:
         """A 16-bit counter, reset on every attempt, to tell a transaction's stamped entries apart."""
         ...
@@ -110,6 +135,10 @@ class Database(Protocol):
     name: str
 
     def create_transaction(self) -> Transaction: ...
+
+    def watch_set(self, keys: Sequence[bytes], callbacks: Sequence[Callable[[], None]]) -> WatchSet:
+        """A watch set on ``keys`` (see ``WatchSet``), none armed yet."""
+        ...
 
     async def transact(self, fn: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> T:
         """Run ``fn(tr, *args)`` and commit, retrying by FoundationDB's rules. ``fn`` may run more than

@@ -7,13 +7,13 @@ file), checks the format version, and keeps retry policy in one place (the drive
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import msgspec
 
 from . import keys, ops
 from .auth import AuthState, Permission, Token, User
-from .contract import Database, Watch
+from .contract import Database, Watch, WatchSet
 from .envelope import Envelope
 from .errors import StoreError
 from .limits import Failure, Lease
@@ -234,16 +234,21 @@ class Store:
 
         await self.db.transact(body)
 
-    async def drain_inbox(self, node: str, shard: int, after: bytes | None = None) -> Drained:
-        """The topics poked since ``after`` (a read-only transaction) and the re-armed bell."""
-        return await self.db.transact(ops.inbox.drain, node, shard, after)
+    def bells(self, node: str, callbacks: Sequence[Callable[[], None]]) -> WatchSet:
+        """A watch set on ``node``'s bells, one per shard (``callbacks[shard]`` when it rings), unarmed:
+        the drains arm them."""
+        return self.db.watch_set(ops.inbox.bell_keys(node, len(callbacks)), callbacks)
+
+    async def drain_inbox(self, node: str, shard: int, bells: WatchSet, after: bytes | None = None) -> Drained:
+        """The topics poked since ``after`` (a read-only transaction), re-arming the shard's bell."""
+        return await self.db.transact(ops.inbox.drain, node, shard, bells, after)
 
     async def clear_inbox(self, node: str, shard: int, upto: bytes) -> None:
         await self.db.transact(ops.inbox.clear, node, shard, upto)
 
-    async def drain_inboxes(self, node: str, afters: Mapping[int, bytes | None]) -> dict[int, Drained]:
+    async def drain_inboxes(self, node: str, afters: Mapping[int, bytes | None], bells: WatchSet) -> dict[int, Drained]:
         """``drain_inbox`` for several shards (shard -> after) in one read-only transaction."""
-        return await self.db.transact(ops.inbox.drain_many, node, afters)
+        return await self.db.transact(ops.inbox.drain_many, node, afters, bells)
 
     async def clear_inboxes(self, node: str, uptos: Mapping[int, bytes]) -> None:
         """``clear_inbox`` for several shards (shard -> upto) in one transaction."""

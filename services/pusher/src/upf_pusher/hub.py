@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from upf_edge.errors import Problem
 from upf_edge.gate import Credential
-from upf_keyspace import Settings, Since, Store, Stored, StoreError, Watch, message_from_envelope
+from upf_keyspace import Settings, Since, Store, Stored, StoreError, message_from_envelope
 from upf_keyspace import telemetry as tm
 
 from .release import release_loop
@@ -243,10 +243,8 @@ class Hub:
         self._round_waiters: list[asyncio.Future[None]] = []
         self._rung: set[int] = set()
         """Shards whose bell fired since the bell loop last drained."""
-        self._bell_callbacks = [self._bell_callback(s) for s in range(settings.shard_count)]
-        """Per shard, what its fired bell calls: made once, since a node re-arms dozens per wake-up."""
         self._wake: asyncio.Future[None] | None = None
-        """What the idle bell loop waits on: a bell waiter resolves it (or the loop's timeout does)."""
+        """What the idle bell loop waits on: a ringing bell resolves it (or the loop's timeout does)."""
         self._in_bell = False
         """The bell loop is poking: it runs the read round itself right after (no task hop)."""
         self._paused: set[Subscriber] = set()
@@ -670,18 +668,18 @@ class Hub:
                 self.run(sub, cmds)
 
     async def _bell_loop(self) -> None:
-        """One loop for the node's K bells. Each armed bell has a waiter that marks its shard rung;
-        the loop drains every rung shard's inbox in one read-only transaction (which re-arms their
-        watches), pokes the topics, and the read round that follows reads them together. With no bell
-        for ``min(safety poll, 60 s)`` it re-drains every shard, re-arming all K watches (a watch may
-        be lost). Pokes already read are cleared at most every ``INBOX_CLEAR_SECS``, off the delivery
-        path, in one small write."""
+        """One loop for the node's K bells (one watch set). A bell that rings marks its shard rung; the
+        loop drains every rung shard's inbox in one read-only transaction (which re-arms their bells),
+        pokes the topics, and the read round that follows reads them together. With no bell for
+        ``min(safety poll, 60 s)`` it re-drains every shard, re-arming all K (a watch may be lost).
+        Pokes already read are cleared at most every ``INBOX_CLEAR_SECS``, off the delivery path, in
+        one small write."""
         k = self.settings.shard_count
         timeout = min(self.settings.safety_poll_secs, _MAX_BELL_WAIT)
         backoff = 0.05
         after: dict[int, bytes | None] = dict.fromkeys(range(k))
         cleared: dict[int, bytes | None] = dict.fromkeys(range(k))
-        bells: dict[int, Watch] = {}
+        bells = self.store.bells(self.node, [self._bell_callback(shard) for shard in range(k)])
         next_clear = 0.0
         clearing: asyncio.Task[None] | None = None
         rung = self._rung
@@ -701,17 +699,13 @@ class Hub:
                         rung.update(range(k))
                 shards = sorted(rung)
                 rung.clear()
-                for shard in shards:
-                    old = bells.pop(shard, None)
-                    if old is not None:
-                        old.cancel()  # its waiter ends; the drain below arms a fresh watch
                 if (clearing is None or clearing.done()) and time.monotonic() >= next_clear:
                     due = {s: a for s, a in after.items() if a is not None and a != cleared[s]}
                     if due:  # a durable write: never awaited here, where it would delay every shard's drain
                         clearing = self._spawn(self._clear_inboxes(due, cleared))
                         next_clear = time.monotonic() + INBOX_CLEAR_SECS
                 try:
-                    drained = await self.store.drain_inboxes(self.node, {s: after[s] for s in shards})
+                    drained = await self.store.drain_inboxes(self.node, {s: after[s] for s in shards}, bells)
                 except asyncio.CancelledError:
                     raise
                 except Exception:
@@ -723,18 +717,12 @@ class Hub:
                 backoff = 0.05
                 topics: set[str] = set()
                 entries = 0
-                armed: dict[int, Watch] = {}
                 for shard, d in drained.items():
                     after[shard] = d.last
                     entries += d.entries
                     topics |= d.topics
-                    if d.more:
-                        d.bell.cancel()  # more than one batch waits: drain again at once
+                    if d.more:  # more than one batch waits (its bell is not re-armed): drain again at once
                         rung.add(shard)
-                    else:
-                        armed[shard] = d.bell
-                bells.update(armed)
-                self._watch_bells(armed)
                 if entries:
                     self.metrics.inbox_entries.add(entries)
                 self._in_bell = True
@@ -758,8 +746,7 @@ class Hub:
                     if self._wanted and not self._closing:
                         self._reader = asyncio.get_running_loop().create_task(self._read_rounds())
         finally:
-            for bell in bells.values():
-                bell.cancel()
+            bells.cancel()
 
     async def _clear_inboxes(self, due: dict[int, bytes], cleared: dict[int, bytes | None]) -> None:
         """Clear the pokes already read, up to ``due`` per shard; on failure the next pass covers them
@@ -771,20 +758,9 @@ class Hub:
             return
         cleared.update(due)
 
-    def _watch_bells(self, bells: dict[int, Watch]) -> None:
-        """Wait for each shard's bell: a fire callback when the watch takes one (the embedded store's),
-        which spares a task per rung shard per wake-up; else a waiter task."""
-        callbacks = self._bell_callbacks
-        for shard, bell in bells.items():
-            when_fired = getattr(bell, "when_fired", None)
-            if when_fired is not None:
-                when_fired(callbacks[shard])
-            else:
-                self._spawn(self._bell_waiter(shard, bell))
-
     def _bell_callback(self, shard: int) -> Callable[[], None]:
-        """What ``shard``'s bell calls when it fires: counts it, marks the shard rung, wakes the loop.
-        One call, no method chain: a busy node's bells fire dozens of times per wake-up."""
+        """What ``shard``'s bell calls when it rings: counts it, marks the shard rung, wakes the loop.
+        One call, no method chain: a busy node's bells ring dozens of times per wake-up."""
         bells = self.metrics.bells
         rung = self._rung
 
@@ -796,24 +772,6 @@ class Hub:
                 wake.set_result(None)
 
         return fired
-
-    def _ring(self, shard: int) -> None:
-        self._rung.add(shard)
-        if self._wake is not None:
-            _resolve(self._wake)
-
-    async def _bell_waiter(self, shard: int, bell: Watch) -> None:
-        """Mark ``shard`` rung when its bell fires; return quietly when the loop cancels the watch."""
-        try:
-            await _as_awaitable(bell)
-        except asyncio.CancelledError:
-            return  # the loop replaced this watch, or the hub is stopping
-        except Exception:
-            log.warning("bell watch failed", exc_info=True)
-            await asyncio.sleep(0.05)  # never spin on a failing watch
-            self._ring(shard)
-        else:
-            self._bell_callbacks[shard]()
 
     # --- periodic work ------------------------------------------------------------------------------
     async def safety_pass(self, *, force: bool = False) -> None:
@@ -973,7 +931,3 @@ class Hub:
 def _resolve(fut: asyncio.Future[None]) -> None:
     if not fut.done():
         fut.set_result(None)
-
-
-async def _as_awaitable(bell: Watch) -> None:
-    await bell

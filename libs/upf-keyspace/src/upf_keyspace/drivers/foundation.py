@@ -20,12 +20,14 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 import os
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar, cast
 
 from .. import errors, keys
+from ..contract import WatchSet
 from . import _metrics
 from ._turns import TurnGroups
 
@@ -37,6 +39,8 @@ _RETRY_LIMIT = 100
 T = TypeVar("T")
 _MARKER_VALUE = keys.commit_marker_value_incomplete()
 _UNSET: Any = object()
+_FAILED_WATCH_PAUSE = 0.05
+log = logging.getLogger("upf.store.foundationdb")
 
 
 def load_bindings() -> Any:
@@ -113,10 +117,12 @@ def _settle(out: asyncio.Future[bytes], src: asyncio.Future[bytes]) -> None:
 
 
 class _FdbWatch:
-    __slots__ = ("_future",)
+    __slots__ = ("_future", "dropped")
 
     def __init__(self, future: asyncio.Future[Any]) -> None:
         self._future = future
+        self.dropped = False
+        """Its transaction's attempt failed: the binding fails it with that attempt's error."""
 
     def __await__(self) -> Any:
         return self._future.__await__()
@@ -126,6 +132,63 @@ class _FdbWatch:
 
     def cancel(self) -> None:
         self._future.cancel()
+
+
+class _FdbWatchSet:
+    """``WatchSet`` over real watches: one per armed key, its callback on the loop when it fires. An
+    arming replaces the key's earlier watch (cancelled: it never calls). A watch that fails calls after
+    ``_FAILED_WATCH_PAUSE`` (the caller drains, finds nothing and re-arms: a failing cluster never
+    makes it spin), unless its transaction's attempt failed (the attempt that commits arms the key) or
+    the key was armed again meanwhile."""
+
+    __slots__ = ("keys", "callbacks", "armed", "closed", "_loop")
+
+    def __init__(
+        self, loop: asyncio.AbstractEventLoop, keys: Sequence[bytes], callbacks: Sequence[Callable[[], None]]
+    ) -> None:
+        if len(keys) != len(callbacks):
+            raise ValueError("a watch set needs one callback per key")
+        self._loop = loop
+        self.keys = list(keys)
+        self.callbacks = list(callbacks)
+        self.armed: dict[int, _FdbWatch] = {}
+        self.closed = False
+
+    def add(self, i: int, w: _FdbWatch) -> None:
+        if self.closed:
+            w.cancel()
+            return
+        old = self.armed.get(i)
+        if old is not None:
+            old.cancel()
+        self.armed[i] = w
+        w._future.add_done_callback(functools.partial(self._done, i, w))
+
+    def _done(self, i: int, w: _FdbWatch, fut: asyncio.Future[Any]) -> None:
+        if self.armed.get(i) is not w:
+            if not fut.cancelled():
+                fut.exception()  # retrieved: a replaced watch that failed is nobody's error
+            return
+        del self.armed[i]
+        if fut.cancelled():  # its transaction's attempt was dropped: the caller arms again or fails
+            return
+        exc = fut.exception()
+        if exc is None:
+            self.callbacks[i]()
+        else:  # judged later: the attempt's failure reaches its transaction after its watches'
+            self._loop.call_later(_FAILED_WATCH_PAUSE, self._late, i, w, exc)
+
+    def _late(self, i: int, w: _FdbWatch, exc: BaseException) -> None:
+        if self.closed or w.dropped or i in self.armed:
+            return
+        log.warning("watch failed", extra={"key": self.keys[i].hex(), "error": repr(exc)})
+        self.callbacks[i]()
+
+    def cancel(self) -> None:
+        self.closed = True
+        armed, self.armed = self.armed, {}
+        for w in armed.values():
+            w.cancel()
 
 
 _Unknown = tuple[Any, "asyncio.Future[bytes] | None", list[_FdbWatch]]
@@ -184,6 +247,7 @@ class FoundationTransaction:
         if stamp is not None:
             _discard(stamp)
         for w in watches:
+            w.dropped = True
             _discard(w._future)
 
     async def get(self, key: bytes, *, snapshot: bool = False) -> bytes | None:
@@ -278,6 +342,12 @@ class FoundationTransaction:
     def watches(self, keys: Sequence[bytes]) -> list[_FdbWatch]:
         return [self.watch(key) for key in keys]
 
+    def arm(self, ws: WatchSet, indexes: Sequence[int]) -> None:
+        if not isinstance(ws, _FdbWatchSet):
+            raise TypeError("a watch set of another store")
+        for i in indexes:
+            ws.add(i, self.watch(ws.keys[i]))
+
     async def commit(self) -> None:
         fdb_stamp = None
         if self._wrote:  # a read-only commit writes no marker and has no stamp (2021)
@@ -344,6 +414,9 @@ class FoundationDatabase:
     def create_transaction(self) -> FoundationTransaction:
         self._open()
         return FoundationTransaction(self)
+
+    def watch_set(self, keys: Sequence[bytes], callbacks: Sequence[Callable[[], None]]) -> _FdbWatchSet:
+        return _FdbWatchSet(self._loop, keys, callbacks)
 
     async def transact(self, fn: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> T:
         self._open()

@@ -5,49 +5,60 @@ from collections.abc import Mapping
 import msgspec
 
 from .. import keys
-from ..contract import Transaction, Watch
+from ..contract import Transaction, WatchSet
 
 _DRAIN_BATCH = 1024
 
 
 class Drained(msgspec.Struct):
     topics: set[str]
-    bell: Watch
     more: bool
-    """The inbox held more than one batch: drain again (the bell has fired already anyway)."""
+    """The inbox held more than one batch: drain again (its bell was not re-armed)."""
     entries: int = 0
     """Inbox entries read (one per poke; several may name the same topic)."""
     last: bytes | None = None
     """The last inbox key read: the next drain reads after it, and ``clear`` may clear up to it."""
 
 
-async def drain(tr: Transaction, node: str, shard: int, after: bytes | None = None) -> Drained:
-    """Read the pokes of one shard after ``after`` and re-arm its bell in the same transaction, so a
-    poke that lands after this read always fires the new watch.
+async def drain(tr: Transaction, node: str, shard: int, bells: WatchSet, after: bytes | None = None) -> Drained:
+    """Read the pokes of one shard after ``after`` and re-arm its bell (in ``bells``) in the same
+    transaction, so a poke that lands after this read always rings it.
 
     Read-only on purpose: the delivery path takes no write lock and makes no durable commit. A poke
     committed after this snapshot carries a larger stamp (commit order), so it sorts after ``last``
     and the next drain reads it; ``clear`` removes what was read, in the background."""
-    return (await drain_many(tr, node, {shard: after}))[shard]
+    return (await drain_many(tr, node, {shard: after}, bells))[shard]
 
 
-async def drain_many(tr: Transaction, node: str, afters: Mapping[int, bytes | None]) -> dict[int, Drained]:
+async def drain_many(
+    tr: Transaction, node: str, afters: Mapping[int, bytes | None], bells: WatchSet
+) -> dict[int, Drained]:
     """``drain`` for several shards in one read-only transaction and one ``get_ranges``: one wake-up
-    may follow several bells."""
+    may follow several bells. ``bells`` (the node's K bells, ``bell_keys``) are re-armed for every
+    shard read to its end; one with more than a batch left is not (drain it again at once)."""
     ranges = []
     for shard, after in afters.items():
         begin, end = keys.inbox_range(node, shard)
         ranges.append((begin if after is None else after + b"\x00", end, _DRAIN_BATCH))
     out: dict[int, Drained] = {}
     answers = await tr.get_ranges(ranges, snapshot=True)
-    bells = tr.watches([keys.bell_key(node, shard) for shard in afters])
-    # An answer and a watch per shard; strict= would cost zip() a keyword parse on 3.11, every wake-up.
-    for (shard, after), rows, bell in zip(afters.items(), answers, bells):  # noqa: B905
+    rearm = []
+    # An answer per shard; strict= would cost zip() a keyword parse on 3.11, every wake-up.
+    for (shard, after), rows in zip(afters.items(), answers):  # noqa: B905
         topics: set[str] = set()  # a loop, not a comprehension: on 3.11 that is a function object and a frame per shard
         for _, v in rows:
             topics.add(v.decode())
-        out[shard] = Drained(topics, bell, len(rows) == _DRAIN_BATCH, len(rows), rows[-1][0] if rows else after)
+        more = len(rows) == _DRAIN_BATCH
+        if not more:
+            rearm.append(shard)
+        out[shard] = Drained(topics, more, len(rows), rows[-1][0] if rows else after)
+    tr.arm(bells, rearm)
     return out
+
+
+def bell_keys(node: str, shards: int) -> list[bytes]:
+    """The keys of a node's bells, shard by shard: what its watch set watches."""
+    return [keys.bell_key(node, shard) for shard in range(shards)]
 
 
 async def clear(tr: Transaction, node: str, shard: int, upto: bytes) -> None:

@@ -10,7 +10,7 @@ import os
 import queue
 import random
 import threading
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 import lmdb
@@ -27,7 +27,7 @@ from .grouped import _Grouped
 from .health import _FullLog, _health_marker
 from .reads import _Snapshot
 from .transaction import EmbeddedTransaction
-from .watches import _FALLBACK_POLL_SECS, _NO_WAKE_POLL_SECS, _Heads, _Watch
+from .watches import _FALLBACK_POLL_SECS, _NO_WAKE_POLL_SECS, _Heads, _Watch, _WatchSet
 
 log = logging.getLogger("upf.store.embedded")
 T = TypeVar("T")
@@ -91,6 +91,9 @@ class EmbeddedDatabase(_Committer):
 
     async def transact(self, fn: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> T:
         return await _metrics.run("embedded", self.create_transaction(), fn, args, kwargs)
+
+    def watch_set(self, keys: Sequence[bytes], callbacks: Sequence[Callable[[], None]]) -> _WatchSet:
+        return _WatchSet(self, keys, callbacks)
 
     async def transact_grouped(self, fn: Callable[..., Awaitable[list[T]]], item: Any, **kwargs: Any) -> T:
         """Run ``fn(tr, items, **kwargs)`` over ``item`` and the other items waiting for the same

@@ -4,6 +4,7 @@ its own reads see), handed to the committer at commit."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import operator
 import random
 import time
@@ -11,7 +12,7 @@ from collections.abc import Awaitable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ... import errors
-from ...contract import LIFETIME_SECS, TRANSACTION_LIMIT
+from ...contract import LIFETIME_SECS, TRANSACTION_LIMIT, WatchSet
 from .._ranges import point
 from .committer import _Pending
 from .mutations import (
@@ -27,7 +28,7 @@ from .mutations import (
     check_user_version,
 )
 from .reads import _RANGE_CACHE_ROWS, _Snapshot
-from .watches import _CHANGED, _Watch
+from .watches import _CHANGED, _PENDING, _Watch, _WatchSet
 
 if TYPE_CHECKING:
     from .database import EmbeddedDatabase
@@ -307,10 +308,36 @@ class EmbeddedTransaction:
     def watch(self, key: bytes) -> _Watch:
         return self.watches((key,))[0]
 
+    def arm(self, ws: WatchSet, indexes: Sequence[int]) -> None:
+        """Arm the set's watches at ``indexes`` in place, at this transaction's read: the same values
+        ``watches`` would read, and registered at commit as its are."""
+        if not isinstance(ws, _WatchSet):
+            raise TypeError("a watch set of another store")
+        if ws.closed or not indexes:
+            return
+        members, callbacks = ws.members, ws.callbacks
+        keys = [members[i].key for i in indexes]
+        values, versions = self._watch_values(keys)
+        for i, value, version in zip(indexes, values, versions):  # noqa: B905  # one of each per index
+            w = members[i]
+            w.value = value
+            w.version = version
+            w.state = _PENDING
+            w._on_fire = callbacks[i]
+            self._watches.append(w)
+
     def watches(self, keys: Sequence[bytes]) -> list[_Watch]:
         """Refused whole past the watch limit (none armed); registered at commit, as each ``watch``."""
         if not keys:
             return []
+        db = self._db
+        values, versions = self._watch_values(keys)
+        out = list(map(_Watch, itertools.repeat(db), keys, values, versions))
+        self._watches += out
+        return out
+
+    def _watch_values(self, keys: Sequence[bytes]) -> tuple[list[Any], list[int]]:
+        """The value each watch of ``keys`` compares against, and the version it was read at."""
         db = self._db
         if db._watch_n + len(self._watches) + len(keys) > _MAX_WATCHES:
             raise errors.StoreError(errors.TOO_MANY_WATCHES)
@@ -326,13 +353,12 @@ class EmbeddedTransaction:
             checked_at, checked = db._checked_values
             if checked_at != version:
                 checked = _NONE_CHECKED
-            out = []
+            values = []
             for key in keys:
                 held = checked.get(key, _UNREAD)
-                out.append(_Watch(db, key, get(key, None, kv) if held is _UNREAD else held, version))
-            self._watches += out
-            return out
-        out = []
+                values.append(get(key, None, kv) if held is _UNREAD else held)
+            return values, [version] * len(keys)
+        values, versions = [], []
         for key in keys:
             version, base = db._read_point(key, snap)
             value: object = self._local_value(key, base) if local else base
@@ -340,9 +366,9 @@ class EmbeddedTransaction:
                 self._read_version = version
             elif version != self._read_version and db._changed_since(self._read_version, version, [point(key)]):
                 value = _CHANGED  # changed after our snapshot: FoundationDB's watch would fire at once
-            out.append(_Watch(db, key, value, version))
-        self._watches += out
-        return out
+            values.append(value)
+            versions.append(version)
+        return values, versions
 
     # --- commit ------------------------------------------------------------------------------------
     async def commit(self) -> None:

@@ -7,7 +7,7 @@ import asyncio
 import bisect
 import itertools
 import operator
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ... import errors
@@ -113,9 +113,9 @@ class _Watch:
     """One registered watch; awaiting it waits for the change. ``cancel`` unregisters it.
 
     Firing and ``cancel`` unregister it at once. Its future exists only once something awaits it (or
-    reads ``future``): a watch nobody awaits (the pusher's bells, through ``when_fired``) costs no
-    future and no loop handle, and a node re-arms dozens of them per wake-up. An awaited one also gets
-    a done-callback, since cancelling its awaiter cancels the future behind our back."""
+    reads ``future``): a watch set's member (the pusher's bells) calls its callback instead, and costs
+    no future and no loop handle. An awaited one also gets a done-callback, since cancelling its
+    awaiter cancels the future behind our back."""
 
     __slots__ = ("key", "value", "version", "state", "_future", "_db", "_on_fire")
 
@@ -165,14 +165,6 @@ class _Watch:
             if self._future is not None:
                 self._future.cancel()
 
-    def when_fired(self, callback: Callable[[], None]) -> None:
-        """Call ``callback()`` from the code that fires the watch (never if it is cancelled): what a
-        done-callback does, without a loop handle per watch. A watch that fired already calls it soon."""
-        if self.state == _PENDING:
-            self._on_fire = callback
-        elif self.state == _FIRED:
-            self._db._loop.call_soon(callback)
-
     def _fire(self) -> None:
         self.state = _FIRED
         db = self._db
@@ -189,6 +181,28 @@ class _Watch:
         if callback is not None:
             self._on_fire = None
             callback()
+
+
+class _WatchSet:
+    """Watches on a fixed list of keys, each armed again in place by ``arm``: a pusher re-arms dozens of
+    its bells every wake-up, and a watch object, a callback registration and a cancel each cost more
+    than the four fields an arming sets."""
+
+    __slots__ = ("members", "callbacks", "closed")
+
+    def __init__(self, db: EmbeddedDatabase, keys: Sequence[bytes], callbacks: Sequence[Callable[[], None]]) -> None:
+        if len(keys) != len(callbacks):
+            raise ValueError("a watch set needs one callback per key")
+        self.members = [_Watch(db, key, None) for key in keys]
+        for w in self.members:
+            w.state = _CANCELLED  # unarmed until a transaction arms it
+        self.callbacks = list(callbacks)
+        self.closed = False
+
+    def cancel(self) -> None:
+        self.closed = True
+        for w in self.members:
+            w.cancel()
 
 
 class _Watches(_Reads):
