@@ -183,6 +183,27 @@ class _Watch:
             callback()
 
 
+class _Member(_Watch):
+    """A watch set's watch. It stays registered when it fires: its set arms it again within the
+    wake-up, and leaving and joining the registry each time costs more than what a fired one costs
+    while it waits (a value read, when a commit writes its key again before then)."""
+
+    __slots__ = ()
+
+    def _fire(self) -> None:
+        self.state = _FIRED
+        callback = self._on_fire
+        if callback is not None:
+            self._on_fire = None
+            callback()
+
+    def cancel(self) -> None:
+        self._on_fire = None
+        if self.state != _CANCELLED:
+            self.state = _CANCELLED
+            self._db._unregister(self)
+
+
 class _WatchSet:
     """Watches on a fixed list of keys, each armed again in place by ``arm``: a pusher re-arms dozens of
     its bells every wake-up, and a watch object, a callback registration and a cancel each cost more
@@ -193,7 +214,7 @@ class _WatchSet:
     def __init__(self, db: EmbeddedDatabase, keys: Sequence[bytes], callbacks: Sequence[Callable[[], None]]) -> None:
         if len(keys) != len(callbacks):
             raise ValueError("a watch set needs one callback per key")
-        self.members = [_Watch(db, key, None) for key in keys]
+        self.members = [_Member(db, key, None) for key in keys]
         for w in self.members:
             w.state = _CANCELLED  # unarmed until a transaction arms it
         self.callbacks = list(callbacks)
