@@ -115,7 +115,8 @@ class Transaction(Protocol):
 
     def arm(self, ws: WatchSet, indexes: Sequence[int]) -> None:
         """Arm ``ws``'s keys at ``indexes`` at this transaction's read, from its commit on; one armed
-        already is armed again at the new value (its earlier arming will not call)."""
+        already is armed again at the new value (its earlier arming will not call). A transaction that
+        fails leaves the keys it armed unarmed: the caller arms them again."""
         ...
 
     def next_user_version(self) -> int:

@@ -112,10 +112,11 @@ _PENDING, _FIRED, _CANCELLED = 0, 1, 2
 class _Watch:
     """One registered watch; awaiting it waits for the change. ``cancel`` unregisters it.
 
-    Firing and ``cancel`` unregister it at once. Its future exists only once something awaits it (or
-    reads ``future``): a watch set's member (the pusher's bells) calls its callback instead, and costs
-    no future and no loop handle. An awaited one also gets a done-callback, since cancelling its
-    awaiter cancels the future behind our back."""
+    Firing and ``cancel`` unregister it at once (a watch set's stays registered when it fires: see
+    ``_Member``). Its future exists only once something awaits it (or reads ``future``): a watch
+    set's member (the pusher's bells) calls its callback instead, and costs no future and no loop
+    handle. An awaited one also gets a done-callback, since cancelling its awaiter cancels the future
+    behind our back."""
 
     __slots__ = ("key", "value", "version", "state", "_future", "_db", "_on_fire")
 
