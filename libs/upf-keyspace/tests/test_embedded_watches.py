@@ -326,6 +326,23 @@ async def test_a_watch_set_calls_from_the_firing_check_reuses_its_watches_and_ne
     assert fired == [0, 0, 0] and a._watch_count() == 0
 
 
+async def test_a_watch_set_refuses_a_callback_count_unlike_its_keys_and_another_handles_transaction(pair):
+    """A set with one callback too few is refused when made; arming it in another handle's (another
+    process's) transaction is refused, and arms nothing."""
+    a, b = pair
+    with pytest.raises(ValueError, match="one callback per key"):
+        a.watch_set([PREFIX + b"x", PREFIX + b"y"], [lambda: None])
+    ws = a.watch_set([PREFIX + b"x"], [lambda: None])
+
+    async def arm(tr):
+        tr.arm(ws, [0])
+
+    with pytest.raises(TypeError, match="another store"):
+        await b.transact(arm)
+    assert a._watch_count() == 0 and b._watch_count() == 0
+    ws.cancel()
+
+
 async def test_a_watch_set_armed_while_its_key_changes_fires_at_once(pair):
     """An arming takes its transaction's read: a write committed between that read and the commit that
     arms it calls at once (as a watch does), and one already seen by that read does not."""

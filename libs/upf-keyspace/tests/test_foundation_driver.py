@@ -476,3 +476,17 @@ async def test_a_failed_watch_in_a_set_calls_late_and_a_dropped_attempts_watch_n
     attempts.watches[-1].resolve()
     await _settle_loop()
     assert calls == [0, 0]
+
+
+async def test_a_watch_set_refuses_a_callback_count_unlike_its_keys_and_another_databases_transaction(db, cluster):
+    with pytest.raises(ValueError, match="one callback per key"):
+        db.watch_set([b"k0", b"k1"], [lambda: None])
+    other = foundation.FoundationDatabase(types.SimpleNamespace(), FakeCluster(), asyncio.get_running_loop())
+    ws = other.watch_set([b"k0"], [lambda: None])
+
+    async def arm(tr):
+        tr.arm(ws, [0])
+
+    with pytest.raises(TypeError, match="another store"):
+        await db.transact(arm)
+    assert ws.armed == {}

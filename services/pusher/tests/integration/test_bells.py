@@ -6,6 +6,7 @@ embedded store's watches)."""
 from __future__ import annotations
 
 import asyncio
+from types import SimpleNamespace
 from typing import Any
 
 from upf_pusher_testkit import Client, publish, settings_for
@@ -35,8 +36,8 @@ async def test_bells_rung_through_the_foundationdb_watch_set_still_deliver(
 ) -> None:
     """The store hands the hub FoundationDB's watch set, over the embedded store's awaitable watches:
     messages still arrive by bell (not by the safety poll), once each, in order."""
-    loop = asyncio.get_running_loop()
-    monkeypatch.setattr(store.db, "watch_set", lambda keys, callbacks: _FdbWatchSet(loop, keys, callbacks))
+    fdb_like = SimpleNamespace(_loop=asyncio.get_running_loop())  # what the set takes of its database
+    monkeypatch.setattr(store.db, "watch_set", lambda keys, callbacks: _FdbWatchSet(fdb_like, keys, callbacks))  # type: ignore[arg-type]  # a stand-in
     arm = EmbeddedTransaction.arm
 
     def arm_either(tr: EmbeddedTransaction, ws: Any, indexes: Any) -> None:

@@ -141,14 +141,13 @@ class _FdbWatchSet:
     makes it spin), unless its transaction's attempt failed (the attempt that commits arms the key) or
     the key was armed again meanwhile."""
 
-    __slots__ = ("keys", "callbacks", "armed", "closed", "_loop")
+    __slots__ = ("db", "keys", "callbacks", "armed", "closed", "_loop")
 
-    def __init__(
-        self, loop: asyncio.AbstractEventLoop, keys: Sequence[bytes], callbacks: Sequence[Callable[[], None]]
-    ) -> None:
+    def __init__(self, db: FoundationDatabase, keys: Sequence[bytes], callbacks: Sequence[Callable[[], None]]) -> None:
         if len(keys) != len(callbacks):
             raise ValueError("a watch set needs one callback per key")
-        self._loop = loop
+        self.db = db
+        self._loop = db._loop
         self.keys = list(keys)
         self.callbacks = list(callbacks)
         self.armed: dict[int, _FdbWatch] = {}
@@ -343,7 +342,7 @@ class FoundationTransaction:
         return [self.watch(key) for key in keys]
 
     def arm(self, ws: WatchSet, indexes: Sequence[int]) -> None:
-        if not isinstance(ws, _FdbWatchSet):
+        if not isinstance(ws, _FdbWatchSet) or ws.db is not self._db:
             raise TypeError("a watch set of another store")
         for i in indexes:
             ws.add(i, self.watch(ws.keys[i]))
@@ -416,7 +415,7 @@ class FoundationDatabase:
         return FoundationTransaction(self)
 
     def watch_set(self, keys: Sequence[bytes], callbacks: Sequence[Callable[[], None]]) -> _FdbWatchSet:
-        return _FdbWatchSet(self._loop, keys, callbacks)
+        return _FdbWatchSet(self, keys, callbacks)
 
     async def transact(self, fn: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> T:
         self._open()

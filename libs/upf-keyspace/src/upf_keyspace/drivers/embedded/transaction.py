@@ -311,7 +311,7 @@ class EmbeddedTransaction:
     def arm(self, ws: WatchSet, indexes: Sequence[int]) -> None:
         """Arm the set's watches at ``indexes`` in place, at this transaction's read: the same values
         ``watches`` would read, and registered at commit as its are."""
-        if not isinstance(ws, _WatchSet):
+        if not isinstance(ws, _WatchSet) or ws.db is not self._db:
             raise TypeError("a watch set of another store")
         if ws.closed or not indexes:
             return

@@ -210,11 +210,12 @@ class _WatchSet:
     its bells every wake-up, and a watch object, a callback registration and a cancel each cost more
     than the four fields an arming sets."""
 
-    __slots__ = ("members", "callbacks", "closed")
+    __slots__ = ("db", "members", "callbacks", "closed")
 
     def __init__(self, db: EmbeddedDatabase, keys: Sequence[bytes], callbacks: Sequence[Callable[[], None]]) -> None:
         if len(keys) != len(callbacks):
             raise ValueError("a watch set needs one callback per key")
+        self.db = db
         self.members = [_Member(db, key, None) for key in keys]
         for w in self.members:
             w.state = _CANCELLED  # unarmed until a transaction arms it
