@@ -351,27 +351,6 @@ async def test_watch_fires_for_change_between_read_version_and_arming(db, prefix
     await asyncio.wait_for(_wait(watch), 2.0)
 
 
-async def test_watches_arm_one_watch_per_key_in_order(db, prefix):
-    """``watches`` is ``watch`` for each key, in order: a key changed between the transaction's read
-    and its commit fires its own watch and no other, and a later change fires only its key's."""
-    keys = [prefix + b"bell" + bytes([i]) for i in range(3)]
-    await put(db, dict.fromkeys(keys, b"0"))
-    tr = db.create_transaction()
-    await tr.get(prefix + b"unrelated")
-    await put(db, {keys[1]: b"1"})
-    w0, w1, w2 = tr.watches(keys)
-    assert tr.watches([]) == []
-    await tr.commit()
-    await asyncio.wait_for(_wait(w1), 2.0)
-    await asyncio.sleep(0.2)
-    assert not w0.done() and not w2.done()
-    await put(db, {keys[2]: b"1"})
-    await asyncio.wait_for(_wait(w2), 2.0)
-    await asyncio.sleep(0.2)
-    assert not w0.done()
-    w0.cancel()
-
-
 async def test_a_watch_set_calls_once_per_arming_for_armed_keys_only(db, prefix):
     """A watch set's key calls its callback once per arming when its value changes; a key changed
     between the arming transaction's read and its commit calls at once; an unarmed key never calls; a

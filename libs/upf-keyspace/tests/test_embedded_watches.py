@@ -96,22 +96,22 @@ async def test_watch_limit_uses_the_running_count(pair, monkeypatch):
         w.cancel()
 
 
-async def test_watches_over_the_limit_arm_none_of_them(pair, monkeypatch):
-    """A ``watches`` call that would pass the limit is refused whole: no watch of it is armed, and the
-    room it did not take is there for the next call."""
+async def test_an_arming_over_the_limit_arms_none_of_its_keys(pair, monkeypatch):
+    """A watch set's arming that would pass the limit is refused whole: no key of it is armed, and the
+    room it did not take is there for the next arming."""
     a, _ = pair
     monkeypatch.setattr(transaction, "_MAX_WATCHES", 3)
     keys = [PREFIX + b"w" + bytes([i]) for i in range(4)]
     await _put(a, dict.fromkeys(keys, b"0"))
+    ws = a.watch_set(keys, [lambda: None] * 4)
     tr = a.create_transaction()
     with pytest.raises(errors.StoreError) as info:
-        tr.watches(keys)
+        tr.arm(ws, [0, 1, 2, 3])
     assert info.value.code == errors.TOO_MANY_WATCHES
-    held = tr.watches(keys[:3])
+    tr.arm(ws, [0, 1, 2])
     await tr.commit()
     assert a._watch_count() == _counted(a) == 3
-    for w in held:
-        w.cancel()
+    ws.cancel()
     assert a._watch_count() == 0
 
 

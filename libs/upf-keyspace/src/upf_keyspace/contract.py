@@ -106,13 +106,6 @@ class Transaction(Protocol):
 
     def watch(self, key: bytes) -> Watch: ...
 
-    def watches(self, keys: Sequence[bytes]) -> Sequence[Watch]:
-        """``watch`` for each key, answers in order: a pusher's wake-up re-arms every rung shard's bell,
-        for which the embedded store checks the transaction and reads the keys in one pass. After an
-        error, the watches a driver made already are the transaction's, as ``watch``'s are (the
-        embedded store refuses the whole call past its watch limit)."""
-        ...
-
     def arm(self, ws: WatchSet, indexes: Sequence[int]) -> None:
         """Arm ``ws``'s keys at ``indexes`` at this transaction's read, from its commit on; one armed
         already is armed again at the new value (its earlier arming will not call). A transaction that

@@ -338,9 +338,6 @@ class FoundationTransaction:
         self._watches.append(w)
         return w
 
-    def watches(self, keys: Sequence[bytes]) -> list[_FdbWatch]:
-        return [self.watch(key) for key in keys]
-
     def arm(self, ws: WatchSet, indexes: Sequence[int]) -> None:
         if not isinstance(ws, _FdbWatchSet) or ws.db is not self._db:
             raise TypeError("a watch set of another store")

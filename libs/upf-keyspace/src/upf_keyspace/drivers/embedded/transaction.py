@@ -4,7 +4,6 @@ its own reads see), handed to the committer at commit."""
 from __future__ import annotations
 
 import asyncio
-import itertools
 import operator
 import random
 import time
@@ -306,11 +305,15 @@ class EmbeddedTransaction:
         return self._stamp_future
 
     def watch(self, key: bytes) -> _Watch:
-        return self.watches((key,))[0]
+        """Registered at commit; refused past the watch limit."""
+        values, versions = self._watch_values((key,))
+        w = _Watch(self._db, key, values[0], versions[0])
+        self._watches.append(w)
+        return w
 
     def arm(self, ws: WatchSet, indexes: Sequence[int]) -> None:
-        """Arm the set's watches at ``indexes`` in place, at this transaction's read: the same values
-        ``watches`` would read, and registered at commit as its are."""
+        """Arm the set's watches at ``indexes`` in place, at this transaction's read: the values ``watch``
+        would read, registered at commit as its are, and refused whole past the watch limit."""
         if not isinstance(ws, _WatchSet) or ws.db is not self._db:
             raise TypeError("a watch set of another store")
         if ws.closed or not indexes:
@@ -325,16 +328,6 @@ class EmbeddedTransaction:
             w.state = _PENDING
             w._on_fire = callbacks[i]
             self._watches.append(w)
-
-    def watches(self, keys: Sequence[bytes]) -> list[_Watch]:
-        """Refused whole past the watch limit (none armed); registered at commit, as each ``watch``."""
-        if not keys:
-            return []
-        db = self._db
-        values, versions = self._watch_values(keys)
-        out = list(map(_Watch, itertools.repeat(db), keys, values, versions))
-        self._watches += out
-        return out
 
     def _watch_values(self, keys: Sequence[bytes]) -> tuple[list[Any], list[int]]:
         """The value each watch of ``keys`` compares against, and the version it was read at."""
