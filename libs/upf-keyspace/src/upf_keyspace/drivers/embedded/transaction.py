@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 _MAX_WATCHES = 10_000
 _limit_of = operator.itemgetter(2)  # of a get_ranges range (begin, end, limit)
 _RETRY_LIMIT = 100
-_UNREAD: Any = object()  # not among a check's values (``watches``)
+_UNREAD: Any = object()  # not among a check's values (``_watch_values``)
 _NONE_CHECKED: dict[bytes, bytes | None] = {}
 
 
