@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import LoadgenRun, Shape, lg_common
 from procs import tree_cpu
 
-_METRIC = re.compile(r"(upf_pusher_(?:bells|inbox_entries|deliveries|safety_poll_deliveries)\w*)(\{[^}]*\})? (\S+)")
+_METRIC = re.compile(r"(upf_pusher_(?:bells|inbox_entries|inbox_drains|deliveries|safety_poll_deliveries)\w*)(\{[^}]*\})? (\S+)")
 
 
 def pusher_counters(url: str) -> dict[str, float]:
@@ -52,9 +52,11 @@ def one(rate: int, secs: float, work: Path) -> str:
     safety = sum(v for k, v in d.items() if k.startswith("upf_pusher_safety_poll_deliveries"))
     delivered = sum(v for k, v in d.items() if k.startswith("upf_pusher_deliveries") and 'transport="ws"' in k)
     bells = sum(v for k, v in d.items() if k.startswith("upf_pusher_bells"))
+    drains = sum(v for k, v in d.items() if k.startswith("upf_pusher_inbox_drains"))
     return (
         f"{rate}/s: {delivered:.0f} ws deliveries ({safety:.0f} by the safety poll), {bells:.0f} bells rang, "
-        f"{delivered / max(bells, 1):.2f} deliveries per bell, {(c1 - c0) / max(delivered, 1) * 1e6:.1f} us of pusher CPU per delivery"
+        f"{delivered / max(bells, 1):.2f} deliveries per bell, "
+        f"{drains:.0f} drains ({delivered / max(drains, 1):.1f} deliveries per drain), {(c1 - c0) / max(delivered, 1) * 1e6:.1f} us of pusher CPU per delivery"
     )
 
 

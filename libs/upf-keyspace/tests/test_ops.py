@@ -135,16 +135,46 @@ async def test_drain_and_clear_several_shards_at_once(store, bells):
     await store.publish(t1, env("x"))
     await store.publish(t2, env("y"))
     first = await store.drain_inboxes("n1", {s1: None, s2: None}, b.set)
-    assert first[s1].topics == {t1} and first[s2].topics == {t2}
-    again = await store.drain_inboxes("n1", {s1: first[s1].last, s2: None}, b.set)
-    assert again[s1].topics == set() and again[s2].topics == {t2}
+    assert first.topics == {t1, t2} and first.entries == 2 and set(first.lasts) == {s1, s2} and first.more == []
+    again = await store.drain_inboxes("n1", {s1: first.lasts[s1], s2: None}, b.set)
+    assert again.topics == {t2} and again.entries == 1 and set(again.lasts) == {s2}  # s1: nothing after its last
     await store.publish(t1, env("z"))
     await b.wait(s1)  # the re-armed bell rings on the next poke
     assert not b.rang[s2].is_set()
-    await store.clear_inboxes("n1", {s1: first[s1].last, s2: first[s2].last})
+    await store.clear_inboxes("n1", first.lasts)
     cleared = await store.drain_inboxes("n1", {s1: None, s2: None}, b.set)
-    assert cleared[s1].topics == {t1} and cleared[s1].entries == 1  # only the poke after the cleared one
-    assert cleared[s2].topics == set() and cleared[s2].last is None
+    assert cleared.topics == {t1} and cleared.entries == 1  # only the poke after the cleared one
+    assert set(cleared.lasts) == {s1}  # s2 is empty: no last key for it
+
+
+async def test_drain_of_more_than_a_batch_leaves_its_bell_unarmed(store, bells, monkeypatch):
+    """A shard with more than a batch of pokes is named in ``more`` and its bell is not re-armed (the
+    caller drains it again at once); the next drain takes the rest and re-arms it. The other shards
+    of the same drain are re-armed."""
+    from upf_keyspace.ops import inbox
+
+    monkeypatch.setattr(inbox, "_DRAIN_BATCH", 2)
+    by_shard: dict[int, list[str]] = {}
+    for i in range(200):
+        by_shard.setdefault(keys.shard_of(f"t{i}", 8), []).append(f"t{i}")
+    (s1, many), (s2, few) = sorted((s, ts) for s, ts in by_shard.items() if len(ts) >= 3)[:2]
+    b = bells(store, "n1")
+    await store.subscribe([*many[:3], few[0]], "n1", SINCE_NONE)
+    for t in [*many[:3], few[0]]:
+        await store.publish(t, env("x"))
+    first = await store.drain_inboxes("n1", {s1: None, s2: None}, b.set)
+    assert first.more == [s1] and first.entries == 3 and first.topics == {*many[:2], few[0]}
+    await store.publish(few[0], env("y"))
+    await b.wait(s2)  # re-armed by the drain
+    await store.publish(many[0], env("y"))
+    await asyncio.sleep(0.1)
+    assert not b.rang[s1].is_set(), "a shard left with pokes to read was re-armed"
+    rest = await store.drain_inboxes("n1", {s1: first.lasts[s1]}, b.set)
+    assert rest.more == [s1] and rest.topics == {many[2], many[0]}  # a whole batch again: there may be more
+    end = await store.drain_inboxes("n1", {s1: rest.lasts[s1]}, b.set)
+    assert end.more == [] and end.entries == 0 and end.lasts == {}
+    await store.publish(many[1], env("z"))
+    await b.wait(s1)  # read to its end: re-armed
 
 
 async def test_release_stops_pokes(store):

@@ -11,7 +11,7 @@ from .format import CURRENT_FORMAT, FormatVersion
 from .msgid import decode_id, encode_id
 from .ops.read import SINCE_ALL, SINCE_LATEST, SINCE_NONE, Since, Stored
 from .settings import Settings, SettingsError, load_settings
-from .store import Drained, Published, Store, open_database, open_store
+from .store import Drained, Pokes, Published, Store, open_database, open_store
 from .wire import Message, message_from_envelope
 
 __version__ = "0.1.0"
@@ -25,6 +25,7 @@ __all__ = [
     "FormatVersion",
     "FormatVersionError",
     "Message",
+    "Pokes",
     "Published",
     "SINCE_ALL",
     "SINCE_LATEST",

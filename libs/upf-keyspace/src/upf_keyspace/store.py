@@ -18,11 +18,11 @@ from .envelope import Envelope
 from .errors import StoreError
 from .limits import Failure, Lease
 from .msgid import encode_id
-from .ops.inbox import Drained
+from .ops.inbox import Drained, Pokes
 from .ops.read import Since, Stored
 from .settings import Settings
 
-__all__ = ["Store", "Published", "Drained", "open_store", "open_database"]
+__all__ = ["Store", "Published", "Drained", "Pokes", "open_store", "open_database"]
 
 
 class Published(msgspec.Struct, frozen=True):
@@ -246,8 +246,9 @@ class Store:
     async def clear_inbox(self, node: str, shard: int, upto: bytes) -> None:
         await self.db.transact(ops.inbox.clear, node, shard, upto)
 
-    async def drain_inboxes(self, node: str, afters: Mapping[int, bytes | None], bells: WatchSet) -> dict[int, Drained]:
-        """``drain_inbox`` for several shards (shard -> after) in one read-only transaction."""
+    async def drain_inboxes(self, node: str, afters: Mapping[int, bytes | None], bells: WatchSet) -> Pokes:
+        """``drain_inbox`` for several shards (shard -> after) in one read-only transaction, their
+        pokes together."""
         return await self.db.transact(ops.inbox.drain_many, node, afters, bells)
 
     async def clear_inboxes(self, node: str, uptos: Mapping[int, bytes]) -> None:

@@ -162,6 +162,7 @@ class HubMetrics:
         "safety_skips",
         "bells",
         "inbox_entries",
+        "drains",
         "pauses",
         "slow_closes",
         "silent_closes",
@@ -199,6 +200,9 @@ class HubMetrics:
         ).cell()
         self.bells = registry.counter("upf.pusher.bells", "bell watches that fired (a wake-up, not a timeout)").cell()
         self.inbox_entries = registry.counter("upf.pusher.inbox.entries", "inbox entries drained (one per poke)").cell()
+        self.drains = registry.counter(
+            "upf.pusher.inbox.drains", "the bell loop's inbox drains (its wake-ups: one drain covers every rung shard)"
+        ).cell()
         self.pauses = registry.counter(
             "upf.pusher.slow.pauses", "subscriber connections whose socket buffer crossed the high-water mark"
         ).cell()
@@ -715,19 +719,15 @@ class Hub:
                     backoff = min(backoff * 2, 5.0)
                     continue
                 backoff = 0.05
-                topics: set[str] = set()
-                entries = 0
-                for shard, d in drained.items():
-                    after[shard] = d.last
-                    entries += d.entries
-                    topics |= d.topics
-                    if d.more:  # more than one batch waits (its bell is not re-armed): drain again at once
-                        rung.add(shard)
-                if entries:
-                    self.metrics.inbox_entries.add(entries)
+                self.metrics.drains.value += 1
+                after.update(drained.lasts)
+                if drained.more:  # more than one batch waits (their bells are not re-armed): drain again at once
+                    rung.update(drained.more)
+                if drained.entries:
+                    self.metrics.inbox_entries.add(drained.entries)
                 self._in_bell = True
                 try:
-                    for topic in topics:
+                    for topic in drained.topics:
                         self.poke_topic(topic)
                 finally:
                     self._in_bell = False

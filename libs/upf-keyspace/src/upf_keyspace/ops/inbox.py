@@ -20,6 +20,21 @@ class Drained(msgspec.Struct):
     """The last inbox key read: the next drain reads after it, and ``clear`` may clear up to it."""
 
 
+class Pokes(msgspec.Struct):
+    """What one drain of several shards found, for all of them together: a busy node's wake-up
+    drains dozens of shards holding one or two pokes each, and a set and a ``Drained`` per shard,
+    built here and taken apart by the caller, cost more than the reads."""
+
+    topics: set[str]
+    """The topics poked, in any of the shards."""
+    entries: int
+    """Inbox entries read (one per poke; several may name the same topic)."""
+    lasts: dict[int, bytes]
+    """Each shard that had pokes: the last inbox key read (the next drain reads after it)."""
+    more: list[int]
+    """The shards that held more than one batch: drain them again (their bells were not re-armed)."""
+
+
 async def drain(tr: Transaction, node: str, shard: int, bells: WatchSet, after: bytes | None = None) -> Drained:
     """Read the pokes of one shard after ``after`` and re-arm its bell (in ``bells``) in the same
     transaction, so a poke that lands after this read always rings it.
@@ -27,12 +42,11 @@ async def drain(tr: Transaction, node: str, shard: int, bells: WatchSet, after: 
     Read-only on purpose: the delivery path takes no write lock and makes no durable commit. A poke
     committed after this snapshot carries a larger stamp (commit order), so it sorts after ``last``
     and the next drain reads it; ``clear`` removes what was read, in the background."""
-    return (await drain_many(tr, node, {shard: after}, bells))[shard]
+    got = await drain_many(tr, node, {shard: after}, bells)
+    return Drained(got.topics, bool(got.more), got.entries, got.lasts.get(shard, after))
 
 
-async def drain_many(
-    tr: Transaction, node: str, afters: Mapping[int, bytes | None], bells: WatchSet
-) -> dict[int, Drained]:
+async def drain_many(tr: Transaction, node: str, afters: Mapping[int, bytes | None], bells: WatchSet) -> Pokes:
     """``drain`` for several shards in one read-only transaction and one ``get_ranges``: one wake-up
     may follow several bells. ``bells`` (the node's K bells, ``bell_keys``) are re-armed for every
     shard read to its end; one with more than a batch left is not (drain it again at once)."""
@@ -40,20 +54,25 @@ async def drain_many(
     for shard, after in afters.items():
         begin, end = keys.inbox_range(node, shard)
         ranges.append((begin if after is None else after + b"\x00", end, _DRAIN_BATCH))
-    out: dict[int, Drained] = {}
     answers = await tr.get_ranges(ranges, snapshot=True)
+    topics: set[str] = set()
+    lasts: dict[int, bytes] = {}
+    more: list[int] = []
     rearm = []
+    entries = 0
     # An answer per shard; strict= would cost zip() a keyword parse on 3.11, every wake-up.
-    for (shard, after), rows in zip(afters.items(), answers):  # noqa: B905
-        topics: set[str] = set()  # a loop, not a comprehension: on 3.11 that is a function object and a frame per shard
-        for _, v in rows:
-            topics.add(v.decode())
-        more = len(rows) == _DRAIN_BATCH
-        if not more:
-            rearm.append(shard)
-        out[shard] = Drained(topics, more, len(rows), rows[-1][0] if rows else after)
+    for shard, rows in zip(afters, answers):  # noqa: B905
+        if rows:
+            entries += len(rows)
+            lasts[shard] = rows[-1][0]
+            for _, v in rows:  # a loop, not a comprehension: on 3.11 that is a function object and a frame
+                topics.add(v.decode())
+            if len(rows) == _DRAIN_BATCH:
+                more.append(shard)
+                continue
+        rearm.append(shard)
     tr.arm(bells, rearm)
-    return out
+    return Pokes(topics, entries, lasts, more)
 
 
 def bell_keys(node: str, shards: int) -> list[bytes]:
