@@ -23,7 +23,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import LoadgenRun, Shape, lg_common
 from procs import tree_cpu
 
-_METRIC = re.compile(r"(upf_pusher_(?:bells|inbox_entries|inbox_drains|deliveries|safety_poll_deliveries)\w*)(\{[^}]*\})? (\S+)")
+_METRIC = re.compile(
+    r"(upf_pusher_(?:bells|inbox_entries|inbox_drains|deliveries|safety_poll_deliveries)\w*)(\{[^}]*\})? (\S+)"
+)
 
 
 def pusher_counters(url: str) -> dict[str, float]:

@@ -155,6 +155,7 @@ async def test_scrape_writer_and_pusher_after_traffic(fleet) -> None:
         assert sample(p, "upf_pusher_connections", transport="json") == 1
         assert sample(p, "upf_pusher_bells_total") >= 1
         assert sample(p, "upf_pusher_inbox_entries_total") >= 1
+        assert sample(p, "upf_pusher_inbox_drains_total") >= 2  # the first, of every shard; one a bell began
         assert sample(p, "upf_pusher_safety_poll_deliveries_total") == 0
         assert sample(p, "upf_writer_publishes_total", result="stored") == 0  # roles apart: own process, own metrics
     await eventually(lambda: _equal(sample(scrape(pusher.base), "upf_pusher_connections", transport="json"), 0))
