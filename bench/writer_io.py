@@ -90,7 +90,7 @@ def _disk(work: Path, n: int, rounds: int) -> dict[str, float]:
     return {k: v / rounds * 1e6 for k, v in (("scattered", scattered), ("contiguous", contiguous), ("second", second))}
 
 
-def _commits(port: int) -> dict[str, float]:
+def commit_tallies(port: int) -> dict[str, float]:
     """The writer's commit tallies so far (0 before its first commit)."""
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
     got = dict.fromkeys(("batch_size_sum", "batch_size_count", "duration_seconds_sum", "duration_seconds_count"), 0.0)
@@ -106,9 +106,9 @@ def _round(variant: str, work: Path, secs: float) -> dict[str, float]:
         argv = [PY, "-c", _NOSYNC]
         p, port = procs.start_upf_command("writer-nosync", argv, "nosync", "bench-writer", work, store, SERVER_CPUS)
     try:
-        before = _commits(port)
+        before = commit_tallies(port)
         d = pubdrive(f"http://127.0.0.1:{port}", [p.pid], secs=secs, conns=_CONNS, topics=_TOPICS)
-        after = _commits(port)
+        after = commit_tallies(port)
     finally:
         p.stop()
     if d.errors or d.non_200 or d.cpu_us_per_publish is None:
