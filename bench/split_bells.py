@@ -1,6 +1,7 @@
-"""The split shape's pusher at given publish rates: its CPU per delivery, and how many deliveries a
-fired bell covered (from its own ``/metrics``). Not part of bench/run.py; how BENCHMARKS.md's
-thirty-third pass saw what share of a delivery at one subscriber per topic is its rung shards'.
+"""The split shape's pusher at given publish rates: its CPU per delivery, how many deliveries a fired
+bell and a drain (a wake-up) covered (from its own ``/metrics``), and the loadgen's latency. Not part
+of bench/run.py; how BENCHMARKS.md's thirty-third pass saw what share of a delivery at one subscriber
+per topic is its rung shards', and the thirty-fourth what a wake-up costs.
 
 Each rate starts a fresh writer + pusher on one embedded store and runs ``upf-loadgen run`` over
 1,000 topics with one ws subscriber each for ``--secs``; a dirty loadgen verdict fails the run.
@@ -55,8 +56,10 @@ def one(rate: int, secs: float, work: Path) -> str:
     delivered = sum(v for k, v in d.items() if k.startswith("upf_pusher_deliveries") and 'transport="ws"' in k)
     bells = sum(v for k, v in d.items() if k.startswith("upf_pusher_bells"))
     drains = sum(v for k, v in d.items() if k.startswith("upf_pusher_inbox_drains"))
+    lat = rep.get("latency") or {}
     return (
-        f"{rate}/s: {delivered:.0f} ws deliveries ({safety:.0f} by the safety poll), {bells:.0f} bells rang, "
+        f"{rate}/s: {delivered:.0f} ws deliveries ({safety:.0f} by the safety poll), p50 {lat.get('p50_ms', 0):.1f} "
+        f"p99 {lat.get('p99_ms', 0):.1f} ms, {bells:.0f} bells rang, "
         f"{delivered / max(bells, 1):.2f} deliveries per bell, "
         f"{drains:.0f} drains ({delivered / max(drains, 1):.1f} deliveries per drain), {(c1 - c0) / max(delivered, 1) * 1e6:.1f} us of pusher CPU per delivery"
     )

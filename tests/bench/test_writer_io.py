@@ -34,12 +34,12 @@ def test_the_no_flush_writer_stores_what_it_answers_and_counts_its_commits(tmp_p
         "writer-nosync", [procs.PY, "-c", writer_io._NOSYNC], "nosync", "test-writer", tmp_path, store
     )
     try:
-        before = writer_io._commits(port)
+        before = writer_io.commit_tallies(port)
         for body in (b"one", b"two"):
             req = urllib.request.Request(f"http://127.0.0.1:{port}/upWRITERIO01", data=body, method="POST")
             with urllib.request.urlopen(req, timeout=10) as r:
                 assert r.status == 200 and json.loads(r.read())["message"] == body.decode()
-        after = writer_io._commits(port)
+        after = writer_io.commit_tallies(port)
     finally:
         p.stop()
         procs.stop_all()

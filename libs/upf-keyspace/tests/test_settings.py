@@ -172,6 +172,10 @@ def test_bounds_and_blank_values_keep_their_messages(name, value):
         ("UPF_EMBEDDED_COMMIT_WAIT_MS", "101"),
         ("UPF_EMBEDDED_COMMIT_WAIT_MS", "soon"),
         ("UPF_EMBEDDED_COMMIT_WAIT_MS", "\u00b2"),  # a digit to str.isdigit, not to int
+        ("UPF_EMBEDDED_WAKE_PACE_MS", "101"),
+        ("UPF_EMBEDDED_WAKE_PACE_MS", "-1"),
+        ("UPF_EMBEDDED_WAKE_PACE_MS", "2.5"),
+        ("UPF_EMBEDDED_WAKE_PACE_MS", "\u00b2"),
         ("UPF_EMBEDDED_MAX_BYTES", "\u00b2"),
     ],
 )
@@ -183,12 +187,15 @@ def test_the_embedded_drivers_own_variables_stop_a_start_with_their_names(name, 
 
 
 def test_the_embedded_drivers_own_variables_read_as_documented():
-    from upf_keyspace.settings import embedded_commit_wait_ms, embedded_max_bytes
+    from upf_keyspace.settings import embedded_commit_wait_ms, embedded_max_bytes, embedded_wake_pace_ms
 
     assert embedded_max_bytes({}) == 0 and embedded_max_bytes({"UPF_EMBEDDED_MAX_BYTES": " 131072 "}) == 131072
     assert embedded_commit_wait_ms({}) is None and embedded_commit_wait_ms({"UPF_EMBEDDED_COMMIT_WAIT_MS": ""}) is None
     assert embedded_commit_wait_ms({"UPF_EMBEDDED_COMMIT_WAIT_MS": "0"}) == 0
     assert embedded_commit_wait_ms({"UPF_EMBEDDED_COMMIT_WAIT_MS": "100"}) == 100
+    assert embedded_wake_pace_ms({}) is None and embedded_wake_pace_ms({"UPF_EMBEDDED_WAKE_PACE_MS": " "}) is None
+    assert embedded_wake_pace_ms({"UPF_EMBEDDED_WAKE_PACE_MS": "0"}) == 0
+    assert embedded_wake_pace_ms({"UPF_EMBEDDED_WAKE_PACE_MS": " 100 "}) == 100
 
 
 def test_a_bad_log_level_is_a_settings_error_not_a_traceback():

@@ -84,6 +84,88 @@ async def test_duplicate_wakes_fire_a_watch_once_and_nothing_else(pair):
     assert first.future.result() is None and second.future.result() is None
 
 
+def _count_checks(db) -> list[float]:
+    """The loop times of ``db``'s watch checks from here on."""
+    checks: list[float] = []
+    check = db._check_watches
+
+    def counted() -> None:
+        checks.append(db._loop.time())
+        check()
+
+    db._check_watches = counted
+    return checks
+
+
+async def test_wakes_faster_than_the_pace_are_checked_once_per_pace(pair):
+    """A wake after a quiet spell is checked at once. One within a pace of the last check makes the
+    handle deaf to wakes until the pace is up: the commits meanwhile are seen by one check then, and
+    none before it; while they keep coming it stays on that beat; a pace with none and it listens
+    again, so the next commit is seen at once."""
+    a, b = pair
+    a.fallback_poll_secs = 3600
+    a._wake_pace = pace = 0.3
+    await _set(b, b"0")
+    await asyncio.sleep(pace * 1.5)  # the wake of that commit is long checked: a quiet spell
+    first = await _watch(a)
+    checks = _count_checks(a)
+    began = a._loop.time()
+    await _set(b, b"1")
+    await asyncio.wait_for(_wait(first), 10)
+    assert a._loop.time() - began < pace / 2, "a wake after a quiet spell waited for the pace"
+    second = await _watch(a)
+    for value in (b"2", b"3", b"4"):  # within the pace of the check that fired ``first``
+        await _set(b, value)
+    await asyncio.sleep(0.05)
+    assert not second.done(), "checked before the pace was up"
+    assert len(checks) == 1 and a._paced_check is not None
+    await asyncio.wait_for(_wait(second), 10)
+    assert checks[1] - checks[0] >= pace * 0.99, "the paced check came early"
+    third = await _watch(a)  # armed on b"4": the paced check saw all three commits
+    await _set(b, b"5")  # within a pace of the paced check: still on the beat
+    await asyncio.wait_for(_wait(third), 10)
+    assert checks[2] - checks[1] >= pace * 0.99
+    await asyncio.sleep(pace * 2.5)  # a pace with no wake: listening again
+    assert a._paced_check is None
+    fourth = await _watch(a)
+    began = a._loop.time()
+    await _set(b, b"6")
+    await asyncio.wait_for(_wait(fourth), 10)
+    assert a._loop.time() - began < pace / 2, "a commit after the stream stopped waited for the pace"
+
+
+async def test_a_pace_of_zero_checks_at_every_wake(pair):
+    a, b = pair
+    a.fallback_poll_secs = 3600
+    a._wake_pace = 0.0
+    await _set(b, b"0")
+    checks = _count_checks(a)
+    for value in (b"1", b"2", b"3"):
+        watch = await _watch(a)
+        await _set(b, value)
+        await asyncio.wait_for(_wait(watch), 10)
+    assert len(checks) >= 3 and a._paced_check is None
+
+
+async def test_close_while_deaf_cancels_the_paced_check(tmp_path):
+    path = str(tmp_path / "store.db")
+    a = await open_embedded(path)
+    b = await open_embedded(path)
+    try:
+        a._wake_pace = 5.0
+        await _set(b, b"0")
+        await asyncio.sleep(0.05)  # its wake is checked: the pace begins
+        await _set(b, b"1")
+        await asyncio.sleep(0.05)
+        paced = a._paced_check
+        assert paced is not None, "a wake within the pace did not make the handle deaf"
+        await a.close()
+        assert paced.cancelled() and a._paced_check is None
+    finally:
+        await a.close()
+        await b.close()
+
+
 async def test_close_removes_the_socket(tmp_path):
     path = str(tmp_path / "store.db")
     db = await open_embedded(path)

@@ -381,6 +381,23 @@ def embedded_commit_wait_ms(env: Mapping[str, str] | None = None) -> int | None:
     return int(raw)
 
 
+_MAX_WAKE_PACE_MS = 100
+
+
+def embedded_wake_pace_ms(env: Mapping[str, str] | None = None) -> int | None:
+    """``UPF_EMBEDDED_WAKE_PACE_MS``: while other processes' commits wake a process faster than this
+    (0-100 whole ms), it checks its watches once per this long instead of at each wake; None when
+    unset or blank (the driver's default). Read and checked as ``embedded_max_bytes`` is."""
+    raw = (os.environ if env is None else env).get("UPF_EMBEDDED_WAKE_PACE_MS", "").strip()
+    if not raw:
+        return None
+    if not (raw.isascii() and raw.isdigit()) or int(raw) > _MAX_WAKE_PACE_MS:
+        raise SettingsError(
+            f"UPF_EMBEDDED_WAKE_PACE_MS must be a whole number of milliseconds from 0 to {_MAX_WAKE_PACE_MS}"
+        )
+    return int(raw)
+
+
 def load_settings(env: Mapping[str, str] | None = None) -> Settings:
     global _FIELDS
     env = os.environ if env is None else env
@@ -399,6 +416,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
     settings = Settings(**values)
     embedded_max_bytes(env)  # the embedded driver's own variables: checked here, read where the store opens
     embedded_commit_wait_ms(env)
+    embedded_wake_pace_ms(env)
     if settings.delay_min_secs > settings.delay_max_secs:
         raise SettingsError(
             f"UPF_DELAY_MIN_SECS ({settings.delay_min_secs}) must not exceed UPF_DELAY_MAX_SECS ({settings.delay_max_secs})"

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import logging
+import math
 import os
 import queue
 import random
@@ -27,7 +28,7 @@ from .grouped import _Grouped
 from .health import _FullLog, _health_marker
 from .reads import _Snapshot
 from .transaction import EmbeddedTransaction
-from .watches import _FALLBACK_POLL_SECS, _NO_WAKE_POLL_SECS, _Heads, _Watch, _WatchSet
+from .watches import _FALLBACK_POLL_SECS, _NO_WAKE_POLL_SECS, _Heads, _Watch, _WatchSet, wake_pace_secs
 
 log = logging.getLogger("upf.store.embedded")
 T = TypeVar("T")
@@ -36,8 +37,11 @@ T = TypeVar("T")
 class EmbeddedDatabase(_Committer):
     name = "embedded"
 
-    def __init__(self, path: str, loop: asyncio.AbstractEventLoop, group_wait: float) -> None:
+    def __init__(self, path: str, loop: asyncio.AbstractEventLoop, group_wait: float, wake_pace: float) -> None:
         self._group_wait = group_wait
+        self._wake_pace = wake_pace
+        self._woke_at = -math.inf
+        self._paced_check = None
         self.path = path
         self._loop = loop
         self._reader: _File = _open_file(path)
@@ -123,6 +127,9 @@ class EmbeddedDatabase(_Committer):
         if self._fallback is not None:
             self._fallback.cancel()
             self._fallback = None
+        if self._paced_check is not None:
+            self._paced_check.cancel()
+            self._paced_check = None
         if self._inbox is not None:
             self._loop.remove_reader(self._inbox.fileno())
             self._inbox.close()
@@ -143,6 +150,7 @@ async def open_embedded(path: str) -> EmbeddedDatabase:
     A file whose last stamp is below the stamp mark lost commits (a restored copy): that is logged as
     an error, and stamps resume above the mark."""
     group_wait = commit_wait_secs()  # a bad UPF_EMBEDDED_COMMIT_WAIT_MS is refused before anything is made
+    wake_pace = wake_pace_secs()  # and so is a bad UPF_EMBEDDED_WAKE_PACE_MS
     try:
         make_private_dirs(os.path.dirname(os.path.abspath(path)))
         if is_sqlite(path):
@@ -168,7 +176,7 @@ async def open_embedded(path: str) -> EmbeddedDatabase:
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
         raise errors.StoreOpenError(f"UPF_STORE_PATH {path} cannot be opened: {reason}") from exc
     errors.STORAGE.share(_health_marker(path))
-    return EmbeddedDatabase(path, asyncio.get_running_loop(), group_wait)
+    return EmbeddedDatabase(path, asyncio.get_running_loop(), group_wait, wake_pace)
 
 
 _PASSING_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.EAGAIN, errno.EINTR, errno.EBUSY})
