@@ -367,18 +367,21 @@ def embedded_max_bytes(env: Mapping[str, str] | None = None) -> int:
     return quota
 
 
+def _embedded_ms(env: Mapping[str, str] | None, name: str, most: int) -> int | None:
+    """A whole number of milliseconds from 0 to ``most`` in ``name``; None when unset or blank."""
+    raw = (os.environ if env is None else env).get(name, "").strip()
+    if not raw:
+        return None
+    if not (raw.isascii() and raw.isdigit()) or int(raw) > most:  # "²" is a digit to isdigit, not to int
+        raise SettingsError(f"{name} must be a whole number of milliseconds from 0 to {most}")
+    return int(raw)
+
+
 def embedded_commit_wait_ms(env: Mapping[str, str] | None = None) -> int | None:
     """``UPF_EMBEDDED_COMMIT_WAIT_MS``: how long the embedded store's group commit waits for more
     transactions while they stream in (0-100 whole ms); None when unset or blank (the driver's
     default). Read and checked as ``embedded_max_bytes`` is."""
-    raw = (os.environ if env is None else env).get("UPF_EMBEDDED_COMMIT_WAIT_MS", "").strip()
-    if not raw:
-        return None
-    if not (raw.isascii() and raw.isdigit()) or int(raw) > _MAX_COMMIT_WAIT_MS:
-        raise SettingsError(
-            f"UPF_EMBEDDED_COMMIT_WAIT_MS must be a whole number of milliseconds from 0 to {_MAX_COMMIT_WAIT_MS}"
-        )
-    return int(raw)
+    return _embedded_ms(env, "UPF_EMBEDDED_COMMIT_WAIT_MS", _MAX_COMMIT_WAIT_MS)
 
 
 _MAX_WAKE_PACE_MS = 100
@@ -388,14 +391,7 @@ def embedded_wake_pace_ms(env: Mapping[str, str] | None = None) -> int | None:
     """``UPF_EMBEDDED_WAKE_PACE_MS``: while other processes' commits wake a process faster than this
     (0-100 whole ms), it checks its watches once per this long instead of at each wake; None when
     unset or blank (the driver's default). Read and checked as ``embedded_max_bytes`` is."""
-    raw = (os.environ if env is None else env).get("UPF_EMBEDDED_WAKE_PACE_MS", "").strip()
-    if not raw:
-        return None
-    if not (raw.isascii() and raw.isdigit()) or int(raw) > _MAX_WAKE_PACE_MS:
-        raise SettingsError(
-            f"UPF_EMBEDDED_WAKE_PACE_MS must be a whole number of milliseconds from 0 to {_MAX_WAKE_PACE_MS}"
-        )
-    return int(raw)
+    return _embedded_ms(env, "UPF_EMBEDDED_WAKE_PACE_MS", _MAX_WAKE_PACE_MS)
 
 
 def load_settings(env: Mapping[str, str] | None = None) -> Settings:

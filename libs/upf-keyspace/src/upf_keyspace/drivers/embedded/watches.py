@@ -27,9 +27,10 @@ caches): in the split shape at 10,000 publishes/s the pusher was woken ~190 time
 writer commit, at ~200 us of CPU each, about an eighth of its CPU. Woken again within this long of its
 last check, it stops listening and checks once when the pace is up (``_paced``); while commits keep
 coming it stays on that beat, and once a pace passes with none it listens again. At 10,000/s the pusher
-then checked ~95 times a second and spent 12-13% less CPU per delivery, for up to this long more
-latency (p99 at 5,000/s 11.7 -> 20.3 ms); below ~100 commits a second no check waits (BENCHMARKS.md,
-thirty-fourth pass). Only other processes' commits are paced: this process's own are checked at once."""
+then checked ~95 times a second and spent 13-17% less CPU per delivery (6-10% at 5,000/s), and
+deliveries waited up to this long more (p50 +5 ms at 5,000/s, +10 ms at 10,000/s; p99 at 5,000/s 11.2
+-> 20.5 ms); below ~100 commits a second no check waits (BENCHMARKS.md, thirty-fourth pass). Only
+other processes' commits are paced: this process's own are checked at once."""
 _NO_WAKE_POLL_SECS = 0.05  # without a wake socket (a read-only directory, no /proc for long paths)
 _ZEROS = itertools.repeat(b"\x00")  # each interval's point end is its begin + this
 _FEW_WATCHED = 4  # a set this many times bigger than the watched keys is searched key by key
