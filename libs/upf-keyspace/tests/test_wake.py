@@ -120,11 +120,11 @@ async def test_wakes_faster_than_the_pace_are_checked_once_per_pace(pair):
     assert not second.done(), "checked before the pace was up"
     assert len(checks) == 1 and a._paced_check is not None
     await asyncio.wait_for(_wait(second), 10)
-    assert checks[1] - checks[0] >= pace * 0.99, "the paced check came early"
+    assert checks[1] - checks[0] >= pace * 0.9, "the paced check came early"
     third = await _watch(a)  # armed on b"4": the paced check saw all three commits
     await _set(b, b"5")  # within a pace of the paced check: still on the beat
     await asyncio.wait_for(_wait(third), 10)
-    assert checks[2] - checks[1] >= pace * 0.99
+    assert checks[2] - checks[1] >= pace * 0.9
     await asyncio.sleep(pace * 2.5)  # a pace with no wake: listening again
     assert a._paced_check is None
     fourth = await _watch(a)
