@@ -35,9 +35,10 @@ How it keeps FoundationDB's meaning:
   the 5 s transaction lifetime), so any process can check conflicts against any other's commits.
 - Watches: armed at commit with the value the transaction saw. This process's commits schedule the
   check directly; other processes' commits arrive as a datagram on this handle's wake socket (see
-  ``_wake``), read by the event loop, so nothing runs while nothing commits. While they come within
-  ``UPF_EMBEDDED_WAKE_PACE_MS`` (default 10 ms) of the last check, the handle stops reading them and
-  checks once per that pace, until a pace passes with none (``watches._WAKE_PACE_SECS``). A 1 s poll of the commit
+  ``_wake``), read by the event loop, so nothing runs while nothing commits. Once four in a row
+  have come within ``UPF_EMBEDDED_WAKE_PACE_MS`` (default 10 ms) of the check before them, the handle
+  stops reading them and checks once per that pace, until a pace passes with none
+  (``watches._WAKE_PACE_SECS``). A 1 s poll of the commit
   counter, only while watches exist, is the backstop for a lost datagram: it costs latency, never a
   missed watch. The check compares only the watched keys the new commits wrote.
 - A full disk (ENOSPC, LMDB's map full) fails a commit with STORAGE_FULL, not retried, logged once a

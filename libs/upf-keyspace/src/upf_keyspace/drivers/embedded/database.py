@@ -41,6 +41,7 @@ class EmbeddedDatabase(_Committer):
         self._group_wait = group_wait
         self._wake_pace = wake_pace
         self._woke_at = -math.inf
+        self._quick = 0
         self._paced_check = None
         self.path = path
         self._loop = loop

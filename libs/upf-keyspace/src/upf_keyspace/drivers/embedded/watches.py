@@ -24,13 +24,18 @@ _WAKE_PACE_SECS = 0.010
 """The default of ``UPF_EMBEDDED_WAKE_PACE_MS``. Each of another process's commits wakes this one, and
 a wake-up costs a process far more than its instructions (an idle process is scheduled in with cold
 caches): in the split shape at 10,000 publishes/s the pusher was woken ~190 times a second, once per
-writer commit, at ~200 us of CPU each, about an eighth of its CPU. Woken again within this long of its
-last check, it stops listening and checks once when the pace is up (``_paced``); while commits keep
-coming it stays on that beat, and once a pace passes with none it listens again. At 10,000/s the pusher
-then checked ~95 times a second and spent 13-17% less CPU per delivery (6-10% at 5,000/s), and
-deliveries waited up to this long more (p50 +5 ms at 5,000/s, +10 ms at 10,000/s; p99 at 5,000/s 11.2
--> 20.5 ms); below ~100 commits a second no check waits (BENCHMARKS.md, thirty-fourth pass). Only
-other processes' commits are paced: this process's own are checked at once."""
+writer commit, at ~200 us of CPU each, about an eighth of its CPU. Woken within this long of its last
+check more than ``_QUICK_WAKES`` times in a row, it stops listening and checks once when the pace is
+up (``_paced``); while commits keep coming it stays on that beat, and once a pace passes with none it
+listens again. At 10,000/s the pusher then checked ~95-99 times a second and spent 13-17% less CPU per
+delivery, for up to this long more latency (p50 +9-10 ms). Commits further apart, or only a few close
+together (at 2,000/s; mostly at 5,000/s, where they came ~7 ms apart but unevenly), are checked at
+once (BENCHMARKS.md, thirty-fourth pass). Only other processes' commits are paced: this process's own
+are checked at once."""
+_QUICK_WAKES = 3
+"""Wakes within a pace of the last check that are still checked at once, in a row: a stream of commits
+is paced from the next one; two or three close together (the README's smoke test publishes twice and
+polls at once) are not delayed."""
 _NO_WAKE_POLL_SECS = 0.05  # without a wake socket (a read-only directory, no /proc for long paths)
 _ZEROS = itertools.repeat(b"\x00")  # each interval's point end is its begin + this
 _FEW_WATCHED = 4  # a set this many times bigger than the watched keys is searched key by key
@@ -262,6 +267,7 @@ class _Watches(_Reads):
     fallback_poll_secs: float
     _wake_pace: float  # wake_pace_secs(), read at open
     _woke_at: float  # the loop's time of the last check a wake began
+    _quick: int  # the wakes in a row that came within a pace of the check before them
     _paced_check: asyncio.TimerHandle | None  # while deaf to wakes: the check at the pace's end
 
     def _watch_count(self) -> int:
@@ -343,14 +349,19 @@ class _Watches(_Reads):
                     w._fire()
 
     def _on_wake(self) -> None:
-        """Another process committed (one or many datagrams): one check covers them all. Within a pace
-        of the last check, stop listening and check at the pace's end (``_WAKE_PACE_SECS``)."""
+        """Another process committed (one or many datagrams): one check covers them all. The
+        ``_QUICK_WAKES``-th in a row within a pace of the last check stops the listening: the next
+        check is at the pace's end (``_WAKE_PACE_SECS``)."""
         inbox = self._inbox
         if inbox is None:
             return
         inbox.drain()
         now = self._loop.time()
-        if now - self._woke_at < self._wake_pace and not self._closed:
+        if now - self._woke_at >= self._wake_pace:
+            self._quick = 0
+        elif self._quick < _QUICK_WAKES:
+            self._quick += 1
+        elif not self._closed:
             self._loop.remove_reader(inbox.fileno())
             self._paced_check = self._loop.call_at(self._woke_at + self._wake_pace, self._paced)
             return
@@ -369,6 +380,7 @@ class _Watches(_Reads):
         if inbox.drain():
             self._paced_check = self._loop.call_at(self._woke_at + self._wake_pace, self._paced)
         else:
+            self._quick = 0
             self._loop.add_reader(inbox.fileno(), self._on_wake)
 
     def _fallback_poll(self) -> None:
