@@ -349,9 +349,9 @@ class _Watches(_Reads):
                     w._fire()
 
     def _on_wake(self) -> None:
-        """Another process committed (one or many datagrams): one check covers them all. The
-        ``_QUICK_WAKES``-th in a row within a pace of the last check stops the listening: the next
-        check is at the pace's end (``_WAKE_PACE_SECS``)."""
+        """Another process committed (one or many datagrams): one check covers them all. After
+        ``_QUICK_WAKES`` in a row each within a pace of the check before it, the next such wake stops
+        the listening: the next check is at the pace's end (``_WAKE_PACE_SECS``)."""
         inbox = self._inbox
         if inbox is None:
             return
