@@ -8,7 +8,7 @@ import statistics
 from typing import Any
 
 import msgspec
-from schema import GOALS, AuthLimits, Price, Results, Sweep
+from schema import GOALS, AuthLimits, Price, Results, Scaling, Sweep
 
 
 def med(xs: list[float | None]) -> float:
@@ -48,6 +48,24 @@ def _ratio_text(sc: dict[str, Any]) -> str:
     if not sc["knee_reached_1"]:
         return f"{sc['ratio']} (not resolved: the 1-worker knee is a lower bound)"
     return str(sc["ratio"])
+
+
+def _scaling_kneegen(sc: Scaling) -> dict[str, Any]:
+    """Each worker count's knee from bench/kneegen's sweep (the first rate that failed; the highest
+    that held), and the ratio of the rates held when both sweeps found a knee."""
+    out: dict[str, Any] = {}
+    for kind, sw in sc.sweeps.items():
+        last = sw.steps[-1] if sw.steps else None
+        out[kind] = {
+            "knee": sw.knee,
+            "held": sw.last_good_rate,
+            "reasons": last.reasons if last and sw.knee else [],
+            "steps": [msgspec.to_builtins(st) for st in sw.steps],
+        }
+    one, two = sc.sweeps.get("allinone"), sc.sweeps.get("allinone_w2")
+    if one and two and one.knee and two.knee and one.last_good_rate and two.last_good_rate:
+        out["ratio_held_2_over_1"] = round(two.last_good_rate / one.last_good_rate, 2)
+    return out
 
 
 def _p(price: Price | None, field: str) -> Any:
@@ -211,6 +229,8 @@ def summarize(res: Results) -> dict[str, Any]:
                 default=None,
             ),
         }
+    if res.scaling is not None:
+        s["scaling_kneegen"] = _scaling_kneegen(res.scaling)
     if res.idle_cpu is not None:
         s["idle_cpu"] = msgspec.to_builtins(res.idle_cpu)
     all_runs: list[Any] = [st for sws in sweeps.values() for sw in sws for st in sw.steps]
@@ -223,12 +243,13 @@ def summarize(res: Results) -> dict[str, Any]:
     ]
     all_runs += [r.fanout for r in rounds if r.fanout is not None]
     all_runs += list(res.pubdeliver.shapes.values()) if res.pubdeliver is not None else []
-    if all_runs:
+    kg = [st for sw in res.scaling.sweeps.values() for st in sw.steps] if res.scaling is not None else []
+    if all_runs or kg:
         s["correctness"] = {
-            "runs": len(all_runs),
-            "violations": sum(x.violations_total for x in all_runs),
-            "undelivered": sum(x.expected - x.delivered for x in all_runs),
-            "rejected_or_failed": sum(x.rejected + x.errors for x in all_runs),
+            "runs": len(all_runs) + len(kg),
+            "violations": sum(x.violations_total for x in all_runs) + sum(x.violations for x in kg),
+            "undelivered": sum(x.expected - x.delivered for x in all_runs) + sum(x.undelivered for x in kg),
+            "rejected_or_failed": sum(x.rejected + x.errors for x in all_runs) + sum(x.errors for x in kg),
             "unclean": [f"{x.rate}: {x.verdict}" for x in all_runs if x.verdict != "clean"],
         }
     s["goals"] = _goals(res, s)
@@ -294,6 +315,14 @@ def _goals(res: Results, s: dict[str, Any]) -> dict[str, Any]:
             "met": all(v["idle_n_pct"] <= GOALS["idle_cpu_pct_n"] for v in by.values()),
             "value": ", ".join(f"{v['idle_n_pct']}% ({w} worker{'s' if w != '1' else ''})" for w, v in by.items())
             + f" at {s['idle_cpu']['n']:,} subscribers",
+        }
+    if "scaling_kneegen" in s and "allinone_w2" in s["scaling_kneegen"]:
+        w2 = s["scaling_kneegen"]["allinone_w2"]
+        held = w2["held"] or 0
+        g["knee_allinone_w2"] = {
+            "met": held >= GOALS["knee_allinone_w2"],
+            "value": f"held {held:,}/s"
+            + (f", failed at {w2['knee']:,}/s" if w2["knee"] else " (no rate failed: a lower bound)"),
         }
     if "pubdeliver" in s:
         vals = {k: v["cpu_us_per_publish_and_delivery"] for k, v in s["pubdeliver"]["shapes"].items()}
@@ -547,6 +576,43 @@ def render(res: Results) -> str:
             "the all-in-one's threads and workers).",
             "",
         ]
+    if "scaling_kneegen" in s:
+        sk = s["scaling_kneegen"]
+        L += [
+            "## Scaling with bench/kneegen: the all-in-one's knee with UPF_WORKERS=1 vs 2",
+            "",
+            "A Go load generator doing loadgen's run (one awaited publisher and one ws subscriber per topic, "
+            "the same checks) for a fraction of its CPU, at rising rates on one server until a rate fails "
+            "loadgen's knee rule. Server CPU is over the whole run (connects and drain included).",
+            "",
+        ]
+        for kind in ("allinone", "allinone_w2"):
+            if kind not in sk:
+                continue
+            k = sk[kind]
+            verdict = (
+                f"held {_f(k['held'])}/s, failed at {k['knee']:,}/s ({'; '.join(k['reasons'])})"
+                if k["knee"]
+                else f"held every rate up to {_f(k['held'])}/s (a lower bound)"
+            )
+            L += [
+                f"{kind}: {verdict}.",
+                "",
+                "| rate | offered/s | delivered/s | p50 ms | p99 ms | violations | server % of a core | server us/publish | kneegen us/publish |",
+                "|---|---|---|---|---|---|---|---|---|",
+            ]
+            for st in k["steps"]:
+                L.append(
+                    f"| {st['rate']:,} | {_f(st['offered_per_s'])} | {_f(st['delivered_per_s'])} | {st['p50_ms']} | {st['p99_ms']} | "
+                    f"{st['violations']} | {st['server_cpu_pct']} | {_f(st.get('server_cpu_us_per_publish'), 1)} | "
+                    f"{_f(st.get('kneegen_cpu_us_per_publish'), 1)} |"
+                )
+            L.append("")
+        if "ratio_held_2_over_1" in sk:
+            L += [
+                f"Rate held with 2 workers over 1: {sk['ratio_held_2_over_1']} (the rate steps bound its precision).",
+                "",
+            ]
     if "correctness" in s:
         c = s["correctness"]
         L += [
@@ -570,6 +636,7 @@ def render(res: Results) -> str:
         "idle_cpu_pct_0": "<= 0.2% of a core",
         "idle_cpu_pct_n": "<= 1% of a core",
         "cpu_us_per_publish_and_delivery": "<= 250 us",
+        "knee_allinone_w2": ">= 4,000/s (bench/kneegen)",
     }
     for k, v in s["goals"].items():
         L.append(f"| {k} | {targets.get(k, '')} | {v['value']} | {'yes' if v['met'] else 'NO'} |")

@@ -31,8 +31,12 @@ What it does (see BENCHMARKS.md for how to read it):
 9. store     the embedded store alone (no HTTP): publish transactions/s against bare SQLite writing
              the same rows 256 per durable commit, alternating (libs/upf-keyspace/bench/publish_bench.py;
              goal 0.5).
-The sweep also runs against the all-in-one with UPF_WORKERS=2 (scaling: the knee of 1 vs 2 workers),
-and each round runs Pushpin (bench/pushpin_peer.py) as a fan-out peer beside the bare broadcast.
+The sweep also runs against the all-in-one with UPF_WORKERS=2, and each round runs Pushpin
+(bench/pushpin_peer.py) as a fan-out peer beside the bare broadcast.
+10. scaling  the all-in-one's knee with UPF_WORKERS=1 and 2 (issue 9's scaling figure), found with
+             bench/kneegen, a Go load generator doing loadgen's run for a fifth of its CPU (on two
+             cores the Python loadgen's offered rate falls behind before the server's knee); built
+             with the Go toolchain on first use (phases/scaling.py), skipped with the reason without one.
 
 Every process it starts is stopped at the end (by the PIDs it started). Loopback only.
 
@@ -71,13 +75,14 @@ from phases.idle import phase_idle, phase_idle_cpu
 from phases.probe import phase_probe
 from phases.pubdeliver import phase_pubdeliver
 from phases.rounds import phase_rounds
+from phases.scaling import phase_scaling
 from phases.store import phase_store
 from phases.sweep import phase_sweep
 from phases.topics import phase_topics
 from procs import REPO
 from schema import FULL, GOALS, QUICK, FixedRates, Machine, Noise, Results, Sweep
 
-PHASES = ("sweep", "rounds", "pushpin", "idlecpu", "pubdeliver", "topics", "store", "authlimits", "idle")
+PHASES = ("sweep", "scaling", "rounds", "pushpin", "idlecpu", "pubdeliver", "topics", "store", "authlimits", "idle")
 
 
 def machine() -> Machine:
@@ -193,6 +198,8 @@ def main() -> int:
                         f"sweep {kind} #{n}: knee {k.rate if k else 'not reached'} ({'; '.join(k.reasons) if k else ''})"
                     )
         parts["sweeps"] = sweeps
+        if "scaling" not in skip:
+            parts["scaling"] = phase_scaling(cfg, work)
 
         if "rounds" not in skip:
             knees = {k: report.knee_of(s) for k, s in sweeps.items()} or {"allinone": 1000.0, "split": 1000.0}

@@ -55,6 +55,7 @@ class Config(Rec, kw_only=True):
     pp_rate: int
     al_pairs: int = 3
     al_secs: float = 5.0
+    scaling_rates: list[int] = []
 
 
 FULL = Config(
@@ -96,6 +97,9 @@ FULL = Config(
     pp_channels=10,
     pp_streams=100,
     pp_rate=500,
+    # bench/kneegen's sweep (phases/scaling.py) stops at the first rate that fails: steps of 1,000 where
+    # the knees were expected (the Python sweeps held 10,000/s with 1 and 2 workers).
+    scaling_rates=[4000, 6000, 8000, 9000, 10000, 11000, 12000, 13000, 14000, 16000, 18000, 20000],
 )
 QUICK = msgspec.structs.replace(  # a smoke run: the same phases, shorter and coarser
     FULL,
@@ -120,6 +124,7 @@ QUICK = msgspec.structs.replace(  # a smoke run: the same phases, shorter and co
     pp_streams=20,
     pp_rate=200,
     al_secs=3.0,
+    scaling_rates=[2000, 4000, 8000, 12000, 16000],
 )
 
 GOALS = {
@@ -133,6 +138,7 @@ GOALS = {
     "idle_cpu_pct_0": 0.2,
     "idle_cpu_pct_n": 1.0,
     "cpu_us_per_publish_and_delivery": 250.0,
+    "knee_allinone_w2": 4000.0,
 }
 
 
@@ -419,6 +425,37 @@ class StoreBench(Rec, kw_only=True):
     """The store's event loop: uvloop (UPF's) or asyncio; empty: asyncio's own (every run before 2026-12-02)."""
 
 
+class KneegenStep(Rec, kw_only=True):
+    """One bench/kneegen run at ``rate`` against the all-in-one (phases/scaling.py)."""
+
+    rate: int
+    offered_per_s: float
+    accepted_per_s: float
+    delivered_per_s: float
+    p50_ms: float
+    p99_ms: float
+    violations: int
+    undelivered: int
+    errors: int
+    server_cpu_pct: float
+    server_cpu_us_per_publish: float | None = None
+    kneegen_cpu_us_per_publish: float | None = None
+    reasons: list[str] = []
+
+
+class ScalingSweep(Rec, kw_only=True):
+    shape: str
+    knee: int | None = None  # the first rate that failed; None: every rate held
+    last_good_rate: int | None = None
+    steps: list[KneegenStep] = []
+
+
+class Scaling(Rec, kw_only=True):
+    sweeps: dict[str, ScalingSweep]
+    p99_bound_ms: float
+    tolerance: float
+
+
 class Results(Rec, kw_only=True):
     """results.json. ``config`` is kept as written (older runs lack newer knobs); ``summary`` is derived
     from the rest by report.summarize and rewritten on every render."""
@@ -439,6 +476,7 @@ class Results(Rec, kw_only=True):
     store: StoreBench | None = None
     authlimits: AuthLimits | None = None
     idle: Idle | None = None
+    scaling: Scaling | None = None
     interrupted: bool = False
     noise: Noise
     summary: dict[str, Any] = {}

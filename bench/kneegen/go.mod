@@ -1,0 +1,3 @@
+module upf.local/kneegen
+
+go 1.22

@@ -1,0 +1,151 @@
+"""scaling: the all-in-one's knee with UPF_WORKERS=1 and 2, found with bench/kneegen (a Go load generator).
+
+Why a second generator: on two cores the Python ``upf-loadgen`` spends about as much CPU per publish
+and delivery as the server, so every ``sweep`` up to 10,000/s ended with its offered rate behind, not
+the server's, and the scaling figure stayed a lower bound. kneegen does the same load (one awaited
+publisher and one ws subscriber per topic, loadgen's bodies, loss / duplicate / order checks) for ~20 us
+of CPU per publish and delivery. Each step is a fresh kneegen run on fresh topics against one server;
+the sweep stops at the first step that fails loadgen's knee rule (``find_knee``: offered or delivered
+more than ``tolerance`` behind the rate, p99 over the bound) or has a violation."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+from harness import BODY, Shape, log
+from procs import tree_cpu
+from schema import Config, KneegenStep, Scaling, ScalingSweep
+
+KNEEGEN_SRC = Path(__file__).resolve().parent.parent / "kneegen"
+_P99_BOUND_MS = 250.0
+_TOLERANCE = 0.05
+
+
+def build_kneegen(cache: Path | None = None) -> Path | None:
+    """The kneegen binary, built once per source (cached by its hash); None without a Go toolchain."""
+    go = shutil.which("go")
+    if go is None:
+        return None
+    digest = hashlib.sha256()
+    for f in sorted(KNEEGEN_SRC.glob("*")):
+        digest.update(f.name.encode() + f.read_bytes())
+    cache = cache or Path.home() / ".cache" / "upf-bench"
+    binary = cache / f"kneegen-{digest.hexdigest()[:16]}"
+    if not binary.exists():
+        cache.mkdir(parents=True, exist_ok=True)
+        tmp = binary.with_suffix(".tmp")
+        subprocess.run([go, "build", "-o", str(tmp), "."], cwd=KNEEGEN_SRC, check=True, timeout=300)
+        tmp.replace(binary)
+    return binary
+
+
+def run_step(binary: Path, shape: Shape, rate: int, topics: int, secs: float, prefix: str) -> KneegenStep:
+    """One kneegen run at ``rate``, priced by the server's CPU over the whole run (connects, publishing
+    and drain; the publishing seconds dominate)."""
+    roots = [p.pid for p in shape.roles.values()]
+    argv = [
+        str(binary),
+        "-writer",
+        shape.writer,
+        "-pusher",
+        shape.pusher,
+        "-topics",
+        str(topics),
+        "-rate",
+        str(rate),
+        "-duration",
+        str(secs),
+        "-message-size",
+        str(BODY),
+        "-prefix",
+        prefix,
+    ]
+    cpu0, t0 = tree_cpu(roots), time.monotonic()
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=secs + 180)
+    cpu1, wall = tree_cpu(roots), time.monotonic() - t0
+    if done.returncode != 0:
+        raise RuntimeError(f"kneegen at {rate}/s exited {done.returncode}: {done.stderr.strip()[-500:]}")
+    r = json.loads(done.stdout)
+    served = r["accepted_per_s"] * r["secs"]
+    return KneegenStep(
+        rate=rate,
+        offered_per_s=round(r["offered_per_s"], 1),
+        accepted_per_s=round(r["accepted_per_s"], 1),
+        delivered_per_s=round(r["delivered_per_s"], 1),
+        p50_ms=round(r["p50_ms"], 2),
+        p99_ms=round(r["p99_ms"], 2),
+        violations=sum(r["violations"].values()),
+        undelivered=r["undelivered"],
+        errors=sum(r["errors"].values()),
+        server_cpu_pct=round(100 * (cpu1 - cpu0) / wall, 1),
+        server_cpu_us_per_publish=round((cpu1 - cpu0) / served * 1e6, 1) if served else None,
+        kneegen_cpu_us_per_publish=round(r["cpu_secs"] / served * 1e6, 1) if served else None,
+        reasons=knee_reasons(rate, r),
+    )
+
+
+def knee_reasons(rate: int, r: dict[str, Any]) -> list[str]:
+    """Why a kneegen report at ``rate`` fails loadgen's knee rule (``find_knee``), or a violation: none
+    if it held. Offered falls behind when the server's publish latency exceeds a topic's period."""
+    reasons = []
+    floor = rate * (1 - _TOLERANCE)
+    if r["offered_per_s"] < floor:
+        reasons.append(f"offered {r['offered_per_s']:.0f}/s (each topic awaits its publish: the server's latency)")
+    if r["delivered_per_s"] < floor:
+        reasons.append(f"delivered {r['delivered_per_s']:.0f}/s < {100 * (1 - _TOLERANCE):.0f}% of {rate}/s")
+    if r["p99_ms"] > _P99_BOUND_MS:
+        reasons.append(f"p99 {r['p99_ms']:.1f} ms > {_P99_BOUND_MS:g} ms")
+    bad = {k: v for k, v in r["violations"].items() if v}
+    if bad or r["undelivered"]:
+        reasons.append(f"violations {bad}, undelivered {r['undelivered']}")
+    return reasons
+
+
+def sweep(binary: Path, kind: str, cfg: Config, work: Path) -> ScalingSweep:
+    shape = Shape(kind, work)
+    steps: list[KneegenStep] = []
+    try:
+        for i, rate in enumerate(cfg.scaling_rates):
+            s = run_step(binary, shape, rate, cfg.lg_topics, cfg.sweep_secs, f"kg{i}x")
+            shape.check_alive()
+            steps.append(s)
+            log(
+                f"  scaling {kind} {rate}/s: offered {s.offered_per_s:,.0f}, delivered {s.delivered_per_s:,.0f}, "
+                f"p99 {s.p99_ms} ms, server {s.server_cpu_pct}% of a core, kneegen {s.kneegen_cpu_us_per_publish} us"
+                + (f": {'; '.join(s.reasons)}" if s.reasons else "")
+            )
+            if s.reasons:
+                break
+            time.sleep(1)
+    finally:
+        shape.stop()
+    failed = steps[-1] if steps and steps[-1].reasons else None
+    good = [s.rate for s in steps if not s.reasons]
+    return ScalingSweep(
+        shape=kind,
+        knee=failed.rate if failed else None,
+        last_good_rate=good[-1] if good else None,
+        steps=steps,
+    )
+
+
+def phase_scaling(cfg: Config, work: Path) -> Scaling | None:
+    try:
+        binary = build_kneegen()
+    except (OSError, subprocess.SubprocessError) as exc:
+        log(f"scaling: kneegen did not build ({exc}); the phase is skipped")
+        return None
+    if binary is None:
+        log("scaling: no Go toolchain on PATH to build bench/kneegen; the phase is skipped")
+        return None
+    sweeps = {}
+    for kind in ("allinone", "allinone_w2"):
+        log(f"scaling {kind}: kneegen at {cfg.scaling_rates}/s x {cfg.sweep_secs}s, {cfg.lg_topics} topics")
+        sweeps[kind] = sweep(binary, kind, cfg, work)
+    return Scaling(sweeps=sweeps, p99_bound_ms=_P99_BOUND_MS, tolerance=_TOLERANCE)

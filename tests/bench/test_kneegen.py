@@ -1,0 +1,97 @@
+"""bench/kneegen (the Go load generator of the bench's scaling phase) against the real all-in-one: it
+subscribes, publishes on schedule and checks every delivery; and the knee rule read from its report."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+sys.path.insert(0, str(BENCH))
+try:
+    from phases import scaling
+finally:
+    sys.path.remove(str(BENCH))
+
+pytestmark = pytest.mark.skipif(shutil.which("go") is None, reason="no Go toolchain on PATH to build bench/kneegen")
+
+
+@pytest.fixture(scope="module")
+def kneegen(tmp_path_factory) -> Path:
+    binary = scaling.build_kneegen(tmp_path_factory.mktemp("kneegen"))
+    assert binary is not None and binary.exists()
+    return binary
+
+
+def _run(binary: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(binary), *args], capture_output=True, text=True, timeout=120)
+
+
+def test_a_run_against_the_all_in_one_delivers_every_publish_once_in_order(kneegen, upf):
+    url = f"http://127.0.0.1:{upf.port}"
+    done = _run(kneegen, "-writer", url, "-pusher", url, "-topics", "20", "-rate", "200", "-duration", "2")
+    assert done.returncode == 0, done.stderr
+    r = json.loads(done.stdout)
+    sent = r["offered_per_s"] * r["secs"]
+    assert 340 <= sent <= 410, r  # 200/s for 2 s, less the schedule's last partial period
+    assert r["accepted_per_s"] == r["offered_per_s"] == r["delivered_per_s"], r
+    assert r["violations"] == {"lost": 0, "duplicate": 0, "reordered": 0, "corrupt": 0}
+    assert r["undelivered"] == 0 and r["errors"] == {"timeout": 0, "connection": 0, "status": 0}
+    assert 0 < r["p50_ms"] <= r["p99_ms"] < 1000
+    assert scaling.knee_reasons(200, r) == []
+
+
+def test_a_topic_the_server_refuses_fails_the_run_at_subscribe(kneegen, upf):
+    """A dot in a topic name is refused (ntfy's 40009): kneegen says so and exits 1 before it
+    publishes anything, rather than measuring a run of refusals."""
+    url = f"http://127.0.0.1:{upf.port}"
+    done = _run(
+        kneegen, "-writer", url, "-pusher", url, "-topics", "2", "-rate", "20", "-duration", "1", "-prefix", "a.b"
+    )
+    assert done.returncode == 1
+    assert "subscribe failed" in done.stderr and "400" in done.stderr
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        [],
+        ["-writer", "http://127.0.0.1:1", "-pusher", "http://127.0.0.1:1", "-rate", "0"],
+        ["-writer", "not a url", "-pusher", "http://127.0.0.1:1"],
+        ["-writer", "http://127.0.0.1:1", "-pusher", "http://127.0.0.1:1", "-topics", "0"],
+    ],
+)
+def test_bad_arguments_exit_2_with_the_reason(kneegen, args):
+    done = _run(kneegen, *args)
+    assert done.returncode == 2
+    assert "kneegen:" in done.stderr
+
+
+def test_a_server_that_is_gone_fails_the_run(kneegen):
+    done = _run(kneegen, "-writer", "http://127.0.0.1:1", "-pusher", "http://127.0.0.1:1", "-duration", "1")
+    assert done.returncode == 1
+    assert "subscribe failed" in done.stderr
+
+
+def test_the_knee_rule_names_each_reason():
+    held = {
+        "offered_per_s": 4990.0,
+        "delivered_per_s": 4990.0,
+        "p99_ms": 20.0,
+        "violations": {"lost": 0, "duplicate": 0, "reordered": 0, "corrupt": 0},
+        "undelivered": 0,
+    }
+    assert scaling.knee_reasons(5000, held) == []
+    slow = {**held, "offered_per_s": 4000.0, "delivered_per_s": 4000.0, "p99_ms": 300.0}
+    reasons = scaling.knee_reasons(5000, slow)
+    assert len(reasons) == 3
+    assert reasons[0].startswith("offered 4000/s")
+    assert reasons[1].startswith("delivered 4000/s < 95% of 5000/s")
+    assert reasons[2] == "p99 300.0 ms > 250 ms"
+    lost = {**held, "violations": {**held["violations"], "lost": 2}, "undelivered": 2}
+    assert scaling.knee_reasons(5000, lost) == ["violations {'lost': 2}, undelivered 2"]
