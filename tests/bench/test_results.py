@@ -265,6 +265,7 @@ def test_quick_is_full_made_shorter():
         "pp_streams",
         "pp_rate",
         "al_secs",
+        "scaling_rates",
     }
     assert quick["rounds"] == 1 and max(quick["sweep_rates"]) == 4000
 
