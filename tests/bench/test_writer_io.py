@@ -9,6 +9,8 @@ import sys
 import urllib.request
 from pathlib import Path
 
+import pytest
+
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 sys.path.insert(0, str(BENCH))
 try:
@@ -28,11 +30,12 @@ async def _stored(store_path: Path, topic: str) -> list[str]:
         await store.close()
 
 
-def test_the_no_flush_writer_stores_what_it_answers_and_counts_its_commits(tmp_path):
-    store = tmp_path / "nosync.db"
-    p, port = procs.start_upf_command(
-        "writer-nosync", [procs.PY, "-c", writer_io._NOSYNC], "nosync", "test-writer", tmp_path, store
-    )
+@pytest.mark.parametrize("variant", ["no flushes", "emulated log"])
+def test_each_bound_writer_stores_what_it_answers_and_counts_its_commits(tmp_path, variant):
+    store = tmp_path / "bound.db"
+    code = writer_io._VARIANTS[variant]
+    assert code is not None
+    p, port = procs.start_upf_command("writer-io", [procs.PY, "-c", code], "io", "test-writer", tmp_path, store)
     try:
         before = writer_io.commit_tallies(port)
         for body in (b"one", b"two"):
@@ -46,6 +49,8 @@ def test_the_no_flush_writer_stores_what_it_answers_and_counts_its_commits(tmp_p
     assert after["batch_size_sum"] - before["batch_size_sum"] == 2  # a publish each, counted
     assert after["duration_seconds_count"] > before["duration_seconds_count"]
     assert asyncio.run(_stored(store, "upWRITERIO01")) == ["one", "two"]
+    if variant == "emulated log":  # a record a commit was appended (a checkpoint may have cut it since)
+        assert (tmp_path / "bound.db.wal").exists()
 
 
 def test_the_disk_figures_are_timed_writes(tmp_path):

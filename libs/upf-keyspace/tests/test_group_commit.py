@@ -32,7 +32,7 @@ class _Recorder:
         self.release = threading.Event()
         self.sleeping = threading.Event()
         real_gather = committer._Committer._gather
-        real_commit = committer._Committer._commit_batch
+        real_apply = committer._Committer._apply_batch
 
         def gather(c, batch, wait):
             self.waits.append(wait)
@@ -40,14 +40,14 @@ class _Recorder:
                 self.sleeping.set()
             return real_gather(c, batch, wait)
 
-        def commit(c, conn, batch):
+        def apply(c, f, txn, batch):  # inside the commit: what arrives now waits for the next one
             self.sizes.append(len(batch))
             if len(self.sizes) == 1:
                 assert self.release.wait(10)
-            return real_commit(c, conn, batch)
+            return real_apply(c, f, txn, batch)
 
         monkeypatch.setattr(committer._Committer, "_gather", gather)
-        monkeypatch.setattr(committer._Committer, "_commit_batch", commit)
+        monkeypatch.setattr(committer._Committer, "_apply_batch", apply)
 
     async def queue_behind_held(self, db, held: bytes, *queued: bytes) -> list[asyncio.Task[None]]:
         """Put ``held`` (its commit is held), then ``queued`` once it is, and wait until they are
@@ -349,17 +349,17 @@ async def test_a_slow_commit_is_not_a_gap_of_the_gather_after_it(tmp_path, monke
     rec = _Recorder(monkeypatch)
     db = await open_embedded(str(tmp_path / "s.db"))
     gate, committing = threading.Event(), threading.Event()
-    inner = committer._Committer._commit_batch
+    inner = committer._Committer._apply_batch
 
-    def held(c, f, batch):
+    def held(c, f, txn, batch):
         committing.set()
         assert gate.wait(10)
-        return inner(c, f, batch)
+        return inner(c, f, txn, batch)
 
     loop = asyncio.get_running_loop()
     try:
         x = await rec.gathering_after_a_commit_of_two(db)
-        monkeypatch.setattr(committer._Committer, "_commit_batch", held)
+        monkeypatch.setattr(committer._Committer, "_apply_batch", held)
         x2 = asyncio.create_task(_put(db, b"x2"))  # completes the count: [x, x2] commits, held
         assert await asyncio.to_thread(committing.wait, 10)
         y = asyncio.create_task(_put(db, b"y"))
