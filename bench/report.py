@@ -573,7 +573,12 @@ def render(res: Results) -> str:
             f"{sc['knee_workers_2']:g}/s with 2{'' if sc['knee_reached_2'] else ' (not reached: a lower bound)'}; ratio {_ratio_text(sc)} "
             f"(last good rate: {_f(sc.get('last_good_1'))}/s and {_f(sc.get('last_good_2'))}/s; the sweep's rate steps bound the ratio's precision). "
             "The CPU split between roles is in the publish-and-delivery table (the split shape's writer and pusher, "
-            "the all-in-one's threads and workers).",
+            "the all-in-one's threads and workers)."
+            + (
+                " bench/kneegen's sweeps (the next section) load the server past these rates."
+                if "scaling_kneegen" in s
+                else ""
+            ),
             "",
         ]
     if "scaling_kneegen" in s:
