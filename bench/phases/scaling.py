@@ -112,7 +112,15 @@ def sweep(binary: Path, kind: str, cfg: Config, work: Path) -> ScalingSweep:
     steps: list[KneegenStep] = []
     try:
         for i, rate in enumerate(cfg.scaling_rates):
-            s = run_step(binary, shape, rate, cfg.lg_topics, cfg.sweep_secs, f"kg{i}x")
+            try:
+                s = run_step(binary, shape, rate, cfg.lg_topics, cfg.sweep_secs, f"kg{i}x")
+            except (RuntimeError, ValueError, KeyError, subprocess.TimeoutExpired) as exc:
+                # A run that could not finish (its subscribers refused, no report) fails the rate: the
+                # knee, said as it is, not the end of the bench.
+                s = KneegenStep(
+                    rate=rate, offered_per_s=0, accepted_per_s=0, delivered_per_s=0, p50_ms=0, p99_ms=0,
+                    violations=0, undelivered=0, errors=0, server_cpu_pct=0, reasons=[f"kneegen failed: {exc}"],
+                )  # fmt: skip
             shape.check_alive()
             steps.append(s)
             log(

@@ -9,20 +9,22 @@ import subprocess
 import sys
 from pathlib import Path
 
+import msgspec
 import pytest
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 sys.path.insert(0, str(BENCH))
 try:
     from phases import scaling
+    from schema import QUICK
 finally:
     sys.path.remove(str(BENCH))
-
-pytestmark = pytest.mark.skipif(shutil.which("go") is None, reason="no Go toolchain on PATH to build bench/kneegen")
 
 
 @pytest.fixture(scope="module")
 def kneegen(tmp_path_factory) -> Path:
+    if shutil.which("go") is None:
+        pytest.skip("no Go toolchain on PATH to build bench/kneegen")
     binary = scaling.build_kneegen(tmp_path_factory.mktemp("kneegen"))
     assert binary is not None and binary.exists()
     return binary
@@ -95,3 +97,37 @@ def test_the_knee_rule_names_each_reason():
     assert reasons[2] == "p99 300.0 ms > 250 ms"
     lost = {**held, "violations": {**held["violations"], "lost": 2}, "undelivered": 2}
     assert scaling.knee_reasons(5000, lost) == ["violations {'lost': 2}, undelivered 2"]
+
+
+def test_a_run_that_cannot_finish_is_the_knee_not_the_end_of_the_bench(monkeypatch, tmp_path):
+    """A kneegen run that exits without a report (its subscribers refused at a rate past the knee)
+    fails that rate with the reason, and the sweep stops there, as at any failed rate."""
+
+    class FakeShape:
+        roles: dict[str, object] = {}
+
+        def __init__(self, kind, work):
+            self.stopped = False
+
+        def check_alive(self):
+            pass
+
+        def stop(self):
+            FakeShape.stopped = True
+
+    def run_step(binary, shape, rate, topics, secs, prefix):
+        if rate > 1000:
+            raise RuntimeError("kneegen at 2000/s exited 1: subscribe failed")
+        return scaling.KneegenStep(
+            rate=rate, offered_per_s=rate, accepted_per_s=rate, delivered_per_s=rate, p50_ms=5, p99_ms=9,
+            violations=0, undelivered=0, errors=0, server_cpu_pct=10,
+        )  # fmt: skip
+
+    monkeypatch.setattr(scaling, "Shape", FakeShape)
+    monkeypatch.setattr(scaling, "run_step", run_step)
+    monkeypatch.setattr(scaling.time, "sleep", lambda s: None)
+    cfg = msgspec.structs.replace(QUICK, scaling_rates=[1000, 2000, 3000])
+    sw = scaling.sweep(Path("kneegen"), "allinone", cfg, tmp_path)
+    assert (sw.knee, sw.last_good_rate, [s.rate for s in sw.steps]) == (2000, 1000, [1000, 2000])
+    assert sw.steps[-1].reasons == ["kneegen failed: kneegen at 2000/s exited 1: subscribe failed"]
+    assert FakeShape.stopped
