@@ -239,8 +239,9 @@ class _Committer(_Watches):
         """Apply one physical commit; True if it committed anything. What arrived while another
         process held the file's write lock joins it: with two workers on one store each commit
         waits for the other's ~2 ms of flushes, and those arrivals would otherwise wait for a
-        flush of their own (the all-in-one with UPF_WORKERS=2 held 12,000 publishes/s against
-        13,800 with them joined: BENCHMARKS.md, thirty-fifth pass)."""
+        flush of their own (the all-in-one with UPF_WORKERS=2, asked for 14,000 publishes/s,
+        delivered ~12,100 a second without this and ~13,800 with it: BENCHMARKS.md, thirty-fifth
+        pass)."""
         txn = f.env.begin(write=True)  # waits for another process's write lock (a robust mutex)
         try:
             taken = len(batch)
