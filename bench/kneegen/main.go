@@ -60,21 +60,20 @@ type topicState struct {
 }
 
 type report struct {
-	Rate          float64           `json:"rate"`
-	Secs          float64           `json:"secs"`
-	Topics        int               `json:"topics"`
-	OfferedPerS   float64           `json:"offered_per_s"`
-	AcceptedPerS  float64           `json:"accepted_per_s"`
-	DeliveredPerS float64           `json:"delivered_per_s"`
-	P50Ms         float64           `json:"p50_ms"`
-	P99Ms         float64           `json:"p99_ms"`
-	PublishP99Ms  float64           `json:"publish_p99_ms"`
-	Violations    map[string]int    `json:"violations"`
-	Errors        map[string]int64  `json:"errors"`
-	CPUSecs       float64           `json:"cpu_secs"`
-	Undelivered   int               `json:"undelivered"`
-	Samples       []string          `json:"samples"`
-	Extra         map[string]string `json:"extra,omitempty"`
+	Rate          float64          `json:"rate"`
+	Secs          float64          `json:"secs"`
+	Topics        int              `json:"topics"`
+	OfferedPerS   float64          `json:"offered_per_s"`
+	AcceptedPerS  float64          `json:"accepted_per_s"`
+	DeliveredPerS float64          `json:"delivered_per_s"`
+	P50Ms         float64          `json:"p50_ms"`
+	P99Ms         float64          `json:"p99_ms"`
+	PublishP99Ms  float64          `json:"publish_p99_ms"`
+	Violations    map[string]int   `json:"violations"`
+	Errors        map[string]int64 `json:"errors"`
+	CPUSecs       float64          `json:"cpu_secs"`
+	Undelivered   int              `json:"undelivered"`
+	Samples       []string         `json:"samples"`
 }
 
 type counters struct {
