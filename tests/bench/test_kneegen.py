@@ -105,9 +105,10 @@ def test_a_run_that_cannot_finish_is_the_knee_not_the_end_of_the_bench(monkeypat
 
     class FakeShape:
         roles: dict[str, object] = {}
+        stopped = False
 
         def __init__(self, kind, work):
-            self.stopped = False
+            pass
 
         def check_alive(self):
             pass
