@@ -8,7 +8,7 @@ import statistics
 from typing import Any
 
 import msgspec
-from schema import GOALS, AuthLimits, Price, Results, Scaling, Sweep
+from schema import GOALS, AuthLimits, KneegenStep, Price, Results, Scaling, Sweep
 
 
 def med(xs: list[float | None]) -> float:
@@ -62,10 +62,21 @@ def _scaling_kneegen(sc: Scaling) -> dict[str, Any]:
             "reasons": last.reasons if last and sw.knee else [],
             "steps": [msgspec.to_builtins(st) for st in sw.steps],
         }
+        if sw.half_knee is not None:
+            out[kind]["half_knee"] = msgspec.to_builtins(sw.half_knee)
+        if sw.twice_knee is not None:
+            out[kind]["twice_knee"] = msgspec.to_builtins(sw.twice_knee)
     one, two = sc.sweeps.get("allinone"), sc.sweeps.get("allinone_w2")
     if one and two and one.knee and two.knee and one.last_good_rate and two.last_good_rate:
         out["ratio_held_2_over_1"] = round(two.last_good_rate / one.last_good_rate, 2)
     return out
+
+
+def _kneegen_runs(sc: Scaling) -> list[KneegenStep]:
+    """Every kneegen run of the phase: the sweeps' steps, and the runs at half and twice each knee."""
+    runs = [st for sw in sc.sweeps.values() for st in sw.steps]
+    runs += [st for sw in sc.sweeps.values() for st in (sw.half_knee, sw.twice_knee) if st is not None]
+    return runs
 
 
 def _p(price: Price | None, field: str) -> Any:
@@ -243,7 +254,7 @@ def summarize(res: Results) -> dict[str, Any]:
     ]
     all_runs += [r.fanout for r in rounds if r.fanout is not None]
     all_runs += list(res.pubdeliver.shapes.values()) if res.pubdeliver is not None else []
-    kg = [st for sw in res.scaling.sweeps.values() for st in sw.steps] if res.scaling is not None else []
+    kg = _kneegen_runs(res.scaling) if res.scaling is not None else []
     if all_runs or kg:
         s["correctness"] = {
             "runs": len(all_runs) + len(kg),
@@ -324,6 +335,14 @@ def _goals(res: Results, s: dict[str, Any]) -> dict[str, Any]:
             "value": f"held {held:,}/s"
             + (f", failed at {w2['knee']:,}/s" if w2["knee"] else " (no rate failed: a lower bound)"),
         }
+    halves = {
+        k: v["half_knee"] for k, v in s.get("scaling_kneegen", {}).items() if isinstance(v, dict) and "half_knee" in v
+    }
+    if halves:
+        g["p99_half_knee_kneegen"] = {
+            "met": all(h["p99_ms"] <= GOALS["p99_half_knee_ms"] and not h.get("reasons") for h in halves.values()),
+            "value": ", ".join(f"{k} {h['p99_ms']} ms at {h['rate']:,}/s" for k, h in halves.items()),
+        }
     if "pubdeliver" in s:
         vals = {k: v["cpu_us_per_publish_and_delivery"] for k, v in s["pubdeliver"]["shapes"].items()}
         g["cpu_us_per_publish_and_delivery"] = {
@@ -339,6 +358,11 @@ def _f(x: Any, nd: int = 0) -> str:
     if isinstance(x, float):
         return f"{x:,.{nd}f}"
     return str(x)
+
+
+def _rate(x: float | None) -> str:
+    """A rate with thousands separators whether the figure came as an int or a float."""
+    return "-" if x is None else f"{x:,.0f}"
 
 
 def _ratio(a: float | None, b: float | None) -> str:
@@ -603,21 +627,14 @@ def render(res: Results) -> str:
             L += [
                 f"{kind}: {verdict}.",
                 "",
-                "| rate | offered/s | delivered/s | p50 ms | p99 ms | violations | server % of a core | server us/publish | kneegen us/publish |",
-                "|---|---|---|---|---|---|---|---|---|",
+                *_kneegen_table(k["steps"]),
             ]
-            for st in k["steps"]:
-                L.append(
-                    f"| {st['rate']:,} | {_f(st['offered_per_s'])} | {_f(st['delivered_per_s'])} | {st['p50_ms']} | {st['p99_ms']} | "
-                    f"{st['violations']} | {st['server_cpu_pct']} | {_f(st.get('server_cpu_us_per_publish'), 1)} | "
-                    f"{_f(st.get('kneegen_cpu_us_per_publish'), 1)} |"
-                )
-            L.append("")
         if "ratio_held_2_over_1" in sk:
             L += [
                 f"Rate held with 2 workers over 1: {sk['ratio_held_2_over_1']} (the rate steps bound its precision).",
                 "",
             ]
+        L += _kneegen_around_knees(sk)
     if "correctness" in s:
         c = s["correctness"]
         L += [
@@ -642,7 +659,57 @@ def render(res: Results) -> str:
         "idle_cpu_pct_n": "<= 1% of a core",
         "cpu_us_per_publish_and_delivery": "<= 250 us",
         "knee_allinone_w2": ">= 4,000/s (bench/kneegen)",
+        "p99_half_knee_kneegen": "<= 50 ms at half bench/kneegen's knee",
     }
     for k, v in s["goals"].items():
         L.append(f"| {k} | {targets.get(k, '')} | {v['value']} | {'yes' if v['met'] else 'NO'} |")
     return "\n".join(L) + "\n"
+
+
+def _kneegen_table(steps: list[dict[str, Any]]) -> list[str]:
+    L = [
+        "| rate | offered/s | delivered/s | p50 ms | p99 ms | violations | server % of a core | server us/publish | kneegen us/publish |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for st in steps:
+        L.append(
+            f"| {st['rate']:,} | {_f(st['offered_per_s'])} | {_f(st['delivered_per_s'])} | {st['p50_ms']} | {st['p99_ms']} | "
+            f"{st['violations']} | {st['server_cpu_pct']} | {_f(st.get('server_cpu_us_per_publish'), 1)} | "
+            f"{_f(st.get('kneegen_cpu_us_per_publish'), 1)} |"
+        )
+    return [*L, ""]
+
+
+def _kneegen_around_knees(sk: dict[str, Any]) -> list[str]:
+    """The split shape's kneegen sweep and every shape's runs at half and twice its knee (runs before
+    the thirty-sixth pass had neither: nothing is rendered for them)."""
+    L: list[str] = []
+    if "split" in sk:
+        k = sk["split"]
+        verdict = (
+            f"held {_f(k['held'])}/s, failed at {k['knee']:,}/s ({'; '.join(k['reasons'])})"
+            if k["knee"]
+            else f"held every rate up to {_f(k['held'])}/s (a lower bound)"
+        )
+        L += [f"split (writer, pusher and janitor apart): {verdict}.", "", *_kneegen_table(k["steps"])]
+    around = {kind: v for kind, v in sk.items() if isinstance(v, dict) and "half_knee" in v}
+    if not around:
+        return L
+    L += [
+        "### Half and twice each shape's kneegen knee",
+        "",
+        "The knee is the first rate that failed (the last rate when none did). At twice it the publishers fall "
+        "behind (each awaits its publish): what counts there is that every accepted publish is delivered once, "
+        "in order.",
+        "",
+        "| shape | knee | half: rate | delivered/s | p50 ms | p99 ms | violations | twice: rate | offered/s | delivered/s | p99 ms | violations | undelivered |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for kind, v in around.items():
+        h, t = v["half_knee"], v.get("twice_knee") or {}
+        L.append(
+            f"| {kind} | {_rate(v['knee'] or v['held'])} | {_rate(h['rate'])} | {_rate(h['delivered_per_s'])} | {h['p50_ms']} | "
+            f"{h['p99_ms']} | {h['violations']} | {_rate(t.get('rate'))} | {_rate(t.get('offered_per_s'))} | "
+            f"{_rate(t.get('delivered_per_s'))} | {t.get('p99_ms', '-')} | {t.get('violations', '-')} | {t.get('undelivered', '-')} |"
+        )
+    return [*L, ""]

@@ -426,7 +426,7 @@ class StoreBench(Rec, kw_only=True):
 
 
 class KneegenStep(Rec, kw_only=True):
-    """One bench/kneegen run at ``rate`` against the all-in-one (phases/scaling.py)."""
+    """One bench/kneegen run at ``rate`` against one shape (phases/scaling.py)."""
 
     rate: int
     offered_per_s: float
@@ -448,6 +448,8 @@ class ScalingSweep(Rec, kw_only=True):
     knee: int | None = None  # the first rate that failed; None: every rate held
     last_good_rate: int | None = None
     steps: list[KneegenStep] = []
+    half_knee: KneegenStep | None = None  # a run at half the knee (the last rate when none failed)
+    twice_knee: KneegenStep | None = None  # and one at twice it (runs before the thirty-sixth pass had neither)
 
 
 class Scaling(Rec, kw_only=True):

@@ -1,4 +1,5 @@
-"""scaling: the all-in-one's knee with UPF_WORKERS=1 and 2, found with bench/kneegen (a Go load generator).
+"""scaling: the all-in-one's knee with UPF_WORKERS=1 and 2 and the split shape's, found with bench/kneegen
+(a Go load generator), and each shape at half and at twice its knee.
 
 Why a second generator: on two cores the Python ``upf-loadgen`` spends about as much CPU per publish
 and delivery as the server, so every ``sweep`` up to 10,000/s ended with its offered rate behind, not
@@ -6,7 +7,9 @@ the server's, and the scaling figure stayed a lower bound. kneegen does the same
 publisher and one ws subscriber per topic, loadgen's bodies, loss / duplicate / order checks) for ~20 us
 of CPU per publish and delivery. Each step is a fresh kneegen run on fresh topics against one server;
 the sweep stops at the first step that fails loadgen's knee rule (``find_knee``: offered or delivered
-more than ``tolerance`` behind the rate, p99 over the bound) or has a violation."""
+more than ``tolerance`` behind the rate, p99 over the bound) or has a violation. Then one run at half
+the knee (the issue's p99 goal) and one at twice it (no violation, however far behind): the ``rounds``
+phase runs those rates from the Python loadgen's knees, which its own CPU caps below the server's."""
 
 from __future__ import annotations
 
@@ -107,30 +110,44 @@ def knee_reasons(rate: int, r: dict[str, Any]) -> list[str]:
     return reasons
 
 
+def _step(binary: Path, shape: Shape, rate: int, cfg: Config, prefix: str, label: str) -> KneegenStep:
+    """``run_step``, logged; a run that could not finish (its subscribers refused, no report) fails
+    the rate with the reason: the knee, said as it is, not the end of the bench."""
+    try:
+        s = run_step(binary, shape, rate, cfg.lg_topics, cfg.sweep_secs, prefix)
+    except (RuntimeError, ValueError, KeyError, subprocess.TimeoutExpired) as exc:
+        s = KneegenStep(
+            rate=rate, offered_per_s=0, accepted_per_s=0, delivered_per_s=0, p50_ms=0, p99_ms=0,
+            violations=0, undelivered=0, errors=0, server_cpu_pct=0, reasons=[f"kneegen failed: {exc}"],
+        )  # fmt: skip
+    shape.check_alive()
+    log(
+        f"  scaling {shape.kind} {label}{rate}/s: offered {s.offered_per_s:,.0f}, delivered {s.delivered_per_s:,.0f}, "
+        f"p99 {s.p99_ms} ms, server {s.server_cpu_pct}% of a core, kneegen {s.kneegen_cpu_us_per_publish} us"
+        + (f": {'; '.join(s.reasons)}" if s.reasons else "")
+    )
+    return s
+
+
 def sweep(binary: Path, kind: str, cfg: Config, work: Path) -> ScalingSweep:
     shape = Shape(kind, work)
     steps: list[KneegenStep] = []
+    half = twice = None
     try:
         for i, rate in enumerate(cfg.scaling_rates):
-            try:
-                s = run_step(binary, shape, rate, cfg.lg_topics, cfg.sweep_secs, f"kg{i}x")
-            except (RuntimeError, ValueError, KeyError, subprocess.TimeoutExpired) as exc:
-                # A run that could not finish (its subscribers refused, no report) fails the rate: the
-                # knee, said as it is, not the end of the bench.
-                s = KneegenStep(
-                    rate=rate, offered_per_s=0, accepted_per_s=0, delivered_per_s=0, p50_ms=0, p99_ms=0,
-                    violations=0, undelivered=0, errors=0, server_cpu_pct=0, reasons=[f"kneegen failed: {exc}"],
-                )  # fmt: skip
-            shape.check_alive()
+            s = _step(binary, shape, rate, cfg, f"kg{i}x", "")
             steps.append(s)
-            log(
-                f"  scaling {kind} {rate}/s: offered {s.offered_per_s:,.0f}, delivered {s.delivered_per_s:,.0f}, "
-                f"p99 {s.p99_ms} ms, server {s.server_cpu_pct}% of a core, kneegen {s.kneegen_cpu_us_per_publish} us"
-                + (f": {'; '.join(s.reasons)}" if s.reasons else "")
-            )
             if s.reasons:
                 break
             time.sleep(1)
+        if steps:
+            # The knee as loadgen's sweeps take it (``report.knee_rate``): the first rate that failed,
+            # else the last (a lower bound).
+            knee = steps[-1].rate
+            time.sleep(1)
+            half = _step(binary, shape, knee // 2, cfg, "kgh", "half the knee: ")
+            time.sleep(1)
+            twice = _step(binary, shape, knee * 2, cfg, "kgt", "twice the knee: ")
     finally:
         shape.stop()
     failed = steps[-1] if steps and steps[-1].reasons else None
@@ -140,6 +157,8 @@ def sweep(binary: Path, kind: str, cfg: Config, work: Path) -> ScalingSweep:
         knee=failed.rate if failed else None,
         last_good_rate=good[-1] if good else None,
         steps=steps,
+        half_knee=half,
+        twice_knee=twice,
     )
 
 
@@ -153,7 +172,7 @@ def phase_scaling(cfg: Config, work: Path) -> Scaling | None:
         log("scaling: no Go toolchain on PATH to build bench/kneegen; the phase is skipped")
         return None
     sweeps = {}
-    for kind in ("allinone", "allinone_w2"):
+    for kind in ("allinone", "allinone_w2", "split"):
         log(f"scaling {kind}: kneegen at {cfg.scaling_rates}/s x {cfg.sweep_secs}s, {cfg.lg_topics} topics")
         sweeps[kind] = sweep(binary, kind, cfg, work)
     return Scaling(sweeps=sweeps, p99_bound_ms=_P99_BOUND_MS, tolerance=_TOLERANCE)

@@ -101,14 +101,15 @@ def test_the_knee_rule_names_each_reason():
 
 def test_a_run_that_cannot_finish_is_the_knee_not_the_end_of_the_bench(monkeypatch, tmp_path):
     """A kneegen run that exits without a report (its subscribers refused at a rate past the knee)
-    fails that rate with the reason, and the sweep stops there, as at any failed rate."""
+    fails that rate with the reason, and the sweep stops there, as at any failed rate; then it runs
+    half and twice that knee on the same server, and a failed run there is said the same way."""
 
     class FakeShape:
         roles: dict[str, object] = {}
         stopped = False
 
         def __init__(self, kind, work):
-            pass
+            self.kind = kind
 
         def check_alive(self):
             pass
@@ -131,4 +132,7 @@ def test_a_run_that_cannot_finish_is_the_knee_not_the_end_of_the_bench(monkeypat
     sw = scaling.sweep(Path("kneegen"), "allinone", cfg, tmp_path)
     assert (sw.knee, sw.last_good_rate, [s.rate for s in sw.steps]) == (2000, 1000, [1000, 2000])
     assert sw.steps[-1].reasons == ["kneegen failed: kneegen at 2000/s exited 1: subscribe failed"]
+    assert sw.half_knee is not None and (sw.half_knee.rate, sw.half_knee.reasons) == (1000, [])
+    assert sw.twice_knee is not None and sw.twice_knee.rate == 4000
+    assert sw.twice_knee.reasons == ["kneegen failed: kneegen at 2000/s exited 1: subscribe failed"]
     assert FakeShape.stopped

@@ -228,6 +228,42 @@ def test_scaling_names_a_knee_one_sweep_found_and_bounds_the_other():
     assert "(not reached: a lower bound); ratio 1.0 (not resolved" in report.render(res)
 
 
+def test_half_and_twice_the_kneegen_knee_give_the_p99_goal_and_count_as_runs():
+    """Each kneegen sweep's runs at half and twice its knee: the p99 goal is judged at every shape's
+    half, a violation at twice counts in the correctness line, and the table names both."""
+
+    def step(rate: int, p99: float, violations: int = 0, reasons: list[str] | None = None) -> schema.KneegenStep:
+        return schema.KneegenStep(
+            rate=rate, offered_per_s=rate, accepted_per_s=rate, delivered_per_s=rate, p50_ms=5.0, p99_ms=p99,
+            violations=violations, undelivered=0, errors=0, server_cpu_pct=50.0, reasons=reasons or [],
+        )  # fmt: skip
+
+    res = schema.decode(json.dumps(_minimal()))
+    res.scaling = schema.Scaling(
+        sweeps={
+            "allinone_w2": schema.ScalingSweep(
+                shape="allinone_w2", knee=8000, last_good_rate=6000,
+                steps=[step(6000, 40.0), step(8000, 300.0, reasons=["p99 300.0 ms > 250 ms"])],
+                half_knee=step(4000, 20.5), twice_knee=step(16000, 400.0, violations=2, reasons=["x"]),
+            ),
+            "split": schema.ScalingSweep(
+                shape="split", knee=None, last_good_rate=6000, steps=[step(6000, 30.0)],
+                half_knee=step(3000, 61.0), twice_knee=step(12000, 200.0),
+            ),
+        },
+        p99_bound_ms=250.0,
+        tolerance=0.05,
+    )  # fmt: skip
+    res.summary = report.summarize(res)
+    goal = res.summary["goals"]["p99_half_knee_kneegen"]
+    assert goal == {"met": False, "value": "allinone_w2 20.5 ms at 4,000/s, split 61.0 ms at 3,000/s"}
+    assert (res.summary["correctness"]["runs"], res.summary["correctness"]["violations"]) == (7, 2)
+    text = report.render(res)
+    assert "split (writer, pusher and janitor apart): held every rate up to 6000/s (a lower bound)." in text
+    assert "| allinone_w2 | 8,000 | 4,000 | 4,000 | 5.0 | 20.5 | 0 | 16,000 | 16,000 | 16,000 | 400.0 | 2 | 0 |" in text
+    assert "| split | 6,000 | 3,000 | 3,000 | 5.0 | 61.0 | 0 | 12,000 | 12,000 | 12,000 | 200.0 | 0 | 0 |" in text
+
+
 def test_med_and_spread_skip_missing_figures():
     assert report.med([3.0, None, 1.0, 2.0]) == 2.0
     assert math.isnan(report.med([None]))
