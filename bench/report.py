@@ -8,7 +8,7 @@ import statistics
 from typing import Any
 
 import msgspec
-from schema import GOALS, AuthLimits, KneegenStep, Price, Results, Scaling, Sweep
+from schema import GOALS, AuthLimits, KneegenStep, Price, Results, Scaling, ScalingSweep, Sweep
 
 
 def med(xs: list[float | None]) -> float:
@@ -74,9 +74,11 @@ def _scaling_kneegen(sc: Scaling) -> dict[str, Any]:
 
 def _kneegen_runs(sc: Scaling) -> list[KneegenStep]:
     """Every kneegen run of the phase: the sweeps' steps, and the runs at half and twice each knee."""
-    runs = [st for sw in sc.sweeps.values() for st in sw.steps]
-    runs += [st for sw in sc.sweeps.values() for st in (sw.half_knee, sw.twice_knee) if st is not None]
-    return runs
+    return [st for sw in sc.sweeps.values() for st in _kneegen_runs_of(sw)]
+
+
+def _kneegen_runs_of(sw: ScalingSweep) -> list[KneegenStep]:
+    return [*sw.steps, *(st for st in (sw.half_knee, sw.twice_knee) if st is not None)]
 
 
 def _p(price: Price | None, field: str) -> Any:
@@ -287,9 +289,16 @@ def _goals(res: Results, s: dict[str, Any]) -> dict[str, Any]:
         cands += [_p(st.steady, "pusher_frames_per_cpu_sec") for sw in res.sweeps.get("split", []) for st in sw.steps]
         best = max(filter(None, cands), default=0)
         bc = s["broadcast"]["frames_per_cpu_sec"]
+        # kneegen's split runs load the pusher past the Python loadgen's reach (runs before the
+        # thirty-sixth pass have none): the best of both, each said.
+        kg_split = res.scaling.sweeps.get("split") if res.scaling is not None else None
+        kg = [st.pusher_frames_per_cpu_sec for st in _kneegen_runs_of(kg_split)] if kg_split else []
+        kg_best = max(filter(None, kg), default=0)
         g["pusher_vs_broadcast"] = {
-            "met": best / bc >= GOALS["pusher_1sub_vs_broadcast"],
-            "value": round(best / bc, 3),
+            "met": max(best, kg_best) / bc >= GOALS["pusher_1sub_vs_broadcast"],
+            "value": round(best / bc, 3)
+            if not kg_best
+            else f"{round(max(best, kg_best) / bc, 3)} (loadgen's split runs {round(best / bc, 3)}, kneegen's {round(kg_best / bc, 3)})",
         }
         if "fanout" in s and s["fanout"]["pusher_frames_per_cpu_sec"]:
             r = s["fanout"]["pusher_frames_per_cpu_sec"] / bc
@@ -666,17 +675,22 @@ def render(res: Results) -> str:
     return "\n".join(L) + "\n"
 
 
-def _kneegen_table(steps: list[dict[str, Any]]) -> list[str]:
-    L = [
-        "| rate | offered/s | delivered/s | p50 ms | p99 ms | violations | server % of a core | server us/publish | kneegen us/publish |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
+def _kneegen_table(steps: list[dict[str, Any]], roles: bool = False) -> list[str]:
+    """A sweep's steps; with ``roles``, each role's CPU over the publishing window and the pusher's
+    frames per CPU-second (the split shape's, from the thirty-sixth pass)."""
+    head = "| rate | offered/s | delivered/s | p50 ms | p99 ms | violations | server % of a core | server us/publish | kneegen us/publish |"
+    L = [head + (" role CPU s (publishing window) | pusher frames per CPU-second |" if roles else "")]
+    L.append("|---" * (11 if roles else 9) + "|")
     for st in steps:
-        L.append(
+        row = (
             f"| {st['rate']:,} | {_f(st['offered_per_s'])} | {_f(st['delivered_per_s'])} | {st['p50_ms']} | {st['p99_ms']} | "
             f"{st['violations']} | {st['server_cpu_pct']} | {_f(st.get('server_cpu_us_per_publish'), 1)} | "
             f"{_f(st.get('kneegen_cpu_us_per_publish'), 1)} |"
         )
+        if roles:
+            cpu = st.get("role_cpu_secs") or {}
+            row += f" {', '.join(f'{n} {c:g}' for n, c in cpu.items()) or '-'} | {_rate(st.get('pusher_frames_per_cpu_sec'))} |"
+        L.append(row)
     return [*L, ""]
 
 
@@ -691,7 +705,7 @@ def _kneegen_around_knees(sk: dict[str, Any]) -> list[str]:
             if k["knee"]
             else f"held every rate up to {_f(k['held'])}/s (a lower bound)"
         )
-        L += [f"split (writer, pusher and janitor apart): {verdict}.", "", *_kneegen_table(k["steps"])]
+        L += [f"split (writer and pusher apart): {verdict}.", "", *_kneegen_table(k["steps"], roles=True)]
     around = {kind: v for kind, v in sk.items() if isinstance(v, dict) and "half_knee" in v}
     if not around:
         return L

@@ -441,6 +441,9 @@ class KneegenStep(Rec, kw_only=True):
     server_cpu_us_per_publish: float | None = None
     kneegen_cpu_us_per_publish: float | None = None
     reasons: list[str] = []
+    window_secs: float | None = None  # publishing and drain, without the connects (runs from the thirty-sixth pass)
+    role_cpu_secs: dict[str, float] = {}  # each role's CPU over that window
+    pusher_frames_per_cpu_sec: float | None = None  # the split pusher's, over that window
 
 
 class ScalingSweep(Rec, kw_only=True):

@@ -10,7 +10,10 @@
 //
 //	kneegen -writer http://127.0.0.1:8080 -pusher http://127.0.0.1:8080 -topics 1000 -rate 12000 -duration 6
 //
-// It prints one JSON object (see report) on stdout; progress and errors go to stderr.
+// It prints one JSON object (see report) on stdout; progress and errors go to stderr: the lines
+// "kneegen: publishing" (subscribers are in; publishing starts within 50 ms) and "kneegen: drained"
+// (every accepted publish delivered, or the drain timed out) bound the window a caller prices the
+// server's CPU over, without the subscribers' connects.
 package main
 
 import (
@@ -383,6 +386,7 @@ func main() {
 	var ru0, ru1 syscall.Rusage
 	syscall.Getrusage(syscall.RUSAGE_SELF, &ru0)
 	start := time.Now().Add(50 * time.Millisecond)
+	fmt.Fprintln(os.Stderr, "kneegen: publishing")
 	end := start.Add(time.Duration(*secs * float64(time.Second)))
 	var pubs sync.WaitGroup
 	to := time.Duration(*timeout * float64(time.Second))
@@ -442,6 +446,7 @@ func main() {
 	for n.delivered.Load()+n.corrupt.Load() < n.accepted.Load() && time.Now().Before(deadline) {
 		time.Sleep(20 * time.Millisecond)
 	}
+	fmt.Fprintln(os.Stderr, "kneegen: drained")
 	time.Sleep(200 * time.Millisecond) // a duplicate would come right after
 	syscall.Getrusage(syscall.RUSAGE_SELF, &ru1)
 	for _, w := range wss {

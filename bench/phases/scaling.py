@@ -17,6 +17,7 @@ import hashlib
 import json
 import shutil
 import subprocess
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -50,8 +51,10 @@ def build_kneegen(cache: Path | None = None) -> Path | None:
 
 def run_step(binary: Path, shape: Shape, rate: int, topics: int, secs: float, prefix: str) -> KneegenStep:
     """One kneegen run at ``rate``, priced by the server's CPU over the whole run (connects, publishing
-    and drain; the publishing seconds dominate)."""
-    roots = [p.pid for p in shape.roles.values()]
+    and drain; the publishing seconds dominate), and by each role's over the publishing and drain
+    alone (between kneegen's "publishing" and "drained" lines): the split pusher's frames per
+    CPU-second are that window's, as loadgen's steady windows give them."""
+    roles = {name: p.pid for name, p in shape.roles.items()}
     argv = [
         str(binary),
         "-writer",
@@ -69,14 +72,33 @@ def run_step(binary: Path, shape: Shape, rate: int, topics: int, secs: float, pr
         "-prefix",
         prefix,
     ]
-    cpu0, t0 = tree_cpu(roots), time.monotonic()
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=secs + 180)
-    cpu1, wall = tree_cpu(roots), time.monotonic() - t0
-    if done.returncode != 0:
-        raise RuntimeError(f"kneegen at {rate}/s exited {done.returncode}: {done.stderr.strip()[-500:]}")
-    r = json.loads(done.stdout)
+    cpu0, t0 = tree_cpu(list(roles.values())), time.monotonic()
+    marks: dict[str, tuple[float, dict[str, float]]] = {}
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    out: list[str] = []
+    reader = threading.Thread(target=lambda: out.append(proc.stdout.read() if proc.stdout else ""), daemon=True)
+    reader.start()
+    killer = threading.Timer(secs + 180, proc.kill)
+    killer.start()
+    err: list[str] = []
+    try:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            mark = line.strip().removeprefix("kneegen: ")
+            if mark in ("publishing", "drained"):
+                marks[mark] = (time.monotonic(), {n: tree_cpu([pid]) for n, pid in roles.items()})
+            else:
+                err.append(line)
+        code = proc.wait()
+        reader.join()
+    finally:
+        killer.cancel()
+    cpu1, wall = tree_cpu(list(roles.values())), time.monotonic() - t0
+    if code != 0:
+        raise RuntimeError(f"kneegen at {rate}/s exited {code}: {''.join(err).strip()[-500:]}")
+    r = json.loads(out[0])
     served = r["accepted_per_s"] * r["secs"]
-    return KneegenStep(
+    step = KneegenStep(
         rate=rate,
         offered_per_s=round(r["offered_per_s"], 1),
         accepted_per_s=round(r["accepted_per_s"], 1),
@@ -91,6 +113,15 @@ def run_step(binary: Path, shape: Shape, rate: int, topics: int, secs: float, pr
         kneegen_cpu_us_per_publish=round(r["cpu_secs"] / served * 1e6, 1) if served else None,
         reasons=knee_reasons(rate, r),
     )
+    if "publishing" in marks and "drained" in marks:
+        (a, before), (b, after) = marks["publishing"], marks["drained"]
+        step.window_secs = round(b - a, 2)
+        step.role_cpu_secs = {n: round(after[n] - before[n], 3) for n in roles}
+        delivered = r["delivered_per_s"] * r["secs"]
+        pusher = step.role_cpu_secs.get("pusher")
+        if pusher and delivered and shape.kind == "split":
+            step.pusher_frames_per_cpu_sec = round(delivered / pusher)
+    return step
 
 
 def knee_reasons(rate: int, r: dict[str, Any]) -> list[str]:

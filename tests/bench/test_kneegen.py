@@ -48,6 +48,22 @@ def test_a_run_against_the_all_in_one_delivers_every_publish_once_in_order(kneeg
     assert scaling.knee_reasons(200, r) == []
 
 
+def test_a_step_prices_each_role_over_the_publishing_window(kneegen, upf):
+    """``run_step`` reads kneegen's "publishing" and "drained" lines and prices each role's CPU
+    between them: the subscribers' connects are outside, the run's publishing inside."""
+
+    class AllInOne:
+        kind = "allinone"
+        roles = {"upf": upf.proc}
+        writer = pusher = f"http://127.0.0.1:{upf.port}"
+
+    step = scaling.run_step(kneegen, AllInOne(), 200, 20, 2.0, "kgw")
+    assert step.reasons == [] and step.violations == 0
+    assert step.window_secs is not None and 1.9 <= step.window_secs <= 10, step
+    assert set(step.role_cpu_secs) == {"upf"} and step.role_cpu_secs["upf"] > 0, step
+    assert step.pusher_frames_per_cpu_sec is None  # the all-in-one has no pusher of its own to price
+
+
 def test_a_topic_the_server_refuses_fails_the_run_at_subscribe(kneegen, upf):
     """A dot in a topic name is refused (ntfy's 40009): kneegen says so and exits 1 before it
     publishes anything, rather than measuring a run of refusals."""

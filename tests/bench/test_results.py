@@ -259,7 +259,7 @@ def test_half_and_twice_the_kneegen_knee_give_the_p99_goal_and_count_as_runs():
     assert goal == {"met": False, "value": "allinone_w2 20.5 ms at 4,000/s, split 61.0 ms at 3,000/s"}
     assert (res.summary["correctness"]["runs"], res.summary["correctness"]["violations"]) == (7, 2)
     text = report.render(res)
-    assert "split (writer, pusher and janitor apart): held every rate up to 6000/s (a lower bound)." in text
+    assert "split (writer and pusher apart): held every rate up to 6000/s (a lower bound)." in text
     assert "| allinone_w2 | 8,000 | 4,000 | 4,000 | 5.0 | 20.5 | 0 | 16,000 | 16,000 | 16,000 | 400.0 | 2 | 0 |" in text
     assert "| split | 6,000 | 3,000 | 3,000 | 5.0 | 61.0 | 0 | 12,000 | 12,000 | 12,000 | 200.0 | 0 | 0 |" in text
 
