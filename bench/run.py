@@ -1,7 +1,7 @@
 """UPF's benchmark: one command, figures and ratios measured in one run on this machine.
 
-    cd /work/main && python3 -m uv run python bench/run.py            # ~12-15 min, writes bench/results/
-    python3 -m uv run python bench/run.py --quick                     # ~3 min, writes bench/results/quick/
+    cd /work/main && python3 -m uv run python bench/run.py            # ~27 min, writes bench/results/
+    python3 -m uv run python bench/run.py --quick                     # ~6 min, writes bench/results/quick/
 
 What it does (see BENCHMARKS.md for how to read it):
 
