@@ -33,10 +33,12 @@ What it does (see BENCHMARKS.md for how to read it):
              goal 0.5).
 The sweep also runs against the all-in-one with UPF_WORKERS=2, and each round runs Pushpin
 (bench/pushpin_peer.py) as a fan-out peer beside the bare broadcast.
-10. scaling  the all-in-one's knee with UPF_WORKERS=1 and 2 (issue 9's scaling figure), found with
-             bench/kneegen, a Go load generator doing loadgen's run for a fifth of its CPU (on two
-             cores the Python loadgen's offered rate falls behind before the server's knee); built
-             with the Go toolchain on first use (phases/scaling.py), skipped with the reason without one.
+10. scaling  the knees of the all-in-one with UPF_WORKERS=1 and 2 (issue 9's scaling figure) and of
+             the split shape, found with bench/kneegen, a Go load generator doing loadgen's run for a
+             fifth of its CPU (on two cores the Python loadgen's offered rate falls behind before the
+             server's knee), then each shape at half its knee (the p99 goal) and twice it (no
+             violation); built with the Go toolchain on first use (phases/scaling.py), skipped with
+             the reason without one.
 
 Every process it starts is stopped at the end (by the PIDs it started). Loopback only.
 
