@@ -1,5 +1,6 @@
 """The LMDB file under the embedded driver: one environment per process shared by its handles (LMDB
-forbids opening a file twice in a process), and the write log's pruning, clock steps included."""
+forbids opening a file twice in a process), the write log's pruning, clock steps included, and LMDB's
+key length."""
 
 from __future__ import annotations
 
@@ -7,10 +8,13 @@ import asyncio
 import subprocess
 import sys
 
+from upf_keyspace import StoreError
 from upf_keyspace.drivers.embedded import open_embedded
 from upf_keyspace.drivers.embedded.committer import _prune
 from upf_keyspace.drivers.embedded.file import _FILES, _T, _close_file, _open_file
+from upf_keyspace.drivers.embedded.mutations import KEY_LIMIT_LMDB
 from upf_keyspace.drivers.embedded.writelog import wlog_key
+from upf_keyspace.errors import KEY_TOO_LARGE
 
 
 async def test_handles_on_one_file_share_its_environment_and_outlive_each_other(tmp_path) -> None:
@@ -99,3 +103,44 @@ txn.put(b"\\x01dead", b"x", db=kv)
 print("held", flush=True)
 sys.stdin.readline()
 """
+
+
+async def test_a_key_longer_than_lmdbs_is_refused_when_written_and_fails_nothing_beside_it(tmp_path) -> None:
+    """LMDB takes keys of at most 511 bytes. A longer one is refused at once with 2102 (a key too
+    large), set or cleared; transactions committing beside it are stored. It used to pass the
+    contract's 10,000-byte check and fail the physical commit, and every transaction of the batch
+    with it, retried as a conflict (the long one for ever)."""
+    db = await open_embedded(str(tmp_path / "s.db"))
+    try:
+        assert db._reader.env.max_key_size() == KEY_LIMIT_LMDB == 511
+
+        def writer(key: bytes, op: str):  # type: ignore[no-untyped-def]
+            async def body(tr):  # type: ignore[no-untyped-def]
+                if op == "set":
+                    tr.set(key, b"v")
+                else:
+                    tr.clear(key)
+
+            return body
+
+        long_key = b"\x01" + b"k" * KEY_LIMIT_LMDB
+        got = await asyncio.wait_for(
+            asyncio.gather(
+                db.transact(writer(long_key, "set")),
+                db.transact(writer(long_key, "clear")),
+                *(db.transact(writer(b"\x01ok%d" % i, "set")) for i in range(8)),
+                db.transact(writer(b"\x01" + b"k" * (KEY_LIMIT_LMDB - 1), "set")),  # exactly 511 bytes
+                return_exceptions=True,
+            ),
+            timeout=10,
+        )
+        for refused in got[:2]:
+            assert isinstance(refused, StoreError) and refused.code == KEY_TOO_LARGE
+        assert got[2:] == [None] * 9
+
+        async def count(tr):  # type: ignore[no-untyped-def]
+            return len(await tr.get_range(b"\x01", b"\x02"))
+
+        assert await db.transact(count) == 9
+    finally:
+        await db.close()

@@ -13,9 +13,19 @@ from ...contract import KEY_LIMIT, VALUE_LIMIT
 _SET, _CLEAR, _CLEAR_RANGE, _ADD, _VS_KEY, _VS_VALUE = range(6)
 
 
+KEY_LIMIT_LMDB = min(KEY_LIMIT, 511)
+"""The longest key this driver writes: LMDB's, as py-lmdb builds it (``MDB_MAXKEYSIZE``; a test holds
+``Environment.max_key_size()`` to it), not FoundationDB's 10,000. A longer key passed the contract's
+check, then failed the physical commit (``MDB_BAD_VALSIZE``) and with it every transaction of the
+batch; each was retried as a conflict, the long one for ever. It is now refused when written, with
+FoundationDB's code for a key too large (2102). UPF's own keys stay under ~300 bytes (a 64-character
+topic and a 200-character idempotency key)."""
+
+
 def check_sizes(key: bytes, value: bytes) -> int:
-    """The contract's key and value limits, before a write is kept; returns the bytes it adds."""
-    if len(key) > KEY_LIMIT:
+    """The key and value limits (``KEY_LIMIT_LMDB``, the contract's ``VALUE_LIMIT``), before a write is
+    kept; returns the bytes it adds."""
+    if len(key) > KEY_LIMIT_LMDB:
         raise errors.StoreError(errors.KEY_TOO_LARGE, f"{len(key)} bytes")
     if len(value) > VALUE_LIMIT:
         raise errors.StoreError(errors.VALUE_TOO_LARGE, f"{len(value)} bytes")
