@@ -10,8 +10,10 @@ import contextlib
 import pytest
 
 from upf_keyspace import StoreError, errors
+from upf_keyspace.contract import VALUE_LIMIT
 from upf_keyspace.drivers._turns import TURN_MAX, TurnGroups
 from upf_keyspace.drivers.embedded import open_embedded
+from upf_keyspace.drivers.embedded.mutations import KEY_LIMIT_LMDB
 
 
 async def put_all(tr, items, *, prefix):
@@ -152,6 +154,66 @@ async def test_items_waiting_for_one_commit_share_one_transaction(edb):
     stamps = [await one[0], *[await s for s, _ in group], await alone[0]]
     assert len(set(stamps[:5])) == 1  # the first and those that came while it waited for the lock: one group
     assert stamps[-1] != stamps[0] and stamps[0][:8] == stamps[-1][:8]  # q/'s own group, in the same commit
+
+
+async def stamp_sized(tr, items, *, extra):
+    """Each item is (name, what): a versionstamped key ("key") or value ("value") whose stamped form
+    is exactly the driver's limit (LMDB's for a key), plus ``extra`` bytes."""
+    for name, what in items:
+        uv = tr.next_user_version().to_bytes(2, "big")
+        if what == "key":
+            head = b"s/" + name.encode() + b"\x00"
+            head += b"p" * (KEY_LIMIT_LMDB - 12 - len(head) + extra)
+            tr.set_versionstamped_key(head + b"\xff" * 10 + uv + len(head).to_bytes(4, "little"), b"v")
+        else:
+            tail = b"t" * (VALUE_LIMIT - 12 + extra)
+            tr.set_versionstamped_value(b"s/" + name.encode(), b"\xff" * 10 + uv + tail + b"\x00\x00\x00\x00")
+    return [name for name, _ in items]
+
+
+@pytest.mark.parametrize("what, code", [("key", errors.KEY_TOO_LARGE), ("value", errors.VALUE_TOO_LARGE)])
+async def test_a_stamped_write_at_the_limit_is_stored_and_one_byte_over_fails_alone(edb, what, code):
+    """The group commit checks a stamped write's size inline: its stamped form (the offset dropped)
+    may be exactly the limit; one byte more refuses that item alone, with the limit's code."""
+    at, over = await asyncio.gather(
+        edb.transact_grouped(stamp_sized, (f"{what}-at", what), extra=0),
+        edb.transact_grouped(stamp_sized, (f"{what}-over", what), extra=1),
+        return_exceptions=True,
+    )
+    assert at == f"{what}-at"
+    assert isinstance(over, StoreError) and over.code == code
+
+    async def stored(tr):
+        return await tr.get_range(b"s/", b"s0")
+
+    rows = await edb.transact(stored)
+    assert len(rows) == 1  # the item at the limit, nothing of the refused one
+    k, v = rows[0]
+    assert (len(k), len(v)) == ((KEY_LIMIT_LMDB, 1) if what == "key" else (len(f"s/{what}-at"), VALUE_LIMIT))
+
+
+async def test_a_stamped_write_past_the_transaction_limit_fails_its_item_alone(edb):
+    """Stamped values that together pass the transaction's byte limit refuse the item that wrote
+    them (2101), checked inline as a plain write's are; a small item grouped with it is stored."""
+
+    async def many(tr, items):
+        for name, count in items:
+            for i in range(count):
+                uv = tr.next_user_version().to_bytes(2, "big")
+                value = b"\xff" * 10 + uv + b"t" * 90_000 + b"\x00\x00\x00\x00"
+                tr.set_versionstamped_value(b"m/" + name.encode() + b"/%03d" % i, value)
+        return [name for name, _ in items]
+
+    big, small = await asyncio.gather(
+        edb.transact_grouped(many, ("big", 120)), edb.transact_grouped(many, ("small", 1)), return_exceptions=True
+    )
+    assert isinstance(big, StoreError) and big.code == errors.TRANSACTION_TOO_LARGE
+    assert small == "small"
+
+    async def names(tr):
+        return [k for k, _ in await tr.get_range(b"m/", b"m0")]
+
+    assert await edb.transact(names) == [b"m/small/000"]
 
 
 async def test_a_grouped_read_sees_the_same_commits_earlier_transactions(edb):
