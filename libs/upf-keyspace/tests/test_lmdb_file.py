@@ -14,7 +14,7 @@ from upf_keyspace.drivers.embedded.committer import _prune
 from upf_keyspace.drivers.embedded.file import _FILES, _T, _close_file, _open_file
 from upf_keyspace.drivers.embedded.mutations import KEY_LIMIT_LMDB
 from upf_keyspace.drivers.embedded.writelog import wlog_key
-from upf_keyspace.errors import KEY_TOO_LARGE
+from upf_keyspace.errors import CLIENT_INVALID_OPERATION, KEY_TOO_LARGE
 
 
 async def test_handles_on_one_file_share_its_environment_and_outlive_each_other(tmp_path) -> None:
@@ -142,5 +142,59 @@ async def test_a_key_longer_than_lmdbs_is_refused_when_written_and_fails_nothing
             return len(await tr.get_range(b"\x01", b"\x02"))
 
         assert await db.transact(count) == 9
+    finally:
+        await db.close()
+
+
+async def test_the_empty_key_is_refused_when_written_and_reads_as_absent(tmp_path) -> None:
+    """LMDB cannot store the empty key (FoundationDB can). Set, cleared or added to, in a transaction
+    or a grouped one, it is refused at once with 2000 and fails nothing beside it (it failed the
+    physical commit as a key too long did); read, it is absent; a range clear may still begin at it."""
+    db = await open_embedded(str(tmp_path / "s.db"))
+    try:
+
+        def body(op: str):  # type: ignore[no-untyped-def]
+            async def run(tr):  # type: ignore[no-untyped-def]
+                if op == "set":
+                    tr.set(b"", b"v")
+                elif op == "clear":
+                    tr.clear(b"")
+                elif op == "add":
+                    tr.add(b"", b"\x01")
+                elif op == "stamped value":
+                    tr.set_versionstamped_value(b"", b"\xff" * 12 + b"\x00" * 4)
+                else:
+                    tr.set(b"\x01" + op.encode(), b"v")
+
+            return run
+
+        async def grouped(tr, items):  # type: ignore[no-untyped-def]
+            for op in items:
+                await body(op)(tr)
+            return list(items)
+
+        ops = ("set", "clear", "add", "stamped value")
+        got = await asyncio.wait_for(
+            asyncio.gather(
+                *(db.transact(body(op)) for op in (*ops, "ok1", "ok2")),
+                *(db.transact_grouped(grouped, op) for op in (*ops, "ok3")),
+                return_exceptions=True,
+            ),
+            timeout=10,
+        )
+        for refused in (*got[:4], *got[6:10]):
+            assert isinstance(refused, StoreError) and refused.code == CLIENT_INVALID_OPERATION
+        assert got[4:6] == [None, None] and got[10] == "ok3"
+
+        async def reads(tr):  # type: ignore[no-untyped-def]
+            return await tr.get(b""), [k for k, _ in await tr.get_range(b"", b"\x02")]
+
+        assert await db.transact(reads) == (None, [b"\x01ok1", b"\x01ok2", b"\x01ok3"])
+
+        async def clear_from_the_first_key(tr):  # type: ignore[no-untyped-def]
+            tr.clear_range(b"", b"\x01ok2")
+
+        await db.transact(clear_from_the_first_key)
+        assert await db.transact(reads) == (None, [b"\x01ok2", b"\x01ok3"])
     finally:
         await db.close()

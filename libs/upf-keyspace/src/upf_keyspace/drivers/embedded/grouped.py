@@ -27,6 +27,7 @@ from .mutations import (
     _CLEAR_RANGE,
     _SET,
     KEY_LIMIT_LMDB,
+    check_range_sizes,
     check_sizes,
     check_stamped,
     check_user_version,
@@ -96,6 +97,8 @@ class CommitTransaction:
 
     async def get(self, key: bytes, *, snapshot: bool = False) -> bytes | None:
         self._check_read()
+        if not key:  # never stored (see check_sizes); LMDB refuses to look it up
+            return None
         value: bytes | None = self._txn.get(key, db=self._db._reader.kv)  # type: ignore[assignment]  # bytes: no buffers=True
         return value
 
@@ -121,8 +124,8 @@ class CommitTransaction:
         return [self.watch(key) for key in keys]
 
     # --- writes --------------------------------------------------------------------------------------
-    def _check_write(self, key: bytes, value: bytes) -> None:
-        size = self._size = self._size + check_sizes(key, value)
+    def _check_write(self, key: bytes, value: bytes, check: Callable[[bytes, bytes], int] = check_sizes) -> None:
+        size = self._size = self._size + check(key, value)
         if size > TRANSACTION_LIMIT:
             raise errors.StoreError(errors.TRANSACTION_TOO_LARGE, f"{self._size} bytes")
 
@@ -137,7 +140,7 @@ class CommitTransaction:
         self.writes.append(point(key))
 
     def clear_range(self, begin: bytes, end: bytes) -> None:
-        self._check_write(begin, end)
+        self._check_write(begin, end, check_range_sizes)
         if begin < end:
             self.mutations.append((_CLEAR_RANGE, begin, end))
             self.writes.append((begin, end))
@@ -168,7 +171,13 @@ class CommitTransaction:
         n = len(value)
         off = int.from_bytes(value[-4:], "little")
         size = self._size + len(key) + n - 4
-        if n < 14 or off + 14 > n or len(key) > KEY_LIMIT_LMDB or n - 4 > VALUE_LIMIT or size > TRANSACTION_LIMIT:
+        if (
+            n < 14
+            or off + 14 > n
+            or not 0 < len(key) <= KEY_LIMIT_LMDB
+            or n - 4 > VALUE_LIMIT
+            or size > TRANSACTION_LIMIT
+        ):
             value = stamp_at(value, check_stamped(value, "value"), self._stamp)
             self._check_write(key, value)  # raises: a limit was passed
         value = value[:off] + self._stamp + value[off + 10 : -4]

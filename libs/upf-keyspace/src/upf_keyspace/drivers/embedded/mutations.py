@@ -24,7 +24,16 @@ topic and a 200-character idempotency key)."""
 
 def check_sizes(key: bytes, value: bytes) -> int:
     """The key and value limits (``KEY_LIMIT_LMDB``, the contract's ``VALUE_LIMIT``), before a write is
-    kept; returns the bytes it adds."""
+    kept; returns the bytes it adds. LMDB cannot store the empty key either (FoundationDB can): set,
+    cleared or added to, it failed the physical commit as a key too long did, and is refused here."""
+    if not key:
+        raise errors.StoreError(errors.CLIENT_INVALID_OPERATION, "the embedded store takes no empty key")
+    return check_range_sizes(key, value)
+
+
+def check_range_sizes(key: bytes, value: bytes) -> int:
+    """``check_sizes`` for a range clear's ``begin`` and ``end``: its begin may be the empty key (the
+    first of the keyspace), which it only seeks."""
     if len(key) > KEY_LIMIT_LMDB:
         raise errors.StoreError(errors.KEY_TOO_LARGE, f"{len(key)} bytes")
     if len(value) > VALUE_LIMIT:

@@ -7,7 +7,7 @@ import asyncio
 import operator
 import random
 import time
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ... import errors
@@ -22,6 +22,7 @@ from .mutations import (
     _VS_KEY,
     _VS_VALUE,
     _add_le,
+    check_range_sizes,
     check_sizes,
     check_stamped,
     check_user_version,
@@ -157,6 +158,8 @@ class EmbeddedTransaction:
     def _get_sync(self, key: bytes, snapshot: bool) -> bytes | None:
         self._check_alive()
         self._check_readable(key, key + b"\x00")
+        if not key:  # never stored (see check_sizes); LMDB refuses to look it up
+            return None
         version, base = self._db._read_point(key, self._snapshot())
         self._note_read(*point(key), snapshot, version)
         return self._local_value(key, base)
@@ -235,10 +238,10 @@ class EmbeddedTransaction:
         return out
 
     # --- writes ------------------------------------------------------------------------------------
-    def _check_write(self, key: bytes, value: bytes) -> None:
+    def _check_write(self, key: bytes, value: bytes, check: Callable[[bytes, bytes], int] = check_sizes) -> None:
         if self._committing:
             raise errors.StoreError(errors.USED_DURING_COMMIT)
-        self._size += check_sizes(key, value)
+        self._size += check(key, value)
 
     def set(self, key: bytes, value: bytes) -> None:
         self._check_write(key, value)
@@ -255,7 +258,7 @@ class EmbeddedTransaction:
         self._adds.pop(key, None)
 
     def clear_range(self, begin: bytes, end: bytes) -> None:
-        self._check_write(begin, end)
+        self._check_write(begin, end, check_range_sizes)
         if begin >= end:
             return
         self._mutations.append((_CLEAR_RANGE, begin, end))
