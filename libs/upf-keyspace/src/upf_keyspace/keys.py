@@ -258,6 +258,10 @@ def _enc(item: object) -> bytes:
     return _tuple_pack((item,))
 
 
+_enc_recent: Callable[[int], bytes] = functools.lru_cache(maxsize=256)(_enc)
+"""``_enc`` of a unix second: every publish encodes the current one (its time-index key)."""
+
+
 @functools.lru_cache(maxsize=65536)
 def _prefix(*items: object) -> bytes:
     """Packed ROOT + items; cached because the same topics, nodes and shards recur on the hot path."""
@@ -371,7 +375,7 @@ def unpack_queue_key(key: bytes) -> tuple[str, bytes]:
 
 # --- QT ---------------------------------------------------------------------------------------------
 def time_index_key(topic: str, second: int) -> bytes:
-    return _prefix(_P.TIME_INDEX, topic) + _enc(second)
+    return _prefix(_P.TIME_INDEX, topic) + _enc_recent(second)
 
 
 def time_index_value_incomplete(user_version: int) -> bytes:
@@ -394,12 +398,13 @@ def unpack_time_index_key(key: bytes) -> tuple[str, int]:
 
 
 # --- X ----------------------------------------------------------------------------------------------
+# ``_prefix(_P.EXPIRY, expiry)`` is cached: every publish of a second shares it.
 def expiry_key(expiry: int, topic: str, stamp: bytes) -> bytes:
-    return _pack_stamped(_prefix(_P.EXPIRY) + _enc(expiry) + _enc(topic), stamp)
+    return _pack_stamped(_prefix(_P.EXPIRY, expiry) + _enc(topic), stamp)
 
 
 def expiry_key_incomplete(expiry: int, topic: str, user_version: int) -> bytes:
-    return _pack_vs(_prefix(_P.EXPIRY) + _enc(expiry) + _enc(topic), user_version)
+    return _pack_vs(_prefix(_P.EXPIRY, expiry) + _enc(topic), user_version)
 
 
 def expiry_range(until: int) -> tuple[bytes, bytes]:
