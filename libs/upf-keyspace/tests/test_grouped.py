@@ -173,8 +173,9 @@ async def stamp_sized(tr, items, *, extra):
 
 @pytest.mark.parametrize("what, code", [("key", errors.KEY_TOO_LARGE), ("value", errors.VALUE_TOO_LARGE)])
 async def test_a_stamped_write_at_the_limit_is_stored_and_one_byte_over_fails_alone(edb, what, code):
-    """The group commit checks a stamped write's size inline: its stamped form (the offset dropped)
-    may be exactly the limit; one byte more refuses that item alone, with the limit's code."""
+    """The group commit sizes a stamped write by its stamped form (the offset dropped), which may be
+    exactly the limit (LMDB's 511 bytes for a key); one byte more refuses that item alone, with the
+    limit's code."""
     at, over = await asyncio.gather(
         edb.transact_grouped(stamp_sized, (f"{what}-at", what), extra=0),
         edb.transact_grouped(stamp_sized, (f"{what}-over", what), extra=1),
@@ -194,7 +195,7 @@ async def test_a_stamped_write_at_the_limit_is_stored_and_one_byte_over_fails_al
 
 async def test_a_stamped_write_past_the_transaction_limit_fails_its_item_alone(edb):
     """Stamped values that together pass the transaction's byte limit refuse the item that wrote
-    them (2101), checked inline as a plain write's are; a small item grouped with it is stored."""
+    them (2101), as a plain write's would; a small item grouped with it is stored."""
 
     async def many(tr, items):
         for name, count in items:

@@ -19,14 +19,13 @@ from collections.abc import Awaitable, Callable, Generator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ... import errors
-from ...contract import TRANSACTION_LIMIT, VALUE_LIMIT
+from ...contract import TRANSACTION_LIMIT
 from .._ranges import point
 from .mutations import (
     _ADD,
     _CLEAR,
     _CLEAR_RANGE,
     _SET,
-    KEY_LIMIT_LMDB,
     check_range_sizes,
     check_sizes,
     check_stamped,
@@ -151,45 +150,22 @@ class CommitTransaction:
         self.writes.append(point(key))
 
     # The stamp is known here (the commit is under way), so a stamped write is stamped at once and
-    # kept as a plain set. Both stamped writes check and stamp inline, calling the shared checks
-    # only for the error: a publish makes three or four of them in the committer's thread, and the
-    # four calls each made were ~8% of that thread's instructions per publish
-    # (bench/instr_publish.py, BENCHMARKS.md, thirty-seventh pass).
+    # kept as a plain set.
     def set_versionstamped_key(self, key: bytes, value: bytes) -> None:
-        n = len(key)
-        off = int.from_bytes(key[-4:], "little")
-        size = self._size + n - 4 + len(value)
-        if n < 14 or off + 14 > n or n - 4 > KEY_LIMIT_LMDB or len(value) > VALUE_LIMIT or size > TRANSACTION_LIMIT:
-            key = stamp_at(key, check_stamped(key, "key"), self._stamp)
-            self._check_write(key, value)  # raises: a limit was passed
-        key = key[:off] + self._stamp + key[off + 10 : -4]
-        self._size = size
+        key = stamp_at(key, check_stamped(key, "key"), self._stamp)
+        self._check_write(key, value)
         self.mutations.append((_SET, key, value))
         self.stamped.append(key)
 
     def set_versionstamped_value(self, key: bytes, value: bytes) -> None:
-        n = len(value)
-        off = int.from_bytes(value[-4:], "little")
-        size = self._size + len(key) + n - 4
-        if (
-            n < 14
-            or off + 14 > n
-            or not 0 < len(key) <= KEY_LIMIT_LMDB
-            or n - 4 > VALUE_LIMIT
-            or size > TRANSACTION_LIMIT
-        ):
-            value = stamp_at(value, check_stamped(value, "value"), self._stamp)
-            self._check_write(key, value)  # raises: a limit was passed
-        value = value[:off] + self._stamp + value[off + 10 : -4]
-        self._size = size
+        value = stamp_at(value, check_stamped(value, "value"), self._stamp)
+        self._check_write(key, value)
         self.mutations.append((_SET, key, value))
-        self.writes.append((key, key + b"\x00"))
+        self.writes.append(point(key))
 
     def next_user_version(self) -> int:
-        uv = self._user_version
-        if uv > 0xFFFF:
-            check_user_version(uv)  # raises
-        self._user_version = uv + 1
+        uv = check_user_version(self._user_version)
+        self._user_version += 1
         return uv
 
     def get_versionstamp(self) -> Awaitable[bytes]:
