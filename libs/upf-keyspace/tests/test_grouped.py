@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
+import lmdb
 import pytest
 
 from upf_keyspace import StoreError, errors
@@ -366,6 +367,53 @@ async def test_a_failed_commit_fails_its_grouped_items(tmp_path, monkeypatch):
         assert [await read(db, b"p/" + n.encode()) for n, _ in failed] == [None] * len(failed)
     finally:
         await db.close()
+
+
+@pytest.mark.parametrize("grouped", [False, True])
+async def test_a_write_the_file_refuses_fails_its_transaction_alone(edb, monkeypatch, grouped):
+    """A physical commit that fails for one transaction's writes (a write LMDB refuses, injected
+    here) is committed again one transaction a commit: the others sharing it are stored on their
+    first attempt, and only the bad one fails (retryably, as a failed commit always did)."""
+    from upf_keyspace.drivers.embedded import mutations
+
+    real_flush = mutations._Applier.flush
+
+    def flush(applier):  # type: ignore[no-untyped-def]
+        if any(k.startswith(b"p/poison") for k in applier.writes):
+            raise lmdb.BadValsizeError("injected: a write the file refuses")
+        return real_flush(applier)
+
+    monkeypatch.setattr(mutations._Applier, "flush", flush)
+    attempts: dict[str, int] = {}
+
+    async def counted_put(tr, items, *, prefix):  # type: ignore[no-untyped-def]
+        for name, _ in items:
+            attempts[name] = attempts.get(name, 0) + 1
+        return await put_all(tr, items, prefix=prefix)
+
+    def start(name: str) -> asyncio.Task:  # type: ignore[type-arg]
+        item = (name, b"v")
+        if grouped:
+            return asyncio.create_task(edb.transact_grouped(counted_put, item, prefix=b"p/"))
+        return asyncio.create_task(edb.transact(counted_put, [item], prefix=b"p/"))
+
+    with commits_held(edb):  # all of them wait for the same commit
+        good = [start(f"good{i}") for i in range(6)]
+        poison = start("poison")
+        await asyncio.sleep(0.1)
+    done = await asyncio.wait_for(asyncio.gather(*good), timeout=10)
+    assert len(done) == 6
+    for i in range(6):
+        assert await read(edb, b"p/good%d" % i) == b"v"
+        # Stored on the first attempt, never retried with the bad one: a transaction's body ran once
+        # (the committer applies its writes again); a grouped function runs inside each commit, so
+        # once in the group that failed and once alone.
+        assert attempts[f"good{i}"] == (2 if grouped else 1)
+    assert not poison.done() or isinstance(poison.exception(), StoreError)
+    poison.cancel()
+    with contextlib.suppress(asyncio.CancelledError, StoreError):
+        await poison
+    assert await read(edb, b"p/poison") is None
 
 
 # --- the loop-turn grouping (FoundationDB's driver) ------------------------------------------------

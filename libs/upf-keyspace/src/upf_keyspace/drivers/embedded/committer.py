@@ -170,27 +170,58 @@ class _Committer(_Watches):
             self._taken += sum(p.weight for p in batch)
             started = time.perf_counter()
             try:
-                if self._commit_batch(f, batch):
+                committed = self._commit_batch(f, batch)
+            except Exception as exc:  # nothing of it committed: _apply_batch raises nothing after the commit
+                if _is_full(exc, f.path):
+                    # Not retryable: each caller learns at once, and the log gets one line a minute.
+                    self._fail(batch, errors.StoreError(errors.STORAGE_FULL, type(exc).__name__))
+                    self._full_log.add(len(batch))
+                elif len(batch) > 1:
+                    log.warning("embedded commit failed, committing one by one", extra={"transactions": len(batch)})
+                    self._commit_each(f, batch)
+                else:
+                    log.exception("embedded commit failed")
+                    self._fail(batch, errors.StoreError(errors.NOT_COMMITTED, type(exc).__name__))
+            else:
+                if committed:
                     self._ring()
                 _COMMIT_DURATION.record(time.perf_counter() - started)
                 _BATCH_SIZE.record(len(batch))
-            except Exception as exc:  # a failed physical commit fails every transaction in it
-                if _is_full(exc, f.path):
-                    # Not retryable: each caller learns at once, and the log gets one line a minute.
-                    failure = errors.StoreError(errors.STORAGE_FULL, type(exc).__name__)
-                    self._full_log.add(len(batch))
-                else:
-                    log.exception("embedded commit failed")
-                    failure = errors.StoreError(errors.NOT_COMMITTED, type(exc).__name__)
-                for p in batch:
-                    if p.stamp is None or isinstance(p.stamp, bytes):
-                        p.stamp = failure
             busy = len(batch) > 1 or not self._queue.empty()  # a stream of concurrent transactions
             ended = time.monotonic()
             try:
                 self._loop.call_soon_threadsafe(self._resolve, batch)
             except RuntimeError:  # the loop is gone: nobody is waiting any more
                 return
+
+    @staticmethod
+    def _fail(batch: list[_Pending | _Grouped], failure: errors.StoreError) -> None:
+        for p in batch:
+            if p.stamp is None or isinstance(p.stamp, bytes):
+                p.stamp = failure
+
+    def _commit_each(self, f: _File, batch: list[_Pending | _Grouped]) -> None:
+        """After a physical commit of several transactions failed (not for a full store): each in a
+        commit of its own, so that one whose writes the file refuses fails alone (as before, with a
+        retryable 1020) and the others are stored. Without this, a write LMDB refuses (a key past
+        its 511 bytes did, before the driver checked for it) failed every transaction that shared
+        its commit, attempt after attempt."""
+        committed = False
+        for p in batch:
+            p.stamp = None  # decided in the commit that failed: decided again alone
+            txn = f.env.begin(write=True)
+            try:
+                committed = self._apply_batch(f, txn, [p]) or committed
+            except Exception as exc:
+                txn.abort()
+                if _is_full(exc, f.path):
+                    p.stamp = errors.StoreError(errors.STORAGE_FULL, type(exc).__name__)
+                    self._full_log.add(1)
+                else:
+                    log.exception("embedded commit failed")
+                    p.stamp = errors.StoreError(errors.NOT_COMMITTED, type(exc).__name__)
+        if committed:
+            self._ring()
 
     def _gather(self, batch: list[_Pending | _Grouped], wait: float) -> None:
         """Add what waits in the queue to ``batch``; with a ``wait``, first sleep that long, until
@@ -307,9 +338,13 @@ class _Committer(_Watches):
             if after > f.quota and after > before:  # a commit that frees space passes, even over it
                 raise _OverQuota
         txn.commit()
+        # Nothing below may raise: the caller takes an exception for a commit that did not happen.
         with contextlib.suppress(OSError):  # the mark only notices lost commits; it never refuses one
             os.pwrite(self._mark_fd, prefix, 0)
-        self._wlog_cache.put(new_version, written, len(encoded))
+        try:
+            self._wlog_cache.put(new_version, written, len(encoded))
+        except Exception:  # a version missing from the cache is read from the file's write log
+            log.exception("embedded write log cache failed")
         return True
 
     def _apply_grouped(
