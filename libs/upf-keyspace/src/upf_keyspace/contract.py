@@ -17,7 +17,8 @@ Semantics every driver keeps (and the contract tests check):
 - ``watch``: created in a transaction, armed at commit; fires once the key's committed value differs
   from the value the transaction saw. It may miss an A->B->A change. Always await it with a timeout.
 - Limits, checked before commit with a clear error: key 10,000 bytes (511 on the embedded driver:
-  LMDB's, refused with the same code), value 100,000 bytes, transaction 10,000,000 bytes, lifetime 5 s.
+  LMDB's, refused with the same code; nor does it write the empty key, 2000), value 100,000 bytes,
+  transaction 10,000,000 bytes, lifetime 5 s.
 """
 
 from __future__ import annotations
