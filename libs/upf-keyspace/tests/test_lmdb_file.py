@@ -109,7 +109,7 @@ async def test_a_key_longer_than_lmdbs_is_refused_when_written_and_fails_nothing
     """LMDB takes keys of at most 511 bytes. A longer one is refused at once with 2102 (a key too
     large), set or cleared; transactions committing beside it are stored. It used to pass the
     contract's 10,000-byte check and fail the physical commit, and every transaction of the batch
-    with it, retried as a conflict (the long one for ever)."""
+    with it, retried as a conflict (the long one up to the retry limit)."""
     db = await open_embedded(str(tmp_path / "s.db"))
     try:
         assert db._reader.env.max_key_size() == KEY_LIMIT_LMDB == 511

@@ -17,9 +17,9 @@ KEY_LIMIT_LMDB = min(KEY_LIMIT, 511)
 """The longest key this driver writes: LMDB's, as py-lmdb builds it (``MDB_MAXKEYSIZE``; a test holds
 ``Environment.max_key_size()`` to it), not FoundationDB's 10,000. A longer key passed the contract's
 check, then failed the physical commit (``MDB_BAD_VALSIZE``) and with it every transaction of the
-batch; each was retried as a conflict, the long one for ever. It is now refused when written, with
-FoundationDB's code for a key too large (2102). UPF's own keys stay under ~300 bytes (a 64-character
-topic and a 200-character idempotency key)."""
+batch; each was retried as a conflict, the long one up to the retry limit. It is now refused when
+written, with FoundationDB's code for a key too large (2102). UPF's own keys stay under ~300 bytes (a
+64-character topic and a 200-character idempotency key)."""
 
 
 def check_sizes(key: bytes, value: bytes) -> int:
