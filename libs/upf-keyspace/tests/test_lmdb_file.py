@@ -8,6 +8,8 @@ import asyncio
 import subprocess
 import sys
 
+import pytest
+
 from upf_keyspace import StoreError
 from upf_keyspace.drivers.embedded import open_embedded
 from upf_keyspace.drivers.embedded.committer import _prune
@@ -149,7 +151,8 @@ async def test_a_key_longer_than_lmdbs_is_refused_when_written_and_fails_nothing
 async def test_the_empty_key_is_refused_when_written_and_reads_as_absent(tmp_path) -> None:
     """LMDB cannot store the empty key (FoundationDB can). Set, cleared or added to, in a transaction
     or a grouped one, it is refused at once with 2000 and fails nothing beside it (it failed the
-    physical commit as a key too long did); read, it is absent; a range clear may still begin at it."""
+    physical commit as a key too long did); read, it is absent; a range clear may still begin at it;
+    watched, it is refused too."""
     db = await open_embedded(str(tmp_path / "s.db"))
     try:
 
@@ -196,5 +199,26 @@ async def test_the_empty_key_is_refused_when_written_and_reads_as_absent(tmp_pat
 
         await db.transact(clear_from_the_first_key)
         assert await db.transact(reads) == (None, [b"\x01ok2", b"\x01ok3"])
+
+        # Nor is it watched: the watch checks read every watched key, and LMDB refuses to look it up.
+        async def watch_empty(tr):  # type: ignore[no-untyped-def]
+            return tr.watch(b"")
+
+        with pytest.raises(StoreError) as refused:
+            await db.transact(watch_empty)
+        assert refused.value.code == CLIENT_INVALID_OPERATION
+        with pytest.raises(StoreError) as refused:
+            db.watch_set([b"\x01ok2", b""], [lambda: None, lambda: None])
+        assert refused.value.code == CLIENT_INVALID_OPERATION
+
+        async def watch_ok(tr):  # type: ignore[no-untyped-def]
+            return tr.watch(b"\x01ok2")
+
+        w = await db.transact(watch_ok)
+        await db.transact(body("ok2"))  # the same value: a watch fires on a change
+        tr = db.create_transaction()
+        tr.set(b"\x01ok2", b"changed")
+        await tr.commit()
+        await asyncio.wait_for(w, timeout=5)  # the store's watches still fire
     finally:
         await db.close()

@@ -27,8 +27,13 @@ def check_sizes(key: bytes, value: bytes) -> int:
     kept; returns the bytes it adds. LMDB cannot store the empty key either (FoundationDB can): set,
     cleared or added to, it failed the physical commit as a key too long did, and is refused here."""
     if not key:
-        raise errors.StoreError(errors.CLIENT_INVALID_OPERATION, "the embedded store takes no empty key")
+        raise empty_key()
     return check_range_sizes(key, value)
+
+
+def empty_key() -> errors.StoreError:
+    """What writing or watching the empty key raises (a watch on it would fail every watch check)."""
+    return errors.StoreError(errors.CLIENT_INVALID_OPERATION, "the embedded store takes no empty key")
 
 
 def check_range_sizes(key: bytes, value: bytes) -> int:

@@ -26,6 +26,7 @@ from .mutations import (
     check_sizes,
     check_stamped,
     check_user_version,
+    empty_key,
 )
 from .reads import _RANGE_CACHE_ROWS, _Snapshot
 from .watches import _CHANGED, _PENDING, _Watch, _WatchSet
@@ -308,7 +309,9 @@ class EmbeddedTransaction:
         return self._stamp_future
 
     def watch(self, key: bytes) -> _Watch:
-        """Registered at commit; refused past the watch limit."""
+        """Registered at commit; refused past the watch limit, and for the empty key."""
+        if not key:
+            raise empty_key()
         values, versions = self._watch_values((key,))
         w = _Watch(self._db, key, values[0], versions[0])
         self._watches.append(w)

@@ -14,6 +14,7 @@ from ... import errors
 from ...settings import embedded_wake_pace_ms
 from .._ranges import HEAD_BYTES, IntervalSet
 from .._wake import Inbox
+from .mutations import empty_key
 from .reads import _Reads
 
 if TYPE_CHECKING:
@@ -238,6 +239,8 @@ class _WatchSet:
     def __init__(self, db: EmbeddedDatabase, keys: Sequence[bytes], callbacks: Sequence[Callable[[], None]]) -> None:
         if len(keys) != len(callbacks):
             raise ValueError("a watch set needs one callback per key")
+        if not all(keys):
+            raise empty_key()
         self.db = db
         self.members = [_Member(db, key, None) for key in keys]
         for w in self.members:
