@@ -172,16 +172,11 @@ class _Committer(_Watches):
             try:
                 committed = self._commit_batch(f, batch)
             except Exception as exc:  # nothing of it committed: _apply_batch raises nothing after the commit
-                if _is_full(exc, f.path):
-                    # Not retryable: each caller learns at once, and the log gets one line a minute.
-                    self._fail(batch, errors.StoreError(errors.STORAGE_FULL, type(exc).__name__))
-                    self._full_log.add(len(batch))
-                elif len(batch) > 1:
+                if len(batch) > 1 and not _is_full(exc, f.path):
                     log.warning("embedded commit failed, committing one by one", extra={"transactions": len(batch)})
                     self._commit_each(f, batch)
                 else:
-                    log.exception("embedded commit failed")
-                    self._fail(batch, errors.StoreError(errors.NOT_COMMITTED, type(exc).__name__))
+                    self._fail(batch, self._failure(exc, f, len(batch)))
             else:
                 if committed:
                     self._ring()
@@ -200,6 +195,15 @@ class _Committer(_Watches):
             if p.stamp is None or isinstance(p.stamp, bytes):
                 p.stamp = failure
 
+    def _failure(self, exc: Exception, f: _File, n: int) -> errors.StoreError:
+        """What a failed physical commit of ``n`` transactions answers each of them."""
+        if _is_full(exc, f.path):
+            # Not retryable: each caller learns at once, and the log gets one line a minute.
+            self._full_log.add(n)
+            return errors.StoreError(errors.STORAGE_FULL, type(exc).__name__)
+        log.exception("embedded commit failed")
+        return errors.StoreError(errors.NOT_COMMITTED, type(exc).__name__)
+
     def _commit_each(self, f: _File, batch: list[_Pending | _Grouped]) -> None:
         """After a physical commit of several transactions failed (not for a full store): each in a
         commit of its own, so that one whose writes the file refuses fails alone (as before, with a
@@ -209,17 +213,10 @@ class _Committer(_Watches):
         committed = False
         for p in batch:
             p.stamp = None  # decided in the commit that failed: decided again alone
-            txn = f.env.begin(write=True)
             try:
-                committed = self._apply_batch(f, txn, [p]) or committed
+                committed = self._commit_batch(f, [p], drain=False) or committed
             except Exception as exc:
-                txn.abort()
-                if _is_full(exc, f.path):
-                    p.stamp = errors.StoreError(errors.STORAGE_FULL, type(exc).__name__)
-                    self._full_log.add(1)
-                else:
-                    log.exception("embedded commit failed")
-                    p.stamp = errors.StoreError(errors.NOT_COMMITTED, type(exc).__name__)
+                self._fail([p], self._failure(exc, f, 1))
         if committed:
             self._ring()
 
@@ -266,19 +263,20 @@ class _Committer(_Watches):
         except Exception:  # a wake is advisory: peers' fallback poll still sees the commit
             log.exception("embedded wake failed")
 
-    def _commit_batch(self, f: _File, batch: list[_Pending | _Grouped]) -> bool:
+    def _commit_batch(self, f: _File, batch: list[_Pending | _Grouped], *, drain: bool = True) -> bool:
         """Apply one physical commit; True if it committed anything. What arrived while another
-        process held the file's write lock joins it: with two workers on one store each commit
-        waits for the other's ~2 ms of flushes, and those arrivals would otherwise wait for a
+        process held the file's write lock joins it (``drain``): with two workers on one store each
+        commit waits for the other's ~2 ms of flushes, and those arrivals would otherwise wait for a
         flush of their own (the all-in-one with UPF_WORKERS=2, asked for 14,000 publishes/s,
         delivered ~12,100 a second without this and ~13,800 with it: BENCHMARKS.md, thirty-fifth
         pass)."""
         txn = f.env.begin(write=True)  # waits for another process's write lock (a robust mutex)
         try:
-            taken = len(batch)
-            self._drain(batch)
-            if len(batch) > taken:
-                self._taken += sum(p.weight for p in batch[taken:])
+            if drain:
+                taken = len(batch)
+                self._drain(batch)
+                if len(batch) > taken:
+                    self._taken += sum(p.weight for p in batch[taken:])
             return self._apply_batch(f, txn, batch)
         except BaseException:
             txn.abort()
