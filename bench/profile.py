@@ -5,6 +5,7 @@ were produced. py-spy is not a dependency of the workspace: it is run with ``uv 
 
     python3 -m uv run python bench/profile.py writer-ingest      # the writer saturated by pubdrive
     python3 -m uv run python bench/profile.py allinone --rate 750 # all-in-one under loadgen
+    python3 -m uv run python bench/profile.py allinone --rate 2000 --workers 2   # each worker profiled
     python3 -m uv run python bench/profile.py split --rate 500 --idle   # wall-clock, incl. lock waits
     python3 -m uv run python bench/profile.py fanout              # split pusher, 10 topics x 100 subs
 
@@ -27,6 +28,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import procs
+from harness import wait_workers
 from procs import PY, REPO
 
 LOADGEN = str(Path(PY).parent / "upf-loadgen")
@@ -129,6 +131,7 @@ def main() -> None:
     ap.add_argument("--idle", action="store_true", help="include waiting threads (wall-clock view)")
     ap.add_argument("--sample-rate", type=int, default=200)
     ap.add_argument("--top", type=int, default=50)
+    ap.add_argument("--workers", type=int, default=1, help="allinone: UPF_WORKERS; each worker is profiled")
     ap.add_argument(
         "--threads-only", action="store_true", help="no py-spy: only each thread's CPU from /proc (undisturbed)"
     )
@@ -164,8 +167,13 @@ def main() -> None:
             )
         else:
             if a.scenario == "allinone":
-                p, port = procs.start_upf_allinone(work, store)
-                targets["upf"] = p.pid
+                p, port = procs.start_upf_allinone(work, store, UPF_WORKERS=str(a.workers))
+                if a.workers > 1:
+                    wait_workers(p, port, a.workers)
+                    for i, kid in enumerate(procs.children(p.pid)):
+                        targets[f"upf worker {i}"] = kid
+                else:
+                    targets["upf"] = p.pid
                 writer = pusher = f"http://127.0.0.1:{port}"
             else:
                 w, wport = procs.start_upf_writer(work, store)
