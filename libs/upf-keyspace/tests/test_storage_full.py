@@ -116,3 +116,34 @@ async def test_refusals_are_seen_by_every_process_on_the_file(tmp_path, monkeypa
     assert not errors.STORAGE.degraded() and not other.degraded()
     errors.STORAGE.write_refused()
     assert other.degraded()
+
+
+async def test_over_a_lowered_quota_only_a_commit_that_grows_the_data_is_refused(tmp_path, monkeypatch):
+    """Reopened under a quota its data already exceeds: a write that adds a page is refused, and one
+    that frees a page passes though the data stays over the quota (the committer reads what the last
+    commit left only for a commit over it)."""
+    monkeypatch.setattr(errors, "STORAGE", errors.StorageHealth())
+    path = str(tmp_path / "store.db")
+    monkeypatch.setenv("UPF_EMBEDDED_MAX_BYTES", str(1024 * 1024))
+    db = await open_embedded(path)
+    for i in range(60):  # a 3,000-byte value takes an overflow page of its own: ~240 KiB in all
+        await put(db, b"k%04d" % i)
+    await db.close()
+    monkeypatch.setenv("UPF_EMBEDDED_MAX_BYTES", str(128 * 1024))
+    db = await open_embedded(path)
+    try:
+        with pytest.raises(errors.StoreError) as info:
+            await put(db, b"more")
+        assert info.value.code == errors.STORAGE_FULL
+
+        async def drop(tr):
+            tr.clear(b"k0000")
+
+        await db.transact(drop)
+
+        async def read(tr):
+            return await tr.get(b"k0000"), await tr.get(b"k0059")
+
+        assert await db.transact(read) == (None, b"x" * 3000)
+    finally:
+        await db.close()

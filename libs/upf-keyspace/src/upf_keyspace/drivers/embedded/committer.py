@@ -284,7 +284,6 @@ class _Committer(_Watches):
 
     def _apply_batch(self, f: _File, txn: lmdb.Transaction, batch: list[_Pending | _Grouped]) -> bool:
         version, last_stamp = f.version(txn)
-        before = f.live_bytes(txn) if f.quota else 0
         new_version = version + 1
         new_stamp = max(last_stamp + 1, _clock_stamp())
         prefix = new_stamp.to_bytes(8, "big")
@@ -333,7 +332,7 @@ class _Committer(_Watches):
         txn.put(wlog_key(new_version), _T.pack(wall) + encoded, db=f.wlog)
         if f.quota:
             after = f.live_bytes(txn)
-            if after > f.quota and after > before:  # a commit that frees space passes, even over it
+            if after > f.quota and after > f.committed_bytes():  # one that frees space passes, even over it
                 raise _OverQuota
         txn.commit()
         # Nothing below may raise: the caller takes an exception for a commit that did not happen.
