@@ -42,6 +42,21 @@ ZURL_CONF = Path("/etc/zurl.conf")
 MARK = b"@"  # first byte of every item; chunk-size lines are hex, so counting it counts items
 
 
+class PeerError(RuntimeError):
+    """Pushpin or its driver failed: ``reason`` says what in a few words; the message adds the logs."""
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+        self.reason = reason
+
+
+def failure_reason(exc: BaseException) -> str:
+    """A failed run's cause in one line, for the results (the whole message goes to the bench's log)."""
+    if isinstance(exc, PeerError):
+        return exc.reason
+    return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:200]
+
+
 def ensure_pushpin() -> str:
     """The pushpin binary, installing Debian's package when missing and this process may; '' if not."""
     if shutil.which("pushpin"):
@@ -118,13 +133,13 @@ def wait_port(pp: procs.Proc, port: int, timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if not pp.alive():
-            raise RuntimeError(f"pushpin exited: {pp.log_tail()}")
+            raise PeerError("pushpin exited at start", pp.log_tail())
         try:
             socket.create_connection(("127.0.0.1", port), timeout=1).close()
             return
         except OSError:
             time.sleep(0.2)
-    raise TimeoutError(f"pushpin not listening on {port}: {pp.log_tail()}")
+    raise PeerError(f"pushpin not listening on {port} after {timeout:g} s", pp.log_tail())
 
 
 def run(
@@ -210,9 +225,11 @@ def run(
                 break
         drv.wait(30)
         if not result:
-            raise RuntimeError(f"pushpin driver failed: {drv.stderr.read() if drv.stderr else ''}\n{pp.log_tail()}")
+            err = drv.stderr.read() if drv.stderr else ""
+            last = err.strip().splitlines()[-1] if err.strip() else f"exit status {drv.returncode}"
+            raise PeerError(f"the driver failed ({last})", f"{err}\n{pp.log_tail()}")
         if not pp.alive():
-            raise RuntimeError(f"pushpin exited: {pp.log_tail()}")
+            raise PeerError("pushpin exited during the run", pp.log_tail())
         cpu = cpu1 - cpu0
         result.update(
             cpu_secs=round(cpu, 3),
@@ -304,7 +321,10 @@ async def drive(a: argparse.Namespace) -> None:
             )
             clients.append(proto)
             batch.append(opened)
-        await asyncio.wait_for(asyncio.gather(*batch), 30)
+        try:
+            await asyncio.wait_for(asyncio.gather(*batch), 30)
+        except TimeoutError:
+            raise SystemExit(f"streams {lo}-{lo + len(batch) - 1} not answered by pushpin within 30 s") from None
     await asyncio.sleep(0.5)  # subscriptions settle in the handler
     content = (MARK + b"x" * max(0, a.payload - 2) + b"\n").decode()
     items = [

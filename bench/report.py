@@ -187,6 +187,12 @@ def summarize(res: Results) -> dict[str, Any]:
             "undelivered": sum((x.expected or 0) - (x.delivered or 0) for x in pps),
             "cpu_secs_by_thread_round_1": pps[0].cpu_secs_by_thread,
         }
+        failed = [r.pushpin.skipped for r in rounds if r.pushpin is not None and r.pushpin.skipped]
+        if failed:  # runs before Pushpin could fail a round have neither key
+            s["pushpin"]["failed_rounds"] = failed
+            s["pushpin"]["first_round"] = next(
+                i for i, r in enumerate(rounds, 1) if r.pushpin is not None and not r.pushpin.skipped
+            )
         if "broadcast" in s and s["broadcast"]["frames_per_cpu_sec"]:
             s["pushpin"]["broadcast_cpu_us_per_frame"] = round(1e6 / s["broadcast"]["frames_per_cpu_sec"], 1)
         if "fanout" in s:
@@ -565,11 +571,13 @@ def render(res: Results) -> str:
                 f"| Pushpin (incl. its HTTP publish intake) | {_f(p['cpu_us_per_item'], 1)} (rounds: {'-'.join(_f(x, 1) for x in p.get('cpu_us_per_item_range', []))}) |",
                 f"| UPF pusher (fan-out round, split shape) | {_f(p.get('upf_pusher_cpu_us_per_delivery'), 1)} |",
                 f"| bare websockets broadcast | {_f(p.get('broadcast_cpu_us_per_frame'), 1)} |",
-                f"\n{p['undelivered']} Pushpin items undelivered. Its CPU by process and thread (round 1, CPU s): "
+                f"\n{p['undelivered']} Pushpin items undelivered. Its CPU by process and thread (round {p.get('first_round', 1)}, CPU s): "
                 + (", ".join(f"{k} {v:g}" for k, v in p.get("cpu_secs_by_thread_round_1", {}).items()) or "-")
                 + ".",
                 "",
             ]
+            if p.get("failed_rounds"):
+                L += [f"Pushpin did not run in {len(p['failed_rounds'])} round(s): {p['failed_rounds'][0]}.", ""]
     if "idle_cpu" in s:
         ic = s["idle_cpu"]
         L += [

@@ -315,3 +315,56 @@ def test_a_loadgen_report_of_the_wrong_shape_fails_at_the_producer():
         harness.summarize_run(_loadgen_report(), schema.FanoutRun, topics=10)  # the fan-out's own field missing
     fan = harness.summarize_run(_loadgen_report(rate=100), schema.FanoutRun, subs_per_topic=100, topics=10)
     assert fan.rate == 100.0 and isinstance(fan.rate, float) and fan.subs_per_topic == 100
+
+
+def _pushpin(cpu_us: float) -> schema.Pushpin:
+    return schema.Pushpin(
+        channels=10, streams=1000, rate=100.0, expected=20000, delivered=20000, item_bytes=64,
+        cpu_us_per_item=cpu_us, items_per_cpu_sec=1e6 / cpu_us, cpu_secs_by_thread={"pushpin-proxy": 0.25},
+    )  # fmt: skip
+
+
+def test_a_round_pushpin_failed_in_is_named_and_the_others_give_its_figure():
+    res = schema.decode(json.dumps(_minimal()))
+    failed = schema.Pushpin(skipped="Pushpin failed twice in a round (the driver failed (streams 0-9 not answered))")
+    res.rounds = [schema.Round(loadavg="0 0 0", pushpin=p) for p in (failed, _pushpin(20.0), _pushpin(30.0))]
+    res.summary = report.summarize(res)
+    pp = res.summary["pushpin"]
+    assert (pp["cpu_us_per_item"], pp["first_round"], pp["failed_rounds"]) == (25.0, 2, [failed.skipped])
+    text = report.render(res)
+    assert f"Pushpin did not run in 1 round(s): {failed.skipped}." in text
+    assert "Its CPU by process and thread (round 2, CPU s): pushpin-proxy 0.25." in text
+    res.rounds = [schema.Round(loadavg="0 0 0", pushpin=failed)] * 3
+    res.summary = report.summarize(res)
+    assert res.summary["pushpin"] == {"skipped": failed.skipped}
+    assert f"Skipped: {failed.skipped}." in report.render(res)
+
+
+def test_pushpin_is_tried_twice_a_round_then_its_failure_is_recorded(monkeypatch, tmp_path):
+    """A Pushpin that does not answer its streams fails the attempt, not the 27-minute run."""
+    sys.path.insert(0, str(BENCH))
+    try:
+        import pushpin_peer
+        from phases import rounds
+    finally:
+        sys.path.remove(str(BENCH))
+    outcomes: list[object] = []
+
+    def run(*_args: object) -> dict[str, object]:
+        outcome = outcomes.pop(0)
+        if isinstance(outcome, BaseException):
+            raise outcome
+        return outcome  # type: ignore[return-value]
+
+    monkeypatch.setattr(pushpin_peer, "run", run)
+    ok = {"channels": 10, "streams": 1000, "delivered": 20000, "expected": 20000, "cpu_us_per_item": 21.5}
+    outcomes[:] = [pushpin_peer.PeerError("the driver failed (streams 0-9 not answered)", "its log"), ok]
+    got = rounds.phase_pushpin(schema.FULL, 64, tmp_path)
+    assert (got.skipped, got.cpu_us_per_item, outcomes) == (None, 21.5, [])
+    outcomes[:] = [TimeoutError("pushpin not listening"), pushpin_peer.PeerError("pushpin exited at start", "log")]
+    got = rounds.phase_pushpin(schema.FULL, 64, tmp_path)
+    assert got.skipped == "Pushpin failed twice in a round (pushpin exited at start)"
+    assert (
+        pushpin_peer.failure_reason(TimeoutError("pushpin not listening\nmore"))
+        == "TimeoutError: pushpin not listening"
+    )
