@@ -152,9 +152,9 @@ def fanout_round(cfg: Config, work: Path) -> FanoutRun:
 
 def phase_pushpin(cfg: Config, payload: int, work: Path) -> Pushpin:
     """Pushpin (Debian's package) holding one HTTP stream per subscriber, fed through its publish API.
-    An attempt that fails (its streams not answered within the driver's 30 s, once) is made once more,
-    then this round records the failure as its ``skipped`` and the run goes on: a peer's hiccup is not
-    the end of a 27-minute run, and the rounds Pushpin did run still give its figure."""
+    A failed attempt is made once more (a full run once died when Pushpin left its first streams
+    unanswered for the driver's 30 s); a second failure is this round's ``skipped``, with its reason,
+    and the run goes on: the rounds Pushpin did run still give its figure."""
     reason = ""
     for attempt in (1, 2):
         try:
