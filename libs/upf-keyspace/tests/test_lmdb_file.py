@@ -11,6 +11,8 @@ import sys
 import pytest
 
 from upf_keyspace import StoreError
+from upf_keyspace import telemetry as tm
+from upf_keyspace.drivers import _metrics
 from upf_keyspace.drivers.embedded import open_embedded
 from upf_keyspace.drivers.embedded.committer import _prune
 from upf_keyspace.drivers.embedded.file import _FILES, _T, _close_file, _open_file
@@ -92,6 +94,39 @@ async def test_a_process_killed_holding_the_write_lock_does_not_stop_commits(tmp
             return await tr.get(b"\x01after"), await tr.get(b"\x01dead")
 
         assert await db.transact(get) == (b"v", None)  # the dead holder's write was never committed
+    finally:
+        await db.close()
+
+
+async def test_a_commit_that_waits_for_another_processs_write_lock_records_the_wait(tmp_path) -> None:
+    """Processes on one store file commit one at a time. The time a commit waited for another's
+    write lock is its own histogram (``upf_store_commit_lock_wait_seconds``), so an operator can
+    tell that wait from the commit's own work in ``upf_store_commit_duration_seconds``."""
+    path = str(tmp_path / "s.db")
+    db = await open_embedded(path)
+    waits = _metrics.COMMIT_LOCK_WAIT.cell("embedded")
+    try:
+
+        async def put(tr):  # type: ignore[no-untyped-def]
+            tr.set(b"\x01k", b"v")
+
+        await db.transact(put)  # uncontended: recorded, near nothing
+        count, total = sum(waits.counts), waits.sum
+        holder = subprocess.Popen(
+            [sys.executable, "-c", _HOLD_AND_WAIT, path], stdout=subprocess.PIPE, stdin=subprocess.PIPE, text=True
+        )
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        commit = asyncio.ensure_future(db.transact(put))
+        await asyncio.sleep(0.3)
+        assert not commit.done()
+        assert holder.stdin is not None
+        holder.stdin.write("\n")  # the holder aborts its transaction and exits
+        holder.stdin.flush()
+        await asyncio.wait_for(commit, 10)
+        assert holder.wait(10) == 0
+        assert sum(waits.counts) == count + 1
+        assert 0.25 <= waits.sum - total < 10
+        assert tm.REGISTRY.value("upf.store.commit.lock_wait", driver="embedded") == count + 1
     finally:
         await db.close()
 

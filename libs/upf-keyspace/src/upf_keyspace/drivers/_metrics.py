@@ -40,6 +40,14 @@ COMMIT_DURATION = REGISTRY.histogram(
     bounds=LATENCY_BUCKETS,
     attributes=("driver",),
 )
+COMMIT_LOCK_WAIT = REGISTRY.histogram(
+    "upf.store.commit.lock_wait",
+    "time a physical commit waited for the store file's write lock, held by another process's commit "
+    "(the embedded driver; part of the commit's duration)",
+    unit="s",
+    bounds=LATENCY_BUCKETS,
+    attributes=("driver",),
+)
 
 
 _TRANSACTED: dict[str, Any] = {}

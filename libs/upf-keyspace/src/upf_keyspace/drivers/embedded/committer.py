@@ -95,6 +95,7 @@ writer answered 2 keep-alive connections ~1,040 publishes/s and 8 ~3,050/s, at 0
 ~3,930 (``bench/writer_layers.py --connections N``); open streams' batches at 2,000/s did not move."""
 _BATCH_SIZE = _metrics.COMMIT_BATCH.cell("embedded")
 _COMMIT_DURATION = _metrics.COMMIT_DURATION.cell("embedded")
+_LOCK_WAIT = _metrics.COMMIT_LOCK_WAIT.cell("embedded")
 
 
 class _Pending:
@@ -270,7 +271,9 @@ class _Committer(_Watches):
         flush of their own (the all-in-one with UPF_WORKERS=2, asked for 14,000 publishes/s,
         delivered ~12,100 a second without this and ~13,800 with it: BENCHMARKS.md, thirty-fifth
         pass)."""
+        asked = time.perf_counter()
         txn = f.env.begin(write=True)  # waits for another process's write lock (a robust mutex)
+        _LOCK_WAIT.record(time.perf_counter() - asked)
         try:
             if drain:
                 taken = len(batch)
