@@ -105,6 +105,7 @@ async def test_a_commit_that_waits_for_another_processs_write_lock_records_the_w
     path = str(tmp_path / "s.db")
     db = await open_embedded(path)
     waits = _metrics.COMMIT_LOCK_WAIT.cell("embedded")
+    holder: subprocess.Popen[str] | None = None
     try:
 
         async def put(tr):  # type: ignore[no-untyped-def]
@@ -120,7 +121,7 @@ async def test_a_commit_that_waits_for_another_processs_write_lock_records_the_w
         await asyncio.sleep(0.3)
         assert not commit.done()
         assert holder.stdin is not None
-        holder.stdin.write("\n")  # the holder aborts its transaction and exits
+        holder.stdin.write("\n")  # the holder exits, its write transaction never committed
         holder.stdin.flush()
         await asyncio.wait_for(commit, 10)
         assert holder.wait(10) == 0
@@ -128,6 +129,9 @@ async def test_a_commit_that_waits_for_another_processs_write_lock_records_the_w
         assert 0.25 <= waits.sum - total < 10
         assert tm.REGISTRY.value("upf.store.commit.lock_wait", driver="embedded") == count + 1
     finally:
+        if holder is not None and holder.poll() is None:
+            holder.kill()
+            holder.wait(10)
         await db.close()
 
 
