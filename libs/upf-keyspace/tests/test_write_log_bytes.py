@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from upf_keyspace.drivers import embedded
+from upf_keyspace.drivers._ranges import point
 from upf_keyspace.drivers.embedded import writelog
 from upf_keyspace.errors import NOT_COMMITTED, StoreError
 
@@ -45,6 +46,42 @@ async def test_evicted_write_sets_still_catch_conflicts(db):
     await tr.get(b"affinity/000003/topic-0005/" + b"n" * 60)  # read version before every big commit
     for n in range(40):
         await big_commit(db, n)
+    tr.set(b"elsewhere", b"x")
+    with pytest.raises(StoreError) as info:
+        await tr.commit()
+    assert info.value.code == NOT_COMMITTED
+
+
+async def small_commit(db, n: int) -> None:
+    async def body(tr):
+        tr.set(b"topic/%06d" % n, b"x")
+
+    await db.transact(body)
+
+
+async def test_only_the_newest_write_sets_stay_decoded_and_older_ones_decode_alike(db):
+    """Sets kept decoded for the whole log were walked by every young collection of the cyclic
+    collector; past the newest ``_DECODED`` only their encoding is kept, and reads back the same."""
+    commits = writelog._DECODED + 40
+    for n in range(commits):
+        await small_commit(db, n)
+    cache = db._wlog_cache
+    versions = sorted(cache._raw)
+    assert len(versions) >= commits
+    assert sorted(cache._sets) == versions[-writelog._DECODED :]
+    first = [v for v in versions if cache.get(v).overlaps(*point(b"topic/000000"))]
+    assert len(first) == 1 and first[0] not in cache._sets  # found in the set decoded from its encoding
+    s = cache.get(first[0])
+    assert s.encode() == cache._raw[first[0]] and not s.overlaps(*point(b"topic/000001"))
+
+
+async def test_a_conflict_with_an_encoded_write_set_is_caught(db):
+    tr = db.create_transaction()
+    await tr.get(b"topic/000000")  # read version before every commit below
+    for n in range(writelog._DECODED + 10):
+        await small_commit(db, n)
+    cache = db._wlog_cache
+    assert len(cache._sets) == writelog._DECODED < len(cache)  # the first commit's set is encoded only
     tr.set(b"elsewhere", b"x")
     with pytest.raises(StoreError) as info:
         await tr.commit()

@@ -342,7 +342,7 @@ class _Committer(_Watches):
         with contextlib.suppress(OSError):  # the mark only notices lost commits; it never refuses one
             os.pwrite(self._mark_fd, prefix, 0)
         try:
-            self._wlog_cache.put(new_version, written, len(encoded))
+            self._wlog_cache.put(new_version, written, encoded)
         except Exception:  # a version missing from the cache is read from the file's write log
             log.exception("embedded write log cache failed")
         return True

@@ -22,6 +22,9 @@ _WLOG_CACHE_BYTES = 32 << 20
 write thousands of keys (a many-topic subscribe), so 65,536 of them were gigabytes. 32 MiB holds the
 10 s the log is kept at ~4,000 publishes/s (~800 bytes of write set each); an evicted entry costs one
 read of the ``wlog`` table, never a wrong answer."""
+_DECODED = 64
+"""Sets kept decoded (``_WriteSetCache``): the newest commits', which the watches' next check and the
+conflict checks of transactions begun just before them read; ~0.3-1 s of commits under load."""
 
 
 def _set_bytes(s: IntervalSet, encoded: int) -> int:
@@ -105,12 +108,20 @@ class _HeadTally:
 
 class _WriteSetCache:
     """Recent commits' write sets by version, bounded by entries and by bytes; the oldest inserted
-    goes first. Written by the committer thread and the loop thread (under a lock), read lock-free."""
+    goes first. Written by the committer thread and the loop thread (under a lock), read lock-free.
 
-    __slots__ = ("_sets", "_sizes", "bytes", "max_bytes", "max_entries", "_lock", "heads")
+    Every set is kept as its encoding; only the newest ``_DECODED`` are kept decoded too, and an older
+    one is decoded when asked for. Why: a decoded set is two lists of a few hundred bytes objects
+    each, and kept for the log's 10 s every such list was walked by the cyclic collector's young
+    collections, which hold the GIL: with 2 workers at 4,500 publishes/s each took ~23 ms of CPU
+    (max ~41 ms), every ~7 s, and stalled every publish and delivery in flight. A bytes object is
+    not walked (BENCHMARKS.md, forty-first pass)."""
+
+    __slots__ = ("_sets", "_raw", "_sizes", "bytes", "max_bytes", "max_entries", "_lock", "heads")
 
     def __init__(self, max_bytes: int, max_entries: int) -> None:
-        self._sets: dict[int, IntervalSet] = {}
+        self._sets: dict[int, IntervalSet] = {}  # the newest _DECODED, decoded
+        self._raw: dict[int, bytes] = {}  # every cached set's encoding
         self._sizes: dict[int, int] = {}
         self.bytes = 0
         self.max_bytes = max_bytes
@@ -119,29 +130,38 @@ class _WriteSetCache:
         self.heads = _HeadTally()
 
     def __len__(self) -> int:
-        return len(self._sets)
+        return len(self._raw)
 
     def get(self, version: int) -> IntervalSet | None:
-        return self._sets.get(version)
+        # Lock-free: a set leaves ``_sets`` only while its encoding stays in ``_raw``.
+        s = self._sets.get(version)
+        if s is not None:
+            return s
+        raw = self._raw.get(version)
+        return IntervalSet.decode(raw) if raw is not None else None
 
-    def put(self, version: int, s: IntervalSet, encoded: int) -> None:
-        """``encoded``: the length of ``s.encode()``, for its size (``_set_bytes``)."""
-        size = _set_bytes(s, encoded)
+    def put(self, version: int, s: IntervalSet, encoded: bytes) -> None:
+        """``encoded``: ``s.encode()``, kept, and its length counted in the set's size (``_set_bytes``)."""
+        size = _set_bytes(s, len(encoded))
         with self._lock:
             self.heads.add(version, s)
             if size > self.max_bytes:
                 return  # larger than the whole budget: read from the file when needed
-            if version in self._sets:
+            if version in self._raw:
                 return
+            self._raw[version] = encoded
             self._sets[version] = s
             self._sizes[version] = size
             self.bytes += size
-            while self.bytes > self.max_bytes or len(self._sets) > self.max_entries:
-                oldest = next(iter(self._sets))
-                del self._sets[oldest]
+            while self.bytes > self.max_bytes or len(self._raw) > self.max_entries:
+                oldest = next(iter(self._raw))
+                self._sets.pop(oldest, None)
+                del self._raw[oldest]
                 self.bytes -= self._sizes.pop(oldest)
+            while len(self._sets) > _DECODED:
+                del self._sets[next(iter(self._sets))]
 
-    def update(self, sets: dict[int, tuple[IntervalSet, int]]) -> None:
+    def update(self, sets: dict[int, tuple[IntervalSet, bytes]]) -> None:
         for version, (s, encoded) in sets.items():
             self.put(version, s, encoded)
 
@@ -186,9 +206,9 @@ def wlog_key(version: int) -> bytes:
     return version.to_bytes(8, "big")
 
 
-def _load(txn: lmdb.Transaction, f: _File, after: int, upto: int) -> dict[int, tuple[IntervalSet, int]]:
-    """The write sets of commits after..upto in the file, each with its encoded length."""
-    out: dict[int, tuple[IntervalSet, int]] = {}
+def _load(txn: lmdb.Transaction, f: _File, after: int, upto: int) -> dict[int, tuple[IntervalSet, bytes]]:
+    """The write sets of commits after..upto in the file, each with its encoding."""
+    out: dict[int, tuple[IntervalSet, bytes]] = {}
     cur = txn.cursor(f.wlog)  # positional: see file.py
     if cur.set_range(wlog_key(after + 1)):
         for k, raw in cur.iternext():
@@ -196,5 +216,5 @@ def _load(txn: lmdb.Transaction, f: _File, after: int, upto: int) -> dict[int, t
             if v > upto:
                 break
             encoded = bytes(raw[8:])
-            out[v] = IntervalSet.decode(encoded), len(encoded)
+            out[v] = IntervalSet.decode(encoded), encoded
     return out
