@@ -141,7 +141,8 @@ class _WriteSetCache:
         return IntervalSet.decode(raw) if raw is not None else None
 
     def put(self, version: int, s: IntervalSet, encoded: bytes) -> None:
-        """``encoded``: ``s.encode()``, kept, and its length counted in the set's size (``_set_bytes``)."""
+        """``encoded``: ``s.encode()``, kept. Each set is counted at its decoded size (``_set_bytes``)
+        for as long as it is cached: the budget bounds what the cache holds, decoded or not."""
         size = _set_bytes(s, len(encoded))
         with self._lock:
             self.heads.add(version, s)
