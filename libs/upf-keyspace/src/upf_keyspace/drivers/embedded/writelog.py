@@ -190,9 +190,10 @@ class _WriteLog:
             loaded = _load(txn, f, after, upto)
         cache.update(loaded)
         out = []
-        for v in range(after + 1, upto + 1):
+        for v, cached in zip(range(after + 1, upto + 1), sets, strict=True):
             got = loaded.get(v)
-            s = got[0] if got is not None else cache.get(v)
+            # ``get`` may have decoded it already: not twice. Else the file's copy, else the cache's now.
+            s = cached if cached is not None else got[0] if got is not None else cache.get(v)
             if s is None:
                 # Pruned: the transaction outlived the write log, so it is too old to check.
                 raise errors.StoreError(errors.TRANSACTION_TOO_OLD)
