@@ -4,8 +4,10 @@
 Why a second generator: on two cores the Python ``upf-loadgen`` spends about as much CPU per publish
 and delivery as the server, so every ``sweep`` up to 10,000/s ended with its offered rate behind, not
 the server's, and the scaling figure stayed a lower bound. kneegen does the same load (one awaited
-publisher and one ws subscriber per topic, loadgen's bodies, loss / duplicate / order checks) for ~20 us
-of CPU per publish and delivery. Each step is a fresh kneegen run on fresh topics against one server;
+publisher and one ws subscriber per topic, loadgen's bodies, loss / duplicate / order checks) for 16-45 us
+of CPU per publish and delivery near the knee, and 30-90 us at 2,000-6,000/s, where its timers and idle
+wake-ups are spread over fewer publishes (each step records it: ``kneegen_cpu_us_per_publish``; it runs
+on the same cores as the server). Each step is a fresh kneegen run on fresh topics against one server;
 the sweep stops at the first step that fails loadgen's knee rule (``find_knee``: offered or delivered
 more than ``tolerance`` behind the rate, p99 over the bound) or has a violation. Then one run at half
 the knee (the issue's p99 goal) and one at twice it (no violation, however far behind): the ``rounds``
