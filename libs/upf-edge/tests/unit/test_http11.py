@@ -73,6 +73,8 @@ def test_oversized_head_is_431() -> None:
         b"GET relative HTTP/1.1\r\n\r\n",
         b"GET / HTTP/1.1\r\nno colon\r\n\r\n",
         b"GET / HTTP/1.1\r\nbad name: v\r\n\r\n",
+        b"GET / HTTP/1.1\r\nHost: x\r\nbad name: v\r\nX-A: b\r\n\r\n",  # one bad line among good ones
+        b"GET / HTTP/1.1\r\nHost: x\r\nX-A: b\r\n: v\r\n\r\n",
         b"GET /a\x01b HTTP/1.1\r\n\r\n",
     ],
 )

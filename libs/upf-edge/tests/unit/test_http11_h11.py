@@ -144,3 +144,24 @@ def test_where_we_are_stricter(raw: bytes) -> None:
     """h11 accepts these; we refuse them (the documented, deliberate differences)."""
     assert _h11_refuses(raw) is False
     assert _we_refuse(raw)
+
+
+def _h11_fields(raw: bytes) -> list[tuple[bytes, bytes]] | None:
+    conn = h11.Connection(h11.SERVER)
+    conn.receive_data(raw)
+    try:
+        event = conn.next_event()
+    except h11.RemoteProtocolError:
+        return None
+    return list(event.headers) if isinstance(event, h11.Request) else None
+
+
+@settings(max_examples=3000, deadline=None)
+@given(heads())
+def test_where_both_accept_the_fields_are_h11s(raw: bytes) -> None:
+    """Each field's name, lowercased, and its value without the spaces and tabs around it, in order:
+    what h11 reads (``parse_head`` checks every field line with one match, then splits them)."""
+    theirs = _h11_fields(raw)
+    if theirs is None or _we_refuse(raw):
+        return
+    assert parse_head(raw[: find_head_end(raw)]).headers == theirs, raw
