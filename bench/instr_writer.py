@@ -1,0 +1,133 @@
+"""The standalone writer's instructions per HTTP publish, under callgrind: every thread of the process.
+
+``bench/instr_publish.py`` counts ``WriterFront.publish`` in process, without HTTP. This counts what
+the ``rounds`` phase's ingest pays for: ``upf-writer`` on its default server (UPF's front door), its
+head parsing, routing, reply and socket I/O included. It starts the writer on a fresh embedded store
+under ``valgrind --tool=callgrind`` with instrumentation off, opens 64 keep-alive connections, sends
+warm-up publishes, turns instrumentation on (SIGUSR1, through the tiny C library
+bench/instr_delivery.py builds with gcc), sends ``--publishes`` more (each connection awaits each
+answer, as bench/pubdrive.py does), turns it off (SIGUSR2, which dumps) and prints the Ir per publish.
+Every publish must answer 200.
+
+    python3 -m uv run --locked python bench/instr_writer.py                # pubdrive's head: 3 fields
+    python3 -m uv run --locked python bench/instr_writer.py --fields 5     # a Go client's: 5 fields
+    python3 -m uv run --locked python bench/instr_writer.py --keep /tmp/w.cg   # keep the dump
+
+How publishes group into commits depends on timing under callgrind; runs of one tree agree within
+~1%, so compare two trees by alternating runs. Needs valgrind, gcc and valgrind's headers. Takes
+~20 s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from instr_delivery import _TOGGLE_C, _free_port, _wait_ready
+
+HERE = Path(__file__).resolve().parent
+CONNECTIONS = 64
+_HEADS = {
+    3: b"POST /iw%04d HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nContent-Type: text/plain\r\nContent-Length: 100\r\n\r\n",
+    5: (
+        b"POST /iw%04d HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nUser-Agent: Go-http-client/1.1\r\n"
+        b"Content-Length: 100\r\nContent-Type: text/plain\r\nAccept-Encoding: gzip\r\n\r\n"
+    ),
+}
+
+
+async def _publish(conn: tuple[asyncio.StreamReader, asyncio.StreamWriter], request: bytes) -> None:
+    r, w = conn
+    w.write(request)
+    got = await r.readuntil(b"\r\n\r\n")
+    if not got.startswith(b"HTTP/1.1 200"):
+        raise SystemExit(f"publish answered {got[:40]!r}")
+    length = next(
+        int(v) for k, _, v in (line.partition(b":") for line in got.split(b"\r\n")) if k.lower() == b"content-length"
+    )
+    await r.readexactly(length)
+
+
+async def measure(publishes: int, fields: int, keep: Path | None) -> float:
+    work = Path(tempfile.mkdtemp(prefix="upf-instr-writer-"))
+    try:
+        lib = work / "cgtoggle.so"
+        (work / "cgtoggle.c").write_text(_TOGGLE_C)
+        subprocess.run(["gcc", "-shared", "-fPIC", "-O1", "-o", str(lib), str(work / "cgtoggle.c")], check=True)
+        port = _free_port()
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("UPF_", "OTEL_"))}
+        env.update(
+            UPF_STORE_PATH=str(work / "store" / "upf.db"),
+            UPF_LOG_LEVEL="WARNING",
+            PYTHONUNBUFFERED="1",
+            UPF_EMBEDDED_MAX_BYTES=str(256 << 20),  # valgrind cannot map the 1 TiB reserved without a quota
+            UPF_BIND=f"127.0.0.1:{port}",
+        )
+        out = work / "callgrind.out"
+        argv = ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}"]
+        argv += [sys.executable, str(HERE / "instr_delivery.py"), "--child", str(lib), "upf_writer"]
+        with open(work / "role.log", "wb") as log:
+            proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            try:
+                await _wait_ready(port, proc)
+                conns = [await asyncio.open_connection("127.0.0.1", port) for _ in range(CONNECTIONS)]
+                per = max(1, publishes // CONNECTIONS)
+                requests = [
+                    [_HEADS[fields] % ((k * 2 * per + i) % 1000, port) + b"x" * 100 for i in range(2 * per)]
+                    for k in range(CONNECTIONS)
+                ]
+
+                async def run(start: int) -> None:
+                    async def one_connection(k: int) -> None:
+                        for request in requests[k][start : start + per]:
+                            await _publish(conns[k], request)
+
+                    await asyncio.gather(*(one_connection(k) for k in range(CONNECTIONS)))
+
+                await run(0)  # warm: imports, caches, the store's first pages
+                os.kill(proc.pid, signal.SIGUSR1)
+                await asyncio.sleep(1.0)
+                await run(per)
+                os.kill(proc.pid, signal.SIGUSR2)
+                await asyncio.sleep(3.0)
+                for _, w in conns:
+                    w.close()
+                # This one, before the exit's own dump (nothing instrumented) is the newest.
+                dump = max(work.glob("callgrind.out*"), key=lambda p: p.stat().st_mtime)
+                text = dump.read_text()
+            finally:
+                proc.send_signal(signal.SIGTERM)
+                try:
+                    proc.wait(60)
+                except subprocess.TimeoutExpired:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait(10)
+        if keep is not None:
+            keep.write_text(text)
+        total = next(int(line.split()[1]) for line in text.splitlines() if line.startswith("totals:"))
+        return total / (per * CONNECTIONS)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--publishes", type=int, default=2048, help="publishes counted (a multiple of 64)")
+    ap.add_argument("--fields", type=int, choices=sorted(_HEADS), default=3, help="header fields a publish sends")
+    ap.add_argument("--keep", type=Path, help="copy the callgrind dump here")
+    args = ap.parse_args()
+    ir = asyncio.run(measure(args.publishes, args.fields, args.keep))
+    print(
+        f"publishes={args.publishes // CONNECTIONS * CONNECTIONS} fields={args.fields}: {ir:,.0f} Ir per publish (all threads)"
+    )
+
+
+if __name__ == "__main__":
+    main()
