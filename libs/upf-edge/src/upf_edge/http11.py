@@ -186,8 +186,8 @@ def parse_head(raw: bytes) -> RequestHead:
 
     Two compiled regexes check it, one for the request line and one for every field line at once, and
     the fields are then split without a check each: it is on every publish's path, and a regex per
-    field line (with a lazy value, to drop the spaces after it) cost the writer ~5% of the
-    instructions of a publish (BENCHMARKS.md, forty-second pass)."""
+    field line (with a lazy value, to drop the spaces after it) cost the writer 3.5-5.7% of its
+    instructions a publish (``bench/instr_writer.py``; BENCHMARKS.md, forty-second pass)."""
     if len(raw) > MAX_HEAD:
         raise too_large()
     first = raw.find(b"\r\n")
