@@ -237,14 +237,19 @@ async def _measure(args: argparse.Namespace, work: Path) -> dict[str, float]:
             args.keep.write_bytes(dumps[-1].read_bytes())
         return {"ir": ir, "delivered": count, "violations": violations, "wall_s": elapsed}
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(10)
+        stop_role(proc)
         log.close()
         await store.close()
+
+
+def stop_role(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM to the role under valgrind (its exit dumps once more), then its whole group if it hangs."""
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(60)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)
 
 
 def _positive(text: str) -> int:

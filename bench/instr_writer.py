@@ -30,7 +30,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from instr_delivery import _TOGGLE_C, _free_port, _wait_ready
+from instr_delivery import _TOGGLE_C, _free_port, _wait_ready, stop_role
 
 HERE = Path(__file__).resolve().parent
 CONNECTIONS = 64
@@ -103,12 +103,7 @@ async def measure(publishes: int, fields: int, keep: Path | None) -> float:
                 dump = max(work.glob("callgrind.out*"), key=lambda p: p.stat().st_mtime)
                 text = dump.read_text()
             finally:
-                proc.send_signal(signal.SIGTERM)
-                try:
-                    proc.wait(60)
-                except subprocess.TimeoutExpired:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                    proc.wait(10)
+                stop_role(proc)
         if keep is not None:
             keep.write_text(text)
         total = next(int(line.split()[1]) for line in text.splitlines() if line.startswith("totals:"))

@@ -97,13 +97,20 @@ def heads(draw: st.DrawFn) -> bytes:
     return eol.join([line, *fields]) + eol + draw(_EOLS)
 
 
-def _h11_refuses(raw: bytes) -> bool | None:
-    """True when h11 refuses the head, False when it accepts it, None when it wants more bytes."""
+def _h11_read(raw: bytes) -> object | None:
+    """h11's first event for the head as a server reads it; None when h11 refuses it."""
     conn = h11.Connection(h11.SERVER)
     conn.receive_data(raw)
     try:
-        event = conn.next_event()
+        return conn.next_event()
     except h11.RemoteProtocolError:
+        return None
+
+
+def _h11_refuses(raw: bytes) -> bool | None:
+    """True when h11 refuses the head, False when it accepts it, None when it wants more bytes."""
+    event = _h11_read(raw)
+    if event is None:
         return True
     return None if event is h11.NEED_DATA else False
 
@@ -147,12 +154,8 @@ def test_where_we_are_stricter(raw: bytes) -> None:
 
 
 def _h11_fields(raw: bytes) -> list[tuple[bytes, bytes]] | None:
-    conn = h11.Connection(h11.SERVER)
-    conn.receive_data(raw)
-    try:
-        event = conn.next_event()
-    except h11.RemoteProtocolError:
-        return None
+    """The fields h11 read from an accepted head (None: refused, or more bytes wanted)."""
+    event = _h11_read(raw)
     return list(event.headers) if isinstance(event, h11.Request) else None
 
 
