@@ -1,4 +1,5 @@
-"""Differential: wherever h11 (a strict, widely used HTTP/1.1 parser) refuses a request head, ours does too.
+"""Differential: wherever h11 (a strict, widely used HTTP/1.1 parser) refuses a request head, ours does too;
+wherever both accept one, ours reads the same fields.
 
 Ours is the whole front-door path of a head: ``find_head_end``, ``parse_head``, then the body framing
 (``RequestBody``). We are stricter than h11 on purpose (see ``upf_edge.http11``'s docstring): bare-LF
