@@ -31,16 +31,22 @@ import tempfile
 from pathlib import Path
 
 from instr_delivery import _TOGGLE_C, _free_port, _wait_ready, stop_role
+from pubdrive import build_requests
 
 HERE = Path(__file__).resolve().parent
 CONNECTIONS = 64
-_HEADS = {
-    3: b"POST /iw%04d HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nContent-Type: text/plain\r\nContent-Length: 100\r\n\r\n",
-    5: (
-        b"POST /iw%04d HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nUser-Agent: Go-http-client/1.1\r\n"
-        b"Content-Length: 100\r\nContent-Type: text/plain\r\nAccept-Encoding: gzip\r\n\r\n"
-    ),
-}
+TOPICS = [f"iw{i:04d}" for i in range(1000)]
+_GO_HEAD = (
+    "POST /{topic} HTTP/1.1\r\nHost: {host}\r\nUser-Agent: Go-http-client/1.1\r\n"
+    "Content-Length: 100\r\nContent-Type: text/plain\r\nAccept-Encoding: gzip\r\n\r\n"
+)
+
+
+def build(fields: int, host: str) -> list[bytes]:
+    """A publish per topic: bench/pubdrive.py's own requests (3 fields), or a Go client's head (5)."""
+    if fields == 3:
+        return build_requests(host, "", TOPICS, 100)
+    return [_GO_HEAD.format(topic=t, host=host).encode() + b"x" * 100 for t in TOPICS]
 
 
 async def _publish(conn: tuple[asyncio.StreamReader, asyncio.StreamWriter], request: bytes) -> None:
@@ -79,10 +85,8 @@ async def measure(publishes: int, fields: int, keep: Path | None) -> float:
                 await _wait_ready(port, proc)
                 conns = [await asyncio.open_connection("127.0.0.1", port) for _ in range(CONNECTIONS)]
                 per = max(1, publishes // CONNECTIONS)
-                requests = [
-                    [_HEADS[fields] % ((k * 2 * per + i) % 1000, port) + b"x" * 100 for i in range(2 * per)]
-                    for k in range(CONNECTIONS)
-                ]
+                each = build(fields, f"127.0.0.1:{port}")
+                requests = [[each[(k * 2 * per + i) % len(each)] for i in range(2 * per)] for k in range(CONNECTIONS)]
 
                 async def run(start: int) -> None:
                     async def one_connection(k: int) -> None:
@@ -115,7 +119,7 @@ async def measure(publishes: int, fields: int, keep: Path | None) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--publishes", type=int, default=2048, help="publishes counted (a multiple of 64)")
-    ap.add_argument("--fields", type=int, choices=sorted(_HEADS), default=3, help="header fields a publish sends")
+    ap.add_argument("--fields", type=int, choices=(3, 5), default=3, help="header fields a publish sends")
     ap.add_argument("--keep", type=Path, help="copy the callgrind dump here")
     args = ap.parse_args()
     ir = asyncio.run(measure(args.publishes, args.fields, args.keep))
