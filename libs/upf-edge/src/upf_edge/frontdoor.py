@@ -50,6 +50,7 @@ LISTEN_BACKLOG = 4096
 _monotonic = time.monotonic
 _MAX_PENDING = 64 * 1024
 REFUSED_HEAD_TIMEOUT = 5.0
+_TASK_NAME = "upf-request"
 """How long a connection over its address's cap may take to send the head its 429 answers."""
 TOO_MANY_CONNECTIONS = NtfyError(Problem(42903, 429, "limit reached: too many open connections", LIMITS_DOCS))
 SHUTTING_DOWN = Problem(50300, 503, "service unavailable: shutting down")
@@ -444,6 +445,7 @@ class FrontDoor:
         self._acceptor: Acceptor | None = None
         self._http: set[HttpProtocol] = set()
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._loop: asyncio.AbstractEventLoop | None = None  # set by start: spawn's tasks are made on it
         self._sweeper: asyncio.TimerHandle | None = None
 
     @property
@@ -456,8 +458,17 @@ class FrontDoor:
         return (self._acceptor.sock,) if self._acceptor is not None else ()
 
     def spawn(self, coro: Any) -> asyncio.Task[Any]:
-        """A task ``stop`` waits for within the grace (a request being served), then cancels."""
-        task = asyncio.get_running_loop().create_task(coro)
+        """A task ``stop`` waits for within the grace (a request being served), then cancels.
+
+        Made on the loop ``start`` listened on, named: ``get_running_loop()`` asks the kernel for the
+        process id on every call (asyncio's check for a fork), and ``create_task`` formats a name
+        ("Task-N") per task, ~0.5 us of every request (BENCHMARKS.md, forty-third pass). A loop with a
+        task factory gets its own tasks."""
+        loop = self._loop
+        if loop is not None:
+            task: asyncio.Task[Any] = asyncio.Task(coro, loop=loop, name=_TASK_NAME)
+        else:
+            task = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return task
@@ -492,7 +503,9 @@ class FrontDoor:
                 await self.lifespan.startup()
             await self._starting()
             sock.listen(LISTEN_BACKLOG)
-            self._acceptor = Acceptor(asyncio.get_running_loop(), sock, lambda: self.protocol(self))
+            loop = asyncio.get_running_loop()
+            self._acceptor = Acceptor(loop, sock, lambda: self.protocol(self))
+            self._loop = loop if loop.get_task_factory() is None else None
             self._acceptor.start()
         except BaseException:
             await self._undo_start(sock if own else None)
