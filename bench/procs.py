@@ -272,8 +272,11 @@ def start_upf_allinone(
     return _start_role("upf", "upf", "bench-allinone", workdir, store, cpus, extra, python)
 
 
-def start_upf_writer(workdir: Path, store: Path, cpus: set[int] | None = None, **extra: str) -> tuple[Proc, int]:
-    return _start_role("upf_writer", "writer", "bench-writer", workdir, store, cpus, extra)
+def start_upf_writer(
+    workdir: Path, store: Path, cpus: set[int] | None = None, *, python: str = PY, **extra: str
+) -> tuple[Proc, int]:
+    """``python``: another checkout's interpreter runs that checkout's writer (bench/ab_writer.py)."""
+    return _start_role("upf_writer", "writer", "bench-writer", workdir, store, cpus, extra, python)
 
 
 def start_upf_pusher(
@@ -317,12 +320,14 @@ def start_bare_asgi(workdir: Path, cpus: set[int] | None = None) -> tuple[Proc, 
     return p, port
 
 
-def ab_parser(doc: str | None, secs: float, warm: float) -> argparse.ArgumentParser:
-    """The A/B tools' common arguments: ``--base`` (another checkout), ``--secs`` and ``--warm``."""
+def ab_parser(doc: str | None, secs: float, warm: float | None) -> argparse.ArgumentParser:
+    """The A/B tools' common arguments: ``--base`` (another checkout), ``--secs`` and, unless ``warm``
+    is None (a driver that warms up on its own), ``--warm``."""
     ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--base", type=Path, required=True, help="a checkout of the base commit, with its .venv")
     ap.add_argument("--secs", type=float, default=secs, help="seconds measured per run")
-    ap.add_argument("--warm", type=float, default=warm, help="seconds before the window (connects, warm-up)")
+    if warm is not None:
+        ap.add_argument("--warm", type=float, default=warm, help="seconds before the window (connects, warm-up)")
     return ap
 
 
