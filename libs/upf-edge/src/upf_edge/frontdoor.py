@@ -50,8 +50,8 @@ LISTEN_BACKLOG = 4096
 _monotonic = time.monotonic
 _MAX_PENDING = 64 * 1024
 REFUSED_HEAD_TIMEOUT = 5.0
-_TASK_NAME = "upf-request"
 """How long a connection over its address's cap may take to send the head its 429 answers."""
+_TASK_NAME = "upf-request"  # every request's task: a fixed name, none formatted per task
 TOO_MANY_CONNECTIONS = NtfyError(Problem(42903, 429, "limit reached: too many open connections", LIMITS_DOCS))
 SHUTTING_DOWN = Problem(50300, 503, "service unavailable: shutting down")
 LINGER_SECS = 30.0
@@ -462,7 +462,7 @@ class FrontDoor:
 
         Made on the loop ``start`` listened on, named: ``get_running_loop()`` asks the kernel for the
         process id on every call (asyncio's check for a fork), and ``create_task`` formats a name
-        ("Task-N") per task, ~0.5 us of every request (BENCHMARKS.md, forty-third pass). A loop with a
+        ("Task-N") per task: ~1 us of every request (BENCHMARKS.md, forty-third pass). A loop with a
         task factory gets its own tasks."""
         loop = self._loop
         if loop is not None:
