@@ -42,8 +42,9 @@ def one_run(python: str | None, secs: float, conns: int, topics: int) -> Drive:
             d = pubdrive(f"http://127.0.0.1:{port}", [p.pid], secs=secs, conns=conns, topics=topics)
         finally:
             p.stop()
-        if d.errors or d.non_200:
-            raise RuntimeError(f"not every publish answered 200: {d.non_200 or d.errors}")
+        if not d.ok or d.errors or d.non_200:
+            raise RuntimeError(f"not every publish answered 200: {d.ok} did, {d.non_200 or d.errors}")
+        assert d.cpu_us_per_publish is not None  # set whenever a publish was answered
         return d
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -72,7 +73,7 @@ def main() -> None:
         )
     for k in ("bare", "base", "head"):
         rates = [d.ok_per_s for d in rows[k]]
-        cpu = [d.cpu_us_per_publish or 0.0 for d in rows[k]]
+        cpu = [d.cpu_us_per_publish for d in rows[k] if d.cpu_us_per_publish is not None]
         print(f"{k}: median {statistics.median(rates):,.0f}/s, {statistics.median(cpu):.1f} us CPU per publish")
     print_ratios(ratios)
 

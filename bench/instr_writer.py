@@ -14,8 +14,8 @@ Every publish must answer 200.
     python3 -m uv run --locked python bench/instr_writer.py --keep /tmp/w.cg   # keep the dump
 
 How publishes group into commits depends on timing under callgrind; runs of one tree agreed within
-~0.5% (four of each head), so compare two trees by alternating runs. Needs valgrind, gcc and valgrind's headers. Takes
-~20 s.
+~0.5% (four of each head), so compare two trees by alternating runs. Needs valgrind, gcc and
+valgrind's headers. Takes ~20 s.
 """
 
 from __future__ import annotations
