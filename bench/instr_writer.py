@@ -16,6 +16,15 @@ Every publish must answer 200.
 How publishes group into commits depends on timing under callgrind; runs of one tree agreed within
 ~0.5% (four of each head), so compare two trees by alternating runs. Needs valgrind, gcc and
 valgrind's headers. Takes ~20 s.
+
+``--gap SECS`` sends the counted publishes one at a time, one every SECS on a connection not awaiting
+an answer, instead of each connection's next as soon as its last is answered: lone arrivals, as at a
+moderate rate (2,000/s) rather than at saturation. Under callgrind the writer runs ~50 times slower,
+so a gap that keeps arrivals apart also gives smaller commits than the real rate does; the line it
+prints therefore counts the commits (LMDB's ``mdb_txn_commit``) and the event loop's turns (libuv's
+``uv__io_poll``) per publish too, to price each (BENCHMARKS.md, forty-fourth pass).
+
+    python3 -m uv run --locked python bench/instr_writer.py --gap 0.005
 """
 
 from __future__ import annotations
@@ -61,7 +70,45 @@ async def _publish(conn: tuple[asyncio.StreamReader, asyncio.StreamWriter], requ
     await r.readexactly(length)
 
 
-async def measure(publishes: int, fields: int, keep: Path | None) -> float:
+def _calls(text: str, name: str) -> int:
+    """Calls to the function ``name`` in a callgrind dump (its compressed names: "fn=(id) name" once,
+    "(id)" after), summed over every caller's ``calls=`` line."""
+    ids: set[str] = set()
+    total = 0
+    counting = False
+    for line in text.splitlines():
+        if line.startswith(("fn=(", "cfn=(")):
+            ref, _, named = line.partition("=")[2].partition(" ")
+            if named == name:
+                ids.add(ref)
+            counting = line.startswith("cfn=") and ref in ids
+        elif counting and line.startswith("calls="):
+            total += int(line[6:].split()[0])
+            counting = False
+    return total
+
+
+async def _paced(
+    conns: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]], requests: list[bytes], gap: float
+) -> None:
+    """Each request alone, one every ``gap`` seconds, on a connection that is not awaiting an answer."""
+    free: asyncio.Queue[int] = asyncio.Queue()
+    for k in range(len(conns)):
+        free.put_nowait(k)
+
+    async def one(k: int, request: bytes) -> None:
+        await _publish(conns[k], request)
+        free.put_nowait(k)
+
+    sent = []
+    for request in requests:
+        sent.append(asyncio.create_task(one(await free.get(), request)))
+        await asyncio.sleep(gap)
+    await asyncio.gather(*sent)
+
+
+async def measure(publishes: int, fields: int, keep: Path | None, gap: float = 0.0) -> tuple[float, float, float]:
+    """Ir, commits and event-loop turns, each per counted publish."""
     work = Path(tempfile.mkdtemp(prefix="upf-instr-writer-"))
     try:
         lib = work / "cgtoggle.so"
@@ -98,7 +145,14 @@ async def measure(publishes: int, fields: int, keep: Path | None) -> float:
                 await run(0)  # warm: imports, caches, the store's first pages
                 os.kill(proc.pid, signal.SIGUSR1)
                 await asyncio.sleep(1.0)
-                await run(per)
+                if gap:
+                    await _paced(
+                        conns,
+                        [requests[i % CONNECTIONS][per + i // CONNECTIONS] for i in range(per * CONNECTIONS)],
+                        gap,
+                    )
+                else:
+                    await run(per)
                 os.kill(proc.pid, signal.SIGUSR2)
                 await asyncio.sleep(3.0)
                 for _, w in conns:
@@ -111,7 +165,8 @@ async def measure(publishes: int, fields: int, keep: Path | None) -> float:
         if keep is not None:
             keep.write_text(text)
         total = next(int(line.split()[1]) for line in text.splitlines() if line.startswith("totals:"))
-        return total / (per * CONNECTIONS)
+        n = per * CONNECTIONS
+        return total / n, _calls(text, "_mdb_txn_commit") / n, _calls(text, "uv__io_poll") / n
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -121,10 +176,14 @@ def main() -> None:
     ap.add_argument("--publishes", type=int, default=2048, help="publishes counted (a multiple of 64)")
     ap.add_argument("--fields", type=int, choices=(3, 5), default=3, help="header fields a publish sends")
     ap.add_argument("--keep", type=Path, help="copy the callgrind dump here")
+    ap.add_argument("--gap", type=float, default=0.0, help="send the counted publishes one every GAP seconds")
     args = ap.parse_args()
-    ir = asyncio.run(measure(args.publishes, args.fields, args.keep))
+    if not 0 <= args.gap <= 1:
+        ap.error("--gap is between 0 and 1 second")
+    ir, commits, turns = asyncio.run(measure(args.publishes, args.fields, args.keep, args.gap))
     print(
-        f"publishes={args.publishes // CONNECTIONS * CONNECTIONS} fields={args.fields}: {ir:,.0f} Ir per publish (all threads)"
+        f"publishes={args.publishes // CONNECTIONS * CONNECTIONS} fields={args.fields} gap={args.gap:g}: "
+        f"{ir:,.0f} Ir per publish (all threads); {commits:.3f} commits and {turns:.3f} event-loop turns per publish"
     )
 
 
