@@ -8,7 +8,7 @@ it moves with the hour. This prices it, so that a run's CPU figures at a moderat
 against it. Not part of bench/run.py.
 
 Each round, on one CPU (0 unless ``--cpu``), for each sleep (0, 0.5, 2 and 10 ms): sleep, then run a
-unit of interpreter work (~20 us: a loop of arithmetic, dict stores, a bytes join and method calls)
+unit of interpreter work (~45 us here: small objects, a method call each, dict stores, a bytes join)
 ``--units`` times in a row, each timed by the thread's CPU clock. It prints, per sleep, the first
 unit's CPU and the later units' mean, in us (medians over rounds), and each over the units' mean with
 no sleep.
