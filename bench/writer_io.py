@@ -19,6 +19,12 @@ parts:
   per publish, the core's busy share, and from the writer's own ``/metrics`` the publishes per
   physical commit and a commit's mean duration (applying the batch, LMDB's writes and flushes).
 
+With ``--stalls SECS``, first a one-page write and ``fdatasync`` every 10 ms for SECS seconds, with
+their latency's median, tail and maximum, and how many took over 50 and 100 ms: a shared virtual disk
+can hold a flush for a tenth of a second several times a minute, and each such stall holds every
+publish of the commit it lands in (the p99 of a run at a low rate, a few thousand publishes, can be
+one stall: BENCHMARKS.md, forty-fourth pass).
+
 With ``--log``, a third writer in the rounds: the I/O a write-ahead log in front of LMDB would do,
 emulated (``_WAL``: each commit's record appended and flushed, LMDB flushed at a checkpoint a second
 with a reader held at it). Another bound, not a configuration: it has no recovery.
@@ -28,6 +34,7 @@ Not part of bench/run.py (it turns a durability guarantee off).
     python3 -m uv run python bench/writer_io.py                  # 3 rounds of 4 s, and the disk
     python3 -m uv run python bench/writer_io.py --rounds 5 --skip-disk
     python3 -m uv run python bench/writer_io.py --rounds 3 --skip-disk --log
+    python3 -m uv run python bench/writer_io.py --stalls 60 --skip-disk --rounds 0
 """
 
 from __future__ import annotations
@@ -130,6 +137,40 @@ def _disk(work: Path, n: int, rounds: int) -> dict[str, float]:
     return {k: v / rounds * 1e6 for k, v in (("scattered", scattered), ("contiguous", contiguous), ("second", second))}
 
 
+def _stalls(work: Path, secs: float, every: float = 0.01) -> dict[str, float]:
+    """Latency in ms of a one-page write and flush made every ``every`` seconds for ``secs``."""
+    path = work / "stall.test"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+    lat: list[float] = []
+    try:
+        os.pwrite(fd, b"\0" * (256 * _PAGE), 0)
+        os.fsync(fd)
+        end = time.monotonic() + secs
+        while time.monotonic() < end:
+            os.pwrite(fd, os.urandom(_PAGE), random.randrange(256) * _PAGE)
+            t0 = time.perf_counter()
+            os.fdatasync(fd)
+            lat.append((time.perf_counter() - t0) * 1e3)
+            time.sleep(every)
+    finally:
+        os.close(fd)
+        path.unlink()
+    lat.sort()
+
+    def at(q: float) -> float:
+        return lat[min(len(lat) - 1, int(q * len(lat)))]
+
+    return {
+        "flushes": len(lat),
+        "median": at(0.5),
+        "p99": at(0.99),
+        "p999": at(0.999),
+        "max": lat[-1],
+        "over_50": sum(x > 50 for x in lat),
+        "over_100": sum(x > 100 for x in lat),
+    }
+
+
 def commit_tallies(port: int) -> dict[str, float]:
     """The writer's commit tallies so far (0 before its first commit)."""
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
@@ -169,10 +210,21 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--secs", type=float, default=4.0)
     ap.add_argument("--skip-disk", action="store_true")
+    ap.add_argument("--stalls", type=float, default=0.0, help="first time one-page flushes for this many seconds")
     ap.add_argument("--log", action="store_true", help="a third writer: the write-ahead log's I/O, emulated (_WAL)")
     a = ap.parse_args()
+    if not 0 <= a.stalls <= 3600 or a.rounds < 0:
+        ap.error("--stalls is 0 to 3600 seconds, --rounds at least 0")
     work = Path(tempfile.mkdtemp(prefix="upf-writer-io-"))
     try:
+        if a.stalls:
+            st = _stalls(work, a.stalls)
+            print(
+                f"one-page flushes every 10 ms for {a.stalls:g} s under {work}: {st['flushes']:.0f}, median "
+                f"{st['median']:.2f} ms, p99 {st['p99']:.2f}, p99.9 {st['p999']:.2f}, max {st['max']:.1f}; "
+                f"{st['over_50']:.0f} over 50 ms, {st['over_100']:.0f} over 100 ms",
+                flush=True,
+            )
         if not a.skip_disk:
             print(f"disk under {work} (mean of 100 each, us):")
             print(
@@ -196,6 +248,8 @@ def main() -> None:
     finally:
         procs.stop_all()
         shutil.rmtree(work, ignore_errors=True)
+    if not a.rounds:
+        return
     print(
         f"\nmedians of {a.rounds} rounds (writer on CPU {min(SERVER_CPUS)}, {_CONNS} connections, as fast as answered):"
     )
