@@ -8,6 +8,7 @@ import contextlib
 import itertools
 import json
 import os
+import random
 import re
 import resource
 import shutil
@@ -23,7 +24,7 @@ from typing import Any, TypeVar
 import msgspec
 import procs
 from procs import PY, REPO, tree_cpu, tree_rss_kb
-from schema import Drive, Price, RunSummary
+from schema import DiskStalls, Drive, Price, RunSummary
 
 BENCH = REPO / "bench"
 LOADGEN = str(Path(PY).parent / "upf-loadgen")
@@ -128,6 +129,44 @@ def wait_workers(p: procs.Proc, port: int, n: int, timeout: float = 60.0) -> Non
 
 _POPENS: list[subprocess.Popen[str]] = []
 """Every helper process this bench started (each in its own process group), for the final clean-up."""
+
+
+def disk_stalls(work: Path, secs: float, when: str, every: float = 0.01) -> DiskStalls:
+    """A one-page write and ``fdatasync`` every ``every`` seconds for ``secs`` in ``work``: how long the
+    disk under the stores holds a flush, at the median and at its worst."""
+    path = work / "stall.test"
+    page = 4096
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+    lat: list[float] = []
+    try:
+        os.pwrite(fd, b"\0" * (256 * page), 0)
+        os.fsync(fd)
+        end = time.monotonic() + secs
+        while time.monotonic() < end:
+            os.pwrite(fd, os.urandom(page), random.randrange(256) * page)
+            t0 = time.perf_counter()
+            os.fdatasync(fd)
+            lat.append((time.perf_counter() - t0) * 1e3)
+            time.sleep(every)
+    finally:
+        os.close(fd)
+        path.unlink()
+    lat.sort()
+
+    def at(q: float) -> float:
+        return round(lat[min(len(lat) - 1, int(q * len(lat)))], 2)
+
+    return DiskStalls(
+        when=when,
+        secs=secs,
+        flushes=len(lat),
+        median_ms=at(0.5),
+        p99_ms=at(0.99),
+        p999_ms=at(0.999),
+        max_ms=round(lat[-1], 2),
+        over_50=sum(x > 50 for x in lat),
+        over_100=sum(x > 100 for x in lat),
+    )
 
 
 def spawn_pinned(argv: list[str], cpus: set[int] | None, **kw: Any) -> subprocess.Popen[str]:

@@ -8,7 +8,7 @@ import statistics
 from typing import Any
 
 import msgspec
-from schema import GOALS, AuthLimits, KneegenStep, Price, Results, Scaling, ScalingSweep, Sweep
+from schema import GOALS, AuthLimits, DiskStalls, KneegenStep, Price, Results, Scaling, ScalingSweep, Sweep
 
 
 def med(xs: list[float | None]) -> float:
@@ -413,6 +413,20 @@ def render_authlimits(a: AuthLimits) -> list[str]:
     return L
 
 
+def _disk_line(stalls: list[DiskStalls]) -> list[str]:
+    """The disk's flush stalls at the run's start and end, when the run timed them (from 2026-12-07)."""
+    if not stalls:
+        return []
+    each = "; ".join(
+        f"{st.when}: median {st.median_ms} ms, max {st.max_ms} ms, {st.over_50} over 50 ms, {st.over_100} over 100 ms"
+        for st in stalls
+    )
+    return [
+        f"Disk: a one-page flush every 10 ms for {stalls[0].secs:g}s, nothing else running ({each}). "
+        "A commit's flush that the disk holds holds all its publishes: a low-rate p99 can be one such stall."
+    ]
+
+
 def render(res: Results) -> str:
     s = res.summary
     m = res.machine
@@ -423,6 +437,7 @@ def render(res: Results) -> str:
         f"websockets {m.websockets}, uvloop {'yes' if m.uvloop else 'not installed'}, nofile {m.nofile}, commit {m.git}.",
         f"Noise: other processes used {res.noise.others_cpu_pct_of_machine}% of the machine during the run "
         f"(load average {m.loadavg_start} at start, {res.noise.loadavg_end} at end); wall {res.noise.wall_secs}s.",
+        *_disk_line(res.noise.disk_stalls),
         "",
     ]
     if res.knees:

@@ -50,6 +50,7 @@ runs the phases in order.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import platform
 import resource
@@ -82,7 +83,7 @@ from phases.store import phase_store
 from phases.sweep import phase_sweep
 from phases.topics import phase_topics
 from procs import REPO
-from schema import FULL, GOALS, QUICK, FixedRates, Machine, Noise, Results, Sweep
+from schema import FULL, GOALS, QUICK, DiskStalls, FixedRates, Machine, Noise, Results, Sweep
 
 PHASES = ("sweep", "scaling", "rounds", "pushpin", "idlecpu", "pubdeliver", "topics", "store", "authlimits", "idle")
 
@@ -143,6 +144,17 @@ def render_file(path: Path) -> str:
     return md
 
 
+def _stall_probe(work: Path, secs: float, when: str) -> DiskStalls:
+    """The disk's flushes, timed with nothing else of the bench running: beside a low-rate p99, the
+    stall that may be all of it."""
+    st = harness.disk_stalls(work, secs, when)
+    log(
+        f"disk at the {when}: a one-page flush every 10 ms for {secs:g}s: median {st.median_ms} ms, "
+        f"max {st.max_ms} ms, {st.over_50} over 50 ms, {st.over_100} over 100 ms"
+    )
+    return st
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="a ~3 minute run: fewer rounds, shorter windows")
@@ -183,8 +195,10 @@ def main() -> int:
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, on_signal)
+    stalls: list[DiskStalls] = []
     try:
         log(f"mode {mode}, machine {m.nproc} x {m.cpu_model}, load {loadavg()}")
+        stalls.append(_stall_probe(work, cfg.stall_secs, "start"))
         parts["frame_payload_bytes"] = payload = phase_probe(work)
         log(f"probe: UPF's ws frame for a {BODY}-byte body is {payload} bytes of payload")
 
@@ -243,6 +257,9 @@ def main() -> int:
     finally:
         harness.stop_helpers()
         procs.stop_all()
+        if stalls and not parts.get("interrupted"):
+            with contextlib.suppress(OSError):
+                stalls.append(_stall_probe(work, cfg.stall_secs, "end"))
         shutil.rmtree(work, ignore_errors=True)
         busy1, _ = machine_busy()
         own = own_cpu() - own0
@@ -255,6 +272,7 @@ def main() -> int:
             bench_cpu_secs=round(own, 1),
             others_cpu_pct_of_machine=round(100 * max(0.0, machine_cpu - own) / (wall * ncpu), 1),
             loadavg_end=loadavg(),
+            disk_stalls=stalls,
         )
     res = Results(
         mode=mode, config=msgspec.to_builtins(cfg), goals=GOALS, machine=m, started_at=started_at, noise=noise, **parts

@@ -56,6 +56,8 @@ class Config(Rec, kw_only=True):
     al_pairs: int = 3
     al_secs: float = 5.0
     scaling_rates: list[int] = []
+    stall_secs: float = 15.0
+    """Seconds of the disk's flush probe (``harness.disk_stalls``) at the run's start and at its end."""
 
 
 FULL = Config(
@@ -127,6 +129,7 @@ QUICK = msgspec.structs.replace(  # a smoke run: the same phases, shorter and co
     pp_rate=200,
     al_secs=3.0,
     scaling_rates=[2000, 4000, 8000, 12000, 16000],
+    stall_secs=5.0,
 )
 
 GOALS = {
@@ -402,12 +405,30 @@ class Machine(Rec, kw_only=True):
     git: str = ""
 
 
+class DiskStalls(Rec, kw_only=True):
+    """``harness.disk_stalls``: a one-page write and ``fdatasync`` every 10 ms on the filesystem of the
+    run's stores, nothing else of the bench running. A commit whose flush the disk holds holds every
+    publish it carries: a low-rate step's p99 can be one such stall (BENCHMARKS.md, forty-fourth pass)."""
+
+    when: str  # "start" or "end" of the run
+    secs: float
+    flushes: int
+    median_ms: float
+    p99_ms: float
+    p999_ms: float
+    max_ms: float
+    over_50: int
+    over_100: int
+
+
 class Noise(Rec, kw_only=True):
     wall_secs: float
     machine_busy_cpu_secs: float
     bench_cpu_secs: float
     others_cpu_pct_of_machine: float
     loadavg_end: str
+    disk_stalls: list[DiskStalls] = []
+    """Empty in runs before 2026-12-07 17:00 UTC."""
 
 
 class StoreBench(Rec, kw_only=True):

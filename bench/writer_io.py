@@ -52,7 +52,7 @@ import urllib.request
 from pathlib import Path
 
 import procs
-from harness import SERVER_CPUS, pubdrive
+from harness import SERVER_CPUS, disk_stalls, pubdrive
 from procs import PY
 
 _CONNS = 64
@@ -137,40 +137,6 @@ def _disk(work: Path, n: int, rounds: int) -> dict[str, float]:
     return {k: v / rounds * 1e6 for k, v in (("scattered", scattered), ("contiguous", contiguous), ("second", second))}
 
 
-def _stalls(work: Path, secs: float, every: float = 0.01) -> dict[str, float]:
-    """Latency in ms of a one-page write and flush made every ``every`` seconds for ``secs``."""
-    path = work / "stall.test"
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
-    lat: list[float] = []
-    try:
-        os.pwrite(fd, b"\0" * (256 * _PAGE), 0)
-        os.fsync(fd)
-        end = time.monotonic() + secs
-        while time.monotonic() < end:
-            os.pwrite(fd, os.urandom(_PAGE), random.randrange(256) * _PAGE)
-            t0 = time.perf_counter()
-            os.fdatasync(fd)
-            lat.append((time.perf_counter() - t0) * 1e3)
-            time.sleep(every)
-    finally:
-        os.close(fd)
-        path.unlink()
-    lat.sort()
-
-    def at(q: float) -> float:
-        return lat[min(len(lat) - 1, int(q * len(lat)))]
-
-    return {
-        "flushes": len(lat),
-        "median": at(0.5),
-        "p99": at(0.99),
-        "p999": at(0.999),
-        "max": lat[-1],
-        "over_50": sum(x > 50 for x in lat),
-        "over_100": sum(x > 100 for x in lat),
-    }
-
-
 def commit_tallies(port: int) -> dict[str, float]:
     """The writer's commit tallies so far (0 before its first commit)."""
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
@@ -218,11 +184,11 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="upf-writer-io-"))
     try:
         if a.stalls:
-            st = _stalls(work, a.stalls)
+            st = disk_stalls(work, a.stalls, "start")
             print(
-                f"one-page flushes every 10 ms for {a.stalls:g} s under {work}: {st['flushes']:.0f}, median "
-                f"{st['median']:.2f} ms, p99 {st['p99']:.2f}, p99.9 {st['p999']:.2f}, max {st['max']:.1f}; "
-                f"{st['over_50']:.0f} over 50 ms, {st['over_100']:.0f} over 100 ms",
+                f"one-page flushes every 10 ms for {a.stalls:g} s under {work}: {st.flushes}, median "
+                f"{st.median_ms:.2f} ms, p99 {st.p99_ms:.2f}, p99.9 {st.p999_ms:.2f}, max {st.max_ms:.1f}; "
+                f"{st.over_50} over 50 ms, {st.over_100} over 100 ms",
                 flush=True,
             )
         if not a.skip_disk:

@@ -302,6 +302,7 @@ def test_quick_is_full_made_shorter():
         "pp_rate",
         "al_secs",
         "scaling_rates",
+        "stall_secs",
     }
     assert quick["rounds"] == 1 and max(quick["sweep_rates"]) == 4000
 
@@ -368,3 +369,23 @@ def test_pushpin_is_tried_twice_a_round_then_its_failure_is_recorded(monkeypatch
         pushpin_peer.failure_reason(TimeoutError("pushpin not listening\nmore"))
         == "TimeoutError: pushpin not listening"
     )
+
+
+def test_the_disk_probe_times_flushes_and_the_summary_names_them(tmp_path):
+    """bench/run.py times the disk's flushes at its start and end; a run that did shows them under its
+    noise line, and a run from before (every committed one so far) renders as it did."""
+    st = harness.disk_stalls(tmp_path, 0.2, "start", every=0.005)
+    assert st.flushes >= 5
+    assert 0 < st.median_ms <= st.p99_ms <= st.p999_ms <= st.max_ms
+    assert 0 <= st.over_100 <= st.over_50 <= st.flushes
+    assert list(tmp_path.iterdir()) == []  # its file is gone
+    res = schema.load(COMMITTED[-1])
+    before = report.render(res)
+    assert "Disk:" not in before
+    res.noise.disk_stalls = [st, msgspec.structs.replace(st, when="end")]
+    lines = report.render(res).splitlines()
+    disk = [line for line in lines if line.startswith("Disk:")]
+    assert len(disk) == 1 and f"start: median {st.median_ms} ms" in disk[0] and "end: median" in disk[0]
+    assert len(lines) == len(before.splitlines()) + 1
+    again = schema.decode(schema.encode(res))  # results.json keeps it
+    assert again.noise.disk_stalls[0] == st
