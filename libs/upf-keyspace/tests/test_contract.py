@@ -13,7 +13,9 @@ from upf_keyspace.errors import (
     KEY_TOO_LARGE,
     NO_COMMIT_VERSION,
     NOT_COMMITTED,
+    TRANSACTION_INVALID_VERSION,
     TRANSACTION_TOO_LARGE,
+    USED_DURING_COMMIT,
     VALUE_TOO_LARGE,
     StoreError,
 )
@@ -268,6 +270,31 @@ async def test_versionstamp_of_read_only_transaction_fails(db, prefix):
     with pytest.raises(StoreError) as info:
         await fut
     assert info.value.code == NO_COMMIT_VERSION
+
+
+async def test_versionstamp_asked_after_commit_or_of_a_failed_commit_fails(db, prefix):
+    """Asked for after ``commit``: used_during_commit (2017); asked before a commit that then failed
+    (a conflict): transaction_invalid_version (2020). Neither waits for ever."""
+    key = prefix + b"vs"
+    await put(db, {key: b"0"})
+    tr = db.create_transaction()
+    tr.set(key, b"1")
+    await tr.commit()
+    with pytest.raises(StoreError) as info:
+        await asyncio.wait_for(tr.get_versionstamp(), 5)
+    assert info.value.code == USED_DURING_COMMIT
+    t1, t2 = db.create_transaction(), db.create_transaction()
+    await t1.get(key)
+    await t2.get(key)
+    t1.set(key, b"2")
+    t2.set(key, b"3")
+    stamp = t2.get_versionstamp()
+    await t1.commit()
+    with pytest.raises(StoreError):
+        await t2.commit()
+    with pytest.raises(StoreError) as info:
+        await asyncio.wait_for(stamp, 5)
+    assert info.value.code == TRANSACTION_INVALID_VERSION
 
 
 async def test_conflicting_writers_one_retries(db, prefix):

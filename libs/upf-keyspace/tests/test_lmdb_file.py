@@ -7,10 +7,11 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
+import time
 
 import pytest
 
-from upf_keyspace import StoreError
+from upf_keyspace import StoreError, errors
 from upf_keyspace import telemetry as tm
 from upf_keyspace.drivers import _metrics
 from upf_keyspace.drivers.embedded import open_embedded
@@ -67,6 +68,39 @@ def test_the_write_log_is_pruned_by_age_and_past_a_clock_step(tmp_path) -> None:
         assert left == [4, 5, 6]
     finally:
         _close_file(f)
+
+
+async def test_the_write_log_is_still_pruned_after_the_wall_clock_steps_back(tmp_path, monkeypatch) -> None:
+    """The committer prunes about once a second by the monotonic clock: timed by the wall clock, a
+    step back of an hour stopped pruning (and the reclaiming of dead readers' slots) for that hour,
+    and the file grew with every commit."""
+    from upf_keyspace.drivers.embedded import committer
+
+    db = await open_embedded(str(tmp_path / "s.db"))
+    try:
+
+        async def put(tr):  # type: ignore[no-untyped-def]
+            tr.set(b"\x01k", b"v")
+
+        for _ in range(20):
+            await db.transact(put)
+        real = time.time
+        monkeypatch.setattr(committer.time, "time", lambda: real() - 3600.0)  # NTP steps back an hour
+        f = db._reader
+
+        def from_before_the_step() -> int:
+            """Write-log entries stamped an hour ahead of the stepped clock."""
+            with f.env.begin() as txn:
+                return sum(_T.unpack(v[:8])[0] > real() - 3000 for _, v in txn.cursor(db=f.wlog))
+
+        assert from_before_the_step() >= 20
+        deadline = time.monotonic() + 5
+        while from_before_the_step() and time.monotonic() < deadline:  # a prune is due within ~1 s
+            await db.transact(put)
+            await asyncio.sleep(0.01)
+        assert from_before_the_step() == 0
+    finally:
+        await db.close()
 
 
 async def test_a_process_killed_holding_the_write_lock_does_not_stop_commits(tmp_path) -> None:
@@ -260,4 +294,46 @@ async def test_the_empty_key_is_refused_when_written_and_reads_as_absent(tmp_pat
         await tr.commit()
         await asyncio.wait_for(w, timeout=5)  # the store's watches still fire
     finally:
+        await db.close()
+
+
+_HOG_READERS = """
+import sys, lmdb
+env = lmdb.open(sys.argv[1], subdir=False, map_size=1 << 40, max_dbs=3, max_readers=1024, max_spare_txns=0)
+txns = []
+try:
+    while True:
+        txns.append(env.begin())
+except lmdb.ReadersFullError:
+    pass
+print("holding", flush=True)
+sys.stdin.readline()
+"""
+
+
+async def test_every_reader_slot_taken_is_a_retryable_error_and_heals_when_their_holder_dies(tmp_path) -> None:
+    """LMDB's reader table (1,024 slots for every process on the file): while a live process holds
+    them all, a read is the store's retryable READERS_FULL, not LMDB's exception; once it is killed
+    (-9: its slots stay marked), the next read reclaims them, in a process that only reads too."""
+    path = str(tmp_path / "s.db")
+    db = await open_embedded(path)
+    hog = subprocess.Popen(
+        [sys.executable, "-c", _HOG_READERS, path], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert hog.stdout is not None and hog.stdout.readline().strip() == "holding"
+        with pytest.raises(StoreError) as info:
+            db._reader.begin_read()
+        assert info.value.code == errors.READERS_FULL and info.value.retryable
+        hog.kill()
+        hog.communicate(timeout=10)
+
+        async def read(tr):  # type: ignore[no-untyped-def]
+            return await tr.get(b"\x01k")
+
+        assert await asyncio.wait_for(db.transact(read), 10) is None
+    finally:
+        if hog.poll() is None:
+            hog.kill()
+            hog.communicate(timeout=10)
         await db.close()

@@ -4,7 +4,10 @@ that frees space still passes, so the store recovers."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import subprocess
+import sys
 import time
 
 import lmdb
@@ -147,3 +150,56 @@ async def test_over_a_lowered_quota_only_a_commit_that_grows_the_data_is_refused
         assert await db.transact(read) == (None, b"x" * 3000)
     finally:
         await db.close()
+
+
+_HOLD = """
+import sys, lmdb
+env = lmdb.open(sys.argv[1], subdir=False, map_size=1 << 40, max_dbs=3, max_readers=1024)
+txn = env.begin(write=True)
+print("held", flush=True)
+sys.stdin.readline()
+"""
+
+
+async def test_on_a_full_store_a_clear_batched_with_growing_writes_still_frees(full_db, tmp_path):
+    """A group commit refused as full is retried one transaction at a time, as any failed group is:
+    the clear that shared it with two growing writes passes alone (the janitor's expiry must be able to
+    free space while publishes keep arriving), and only the growing ones are refused."""
+    with pytest.raises(errors.StoreError):
+        for i in range(1000):
+            await put(full_db, b"k%04d" % i)
+
+    async def clear(tr):
+        tr.clear(b"k0000")
+
+    # Another process holds the write lock while the three queue, so that one commit takes them all.
+    holder = subprocess.Popen(
+        [sys.executable, "-c", _HOLD, str(tmp_path / "store.db")],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        queued = [
+            asyncio.ensure_future(put(full_db, b"new1")),
+            asyncio.ensure_future(put(full_db, b"new2")),
+            asyncio.ensure_future(full_db.transact(clear)),
+        ]
+        await asyncio.sleep(0.3)
+        assert not any(f.done() for f in queued)
+        assert holder.stdin is not None
+        holder.stdin.write("\n")
+        holder.stdin.flush()
+        grew1, grew2, cleared = await asyncio.wait_for(asyncio.gather(*queued, return_exceptions=True), 10)
+    finally:
+        holder.kill()
+        holder.communicate(timeout=10)
+    assert cleared is None
+    for refused in (grew1, grew2):
+        assert isinstance(refused, errors.StoreError) and refused.code == errors.STORAGE_FULL
+
+    async def read(tr):
+        return await tr.get(b"k0000"), await tr.get(b"new1")
+
+    assert await full_db.transact(read) == (None, None)

@@ -18,6 +18,7 @@ __all__ = [
     "ACCESSED_UNREADABLE",
     "TOO_MANY_WATCHES",
     "USED_DURING_COMMIT",
+    "TRANSACTION_INVALID_VERSION",
     "NO_COMMIT_VERSION",
     "KEY_TOO_LARGE",
     "VALUE_TOO_LARGE",
@@ -25,6 +26,7 @@ __all__ = [
     "CLIENT_INVALID_OPERATION",
     "DATABASE_LOCKED",
     "STORAGE_FULL",
+    "READERS_FULL",
     "REFUSED_BEFORE_COMMIT",
     "StorageHealth",
     "STORAGE",
@@ -41,6 +43,7 @@ TOO_MANY_WATCHES = 1032
 ACCESSED_UNREADABLE = 1036
 DATABASE_LOCKED = 1038
 USED_DURING_COMMIT = 2017
+TRANSACTION_INVALID_VERSION = 2020
 NO_COMMIT_VERSION = 2021
 CLIENT_INVALID_OPERATION = 2000
 TRANSACTION_TOO_LARGE = 2101
@@ -52,11 +55,18 @@ in ``transaction_timed_out`` 1031 at the 5 s timeout). The embedded driver raise
 would pass UPF_EMBEDDED_MAX_BYTES, LMDB's map is full, or the OS says ENOSPC. Not retryable:
 retrying a full disk only delays the answer."""
 
+READERS_FULL = 9508
+"""UPF's own code, the embedded driver's: every reader slot of the store file (LMDB's reader table,
+1,024 for all its processes) is taken by live processes' open snapshots, after the slots of dead ones
+were reclaimed. Retryable: snapshots end within a loop turn, and the retry's backoff waits them out."""
+
 REFUSED_BEFORE_COMMIT = frozenset({KEY_TOO_LARGE, VALUE_TOO_LARGE, TRANSACTION_TOO_LARGE, CLIENT_INVALID_OPERATION})
 """What a transaction's own writes cause, raised before its commit is sent: it certainly did not
 commit, so its work may be redone in smaller parts (``Store.publish``'s shared transactions)."""
 
-_RETRYABLE = frozenset({NOT_COMMITTED, COMMIT_UNKNOWN_RESULT, TRANSACTION_TOO_OLD, FUTURE_VERSION, DATABASE_LOCKED})
+_RETRYABLE = frozenset(
+    {NOT_COMMITTED, COMMIT_UNKNOWN_RESULT, TRANSACTION_TOO_OLD, FUTURE_VERSION, DATABASE_LOCKED, READERS_FULL}
+)
 
 _DESCRIPTIONS = {
     NOT_COMMITTED: "transaction not committed due to conflict with another transaction",
@@ -69,12 +79,14 @@ _DESCRIPTIONS = {
     ACCESSED_UNREADABLE: "read or wrote an unreadable key",
     DATABASE_LOCKED: "database is locked",
     USED_DURING_COMMIT: "operation issued while a commit was outstanding",
+    TRANSACTION_INVALID_VERSION: "transaction does not have a valid commit version",
     NO_COMMIT_VERSION: "transaction is read-only and therefore does not have a commit version",
     CLIENT_INVALID_OPERATION: "invalid API call",
     TRANSACTION_TOO_LARGE: "transaction exceeds byte limit",
     KEY_TOO_LARGE: "key length exceeds limit",
     VALUE_TOO_LARGE: "value length exceeds limit",
     STORAGE_FULL: "storage is full: the write was refused",
+    READERS_FULL: "every reader slot of the store file is taken",
 }
 
 

@@ -129,7 +129,7 @@ class _Committer(_Watches):
     _bar: float  # the biggest recent commit's transactions, decaying (the committer's thread's)
     _wake_at: int  # while gathering, a submit that queues this many sets _enough (to look again)
     _doorbell: Doorbell | None
-    _last_prune: float
+    _last_prune: float  # monotonic time of the last prune of the write log
     _full_log: _FullLog
     _mark_fd: int
 
@@ -173,8 +173,9 @@ class _Committer(_Watches):
             try:
                 committed = self._commit_batch(f, batch)
             except Exception as exc:  # nothing of it committed: _apply_batch raises nothing after the commit
-                if len(batch) > 1 and not _is_full(exc, f.path):
-                    log.warning("embedded commit failed, committing one by one", extra={"transactions": len(batch)})
+                if len(batch) > 1:
+                    if not _is_full(exc, f.path):  # a full store is logged once a minute, by _failure
+                        log.warning("embedded commit failed, committing one by one", extra={"transactions": len(batch)})
                     self._commit_each(f, batch)
                 else:
                     self._fail(batch, self._failure(exc, f, len(batch)))
@@ -206,11 +207,13 @@ class _Committer(_Watches):
         return errors.StoreError(errors.NOT_COMMITTED, type(exc).__name__)
 
     def _commit_each(self, f: _File, batch: list[_Pending | _Grouped]) -> None:
-        """After a physical commit of several transactions failed (not for a full store): each in a
-        commit of its own, so that one whose writes the file refuses fails alone (as before, with a
-        retryable 1020) and the others are stored. Without this, a write LMDB refuses (a key past
-        its 511 bytes did, before the driver checked for it) failed every transaction that shared
-        its commit, attempt after attempt."""
+        """After a physical commit of several transactions failed: each in a commit of its own, so
+        that one whose writes the file refuses fails alone (as before, with a retryable 1020) and
+        the others are stored. Without this, a write LMDB refuses (a key past its 511 bytes did,
+        before the driver checked for it) failed every transaction that shared its commit, attempt
+        after attempt; and on a full store, a transaction that frees space (the janitor's clears)
+        failed with the publishes that shared its commit, so the store could not empty while they
+        kept coming. Alone, a growing one fails at the quota's check, before any flush."""
         committed = False
         for p in batch:
             p.stamp = None  # decided in the commit that failed: decided again alone
@@ -327,8 +330,10 @@ class _Committer(_Watches):
         wall = time.time()
         written = in_batch.to_set()
         f.set_version(txn, new_version, new_stamp)
-        if wall - self._last_prune > 1.0:  # before the insert, so a full file can reuse the space
-            self._last_prune = wall
+        # Timed by the monotonic clock: timed by the wall clock, a step back of an hour would stop
+        # pruning (and reclaiming dead readers' slots) for that hour while the file grew.
+        if now - self._last_prune > 1.0:  # before the insert, so a full file can reuse the space
+            self._last_prune = now
             _prune(txn, f, wall - _WLOG_KEEP_SECS, wall + _CLOCK_STEP_SECS)
             f.env.reader_check()  # a killed process's reader slot would pin old pages: the file would grow
         encoded = written.encode()

@@ -60,7 +60,11 @@ class EmbeddedDatabase(_Committer):
         self._wake_at = 0
         self._closed = False
         self._check_scheduled = False
-        self._watch_version = self._committed_version()
+        try:
+            self._watch_version = self._committed_version()
+        except BaseException:  # (every reader slot taken): the file's use count must not leak
+            _close_file(self._reader)
+            raise
         self._checked_values: tuple[int, dict[bytes, bytes | None]] = (-1, {})
         self._heads = _Heads()
         self._range_cache: dict[tuple[bytes, bytes, int, bool], tuple[int, list[tuple[bytes, bytes]]]] = {}

@@ -15,6 +15,7 @@ import time
 
 import lmdb
 
+from ... import errors
 from ...settings import embedded_max_bytes
 
 _STAMPS_PER_SEC = 1_000_000
@@ -63,6 +64,20 @@ class _File:
         self.users = 0
         self.env.reader_check()  # slots of processes that died holding a snapshot
 
+    def begin_read(self) -> lmdb.Transaction:
+        """A read-only transaction (it takes one of the file's reader slots until it ends). With every
+        slot taken, those of dead processes are reclaimed first (a process killed holding snapshots
+        keeps its slots until then; without this, a process that only reads never got them back); if
+        live processes hold them all, a retryable READERS_FULL, not LMDB's own exception."""
+        try:
+            return self.env.begin()
+        except lmdb.ReadersFullError:
+            self.env.reader_check()
+            try:
+                return self.env.begin()
+            except lmdb.ReadersFullError:
+                raise errors.StoreError(errors.READERS_FULL) from None
+
     def version(self, txn: lmdb.Transaction) -> tuple[int, int]:
         raw = txn.get(_META_KEY, None, self.meta)  # positional: see the module's docstring
         if raw is None:
@@ -82,7 +97,7 @@ class _File:
         """``live_bytes`` as the last commit left them: while the committer holds the write lock, what
         its transaction began from. Read only for a commit over the quota, not before every commit:
         each ``txn.stat`` builds a dict, and the four cost a commit ~30,000 instructions."""
-        with self.env.begin() as txn:
+        with self.begin_read() as txn:
             return self.live_bytes(txn)
 
     def set_version(self, txn: lmdb.Transaction, version: int, stamp: int) -> None:

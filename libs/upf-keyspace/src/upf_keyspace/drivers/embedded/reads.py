@@ -55,7 +55,7 @@ class _Reads(_WriteLog):
         if len(self._snap_open) >= _SNAPSHOTS_MAX:
             return None
         f = self._reader
-        txn = f.env.begin()
+        txn = f.begin_read()
         snap = _Snapshot(txn, self._observed(f.version(txn)[0]), self._snap_gen)
         if not self._snap_open:
             self._loop.call_soon(self._end_snapshots)
@@ -80,9 +80,9 @@ class _Reads(_WriteLog):
             # Typed here, not with cast(): that is a Python call per read.
             value: bytes | None = snap.txn.get(key, None, f.kv)  # type: ignore[assignment]  # the stubs add memoryview, returned only with buffers=True
             return snap.version, value
-        with f.env.begin() as txn:
+        with f.begin_read() as txn:
             version = f.version(txn)[0]
-            value = txn.get(key, None, f.kv)
+            value = txn.get(key, None, f.kv)  # type: ignore[assignment]  # as above: no buffers=True
         return self._observed(version), value
 
     def _read_range(
@@ -90,7 +90,7 @@ class _Reads(_WriteLog):
     ) -> tuple[int, list[tuple[bytes, bytes]]]:
         if snap is not None:
             return snap.version, self._rows(snap.txn, begin, end, limit, reverse)
-        with self._reader.env.begin() as txn:
+        with self._reader.begin_read() as txn:
             version = self._reader.version(txn)[0]
             rows = self._rows(txn, begin, end, limit, reverse)
         return self._observed(version), rows
@@ -186,7 +186,7 @@ class _Reads(_WriteLog):
 
     def _committed_version(self) -> int:
         f = self._reader
-        with f.env.begin() as txn:
+        with f.begin_read() as txn:
             return self._observed(f.version(txn)[0])
 
     def _observed(self, version: int) -> int:

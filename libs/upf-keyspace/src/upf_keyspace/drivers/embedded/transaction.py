@@ -60,6 +60,7 @@ class EmbeddedTransaction:
         "_started",
         "_attempts",
         "_committing",
+        "_commit_started",
         "_snap",
     )
 
@@ -93,6 +94,7 @@ class EmbeddedTransaction:
         self._size = 0
         self._started = time.monotonic()
         self._committing = False
+        self._commit_started = False  # until a reset: FoundationDB's commitStarted
 
     # --- reads -------------------------------------------------------------------------------------
     def _check_alive(self) -> None:
@@ -304,8 +306,12 @@ class EmbeddedTransaction:
         return uv
 
     def get_versionstamp(self) -> Awaitable[bytes]:
+        """Asked for before ``commit``, as FoundationDB requires: asked after it, used_during_commit
+        (2017), not a future nothing would ever resolve."""
         if self._stamp_future is None:
             self._stamp_future = self._db._loop.create_future()
+            if self._commit_started:
+                _fail_stamp(self._stamp_future, errors.USED_DURING_COMMIT)
         return self._stamp_future
 
     def watch(self, key: bytes) -> _Watch:
@@ -377,10 +383,10 @@ class EmbeddedTransaction:
         if self._size > TRANSACTION_LIMIT:
             raise errors.StoreError(errors.TRANSACTION_TOO_LARGE, f"{self._size} bytes")
         watches = self._watches
+        self._commit_started = True
         if not self._mutations:
             if self._stamp_future is not None and not self._stamp_future.done():
-                self._stamp_future.set_exception(errors.StoreError(errors.NO_COMMIT_VERSION))
-                self._stamp_future.exception()  # retrieved: a read-only caller may never await it
+                _fail_stamp(self._stamp_future, errors.NO_COMMIT_VERSION)
             self._db._arm(watches)
             return
         if self._read_version is None:
@@ -391,6 +397,10 @@ class EmbeddedTransaction:
         try:
             # A cancelled caller cancels only its wait: the committer still commits (or fails) it.
             stamp = await future
+        except errors.StoreError:  # FoundationDB: a failed commit's stamp is transaction_invalid_version
+            if self._stamp_future is not None and not self._stamp_future.done():
+                _fail_stamp(self._stamp_future, errors.TRANSACTION_INVALID_VERSION)
+            raise
         finally:
             self._committing = False
         if self._stamp_future is not None and not self._stamp_future.done():
@@ -410,3 +420,8 @@ class EmbeddedTransaction:
             w.cancel()
         if self._stamp_future is not None and not self._stamp_future.done():
             self._stamp_future.cancel()
+
+
+def _fail_stamp(future: asyncio.Future[bytes], code: int) -> None:
+    future.set_exception(errors.StoreError(code))
+    future.exception()  # retrieved: a caller may never await it

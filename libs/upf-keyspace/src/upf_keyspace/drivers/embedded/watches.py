@@ -331,7 +331,7 @@ class _Watches(_Reads):
             return
         self._unchecked = False
         f = self._reader
-        with f.env.begin() as txn:
+        with f.begin_read() as txn:
             current_version = self._observed(f.version(txn)[0])
             if current_version == self._watch_version:
                 return
@@ -343,7 +343,8 @@ class _Watches(_Reads):
             keys = list(self._watches) if sets is None else _written(self._watches, sets, self._heads)
             if not keys:
                 return
-            current = {key: txn.get(key, None, f.kv) for key in keys}  # positional: see file.py
+            # positional: see file.py (and no buffers=True: bytes, whatever the stubs add)
+            current: dict[bytes, bytes | None] = {key: txn.get(key, None, f.kv) for key in keys}  # type: ignore[misc]
             self._checked_values = (current_version, current)
         for key in keys:
             value = current[key]

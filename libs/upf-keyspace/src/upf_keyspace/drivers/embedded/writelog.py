@@ -184,7 +184,7 @@ class _WriteLog:
             return sets  # type: ignore[return-value]  # no None left, which mypy does not narrow
         f = self._reader
         if txn is None:
-            with f.env.begin() as own:
+            with f.begin_read() as own:
                 loaded = _load(own, f, after, upto)
         else:
             loaded = _load(txn, f, after, upto)
