@@ -5,10 +5,13 @@ from __future__ import annotations
 import socket
 
 
-def exchange(port: int, data: bytes, *, quiet_secs: float = 5.0) -> tuple[bytes, bool]:
-    """Send ``data``; read until the server closes (True) or goes quiet for ``quiet_secs`` (False)."""
+def exchange(port: int, data: bytes, *, quiet_secs: float = 5.0, half_close: bool = False) -> tuple[bytes, bool]:
+    """Send ``data`` (then, with ``half_close``, shut our sending side: the server reads its end);
+    read until the server closes (True) or goes quiet for ``quiet_secs`` (False)."""
     with socket.create_connection(("127.0.0.1", port), timeout=quiet_secs) as s:
         s.sendall(data)
+        if half_close:
+            s.shutdown(socket.SHUT_WR)
         chunks = []
         try:
             while True:

@@ -106,6 +106,77 @@ def test_within_the_limit_100_continue_still_comes(upf):
     assert resp.startswith(b"HTTP/1.1 200 ")
 
 
+async def test_a_publish_sent_whole_then_half_closed_is_answered_once(upf):
+    """A client that sends its publish and shuts its sending side (HTTP/1.1, 1.0, and two pipelined)
+    gets every reply before the close, as from Go's server: the publish is stored, and a client left
+    without its answer would publish it again."""
+    resp, closed = exchange(
+        upf.port, b"POST /fdH1 HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n\r\nabc", half_close=True
+    )
+    assert resp.startswith(b"HTTP/1.1 200 ") and closed
+    resp, closed = exchange(upf.port, b"POST /fdH1 HTTP/1.0\r\nContent-Length: 3\r\n\r\ndef", half_close=True)
+    assert resp.startswith(b"HTTP/1.1 200 ") and closed
+    two = b"".join(b"POST /fdH1 HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\n\r\n" + c for c in (b"g", b"h"))
+    resp, closed = exchange(upf.port, two, half_close=True)
+    assert resp.count(b"HTTP/1.1 200 ") == 2 and closed
+    assert [m.message for m in await poll(upf.base, "fdH1")] == ["abc", "def", "g", "h"]
+
+
+async def test_a_body_cut_short_by_a_half_close_is_never_stored(upf):
+    resp, closed = exchange(
+        upf.port, b"POST /fdH2 HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\nabc", half_close=True
+    )
+    assert resp == b"" and closed
+    assert await poll(upf.base, "fdH2") == []
+
+
+@pytest.mark.parametrize("connection", [b"", b"Connection: close\r\n"])
+async def test_a_poll_then_half_closed_gets_its_whole_reply(upf, connection):
+    """The poll's messages and the chunked reply's last chunk, then the close (a keep-alive poll's
+    connection is not handed back to wait for a next request that cannot come)."""
+    async with httpx.AsyncClient(timeout=10) as c:
+        assert (await c.post(f"{upf.base}/fdH3", content=b"kept")).status_code == 200
+    resp, closed = exchange(
+        upf.port,
+        b"GET /fdH3/json?poll=1 HTTP/1.1\r\nHost: x\r\n" + connection + b"\r\n",
+        half_close=True,
+    )
+    assert resp.startswith(b"HTTP/1.1 200 ") and closed
+    assert b'"message":"kept"' in resp and resp.endswith(b"0\r\n\r\n")
+
+
+async def test_an_expectation_other_than_100_continue_is_417_and_nothing_runs(upf):
+    resp, closed = exchange(upf.port, b"POST /fdE1 HTTP/1.1\r\nHost: x\r\nExpect: foo\r\nContent-Length: 3\r\n\r\nabc")
+    status, err = _status_and_error(resp)
+    assert (status, err["code"], err["http"]) == (417, 41700, 417) and closed
+    assert await poll(upf.base, "fdE1") == []
+
+
+async def test_100_continue_from_an_http10_client_is_ignored(upf):
+    """RFC 9110 10.1.1: an HTTP/1.0 client may take a 100 for the final reply; it gets the 200 only."""
+    resp, closed = exchange(upf.port, b"POST /fdE2 HTTP/1.0\r\nExpect: 100-continue\r\nContent-Length: 3\r\n\r\nabc")
+    assert resp.startswith(b"HTTP/1.1 200 ") and b" 100 " not in resp and closed
+    assert [m.message for m in await poll(upf.base, "fdE2")] == ["abc"]
+
+
+async def test_an_empty_line_after_a_body_is_ignored_and_the_next_request_served(upf):
+    """RFC 9112 2.2 (old clients end a POST body with a CRLF; Go's server skips it too)."""
+    resp, closed = exchange(
+        upf.port,
+        b"POST /fdE3 HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n\r\nabc\r\n"
+        b"GET /v1/health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+    )
+    assert resp.count(b"HTTP/1.1 200 ") == 2 and closed
+    assert [m.message for m in await poll(upf.base, "fdE3")] == ["abc"]
+
+
+def test_connection_close_on_a_second_line_closes(upf):
+    resp, closed = exchange(
+        upf.port, b"GET /v1/health HTTP/1.1\r\nHost: x\r\nConnection: keep-alive\r\nConnection: close\r\n\r\n"
+    )
+    assert resp.startswith(b"HTTP/1.1 200 ") and b"Connection: close" in resp and closed
+
+
 async def test_subscribe_and_publish_inputs_are_bounded(fleet):
     """Over UPF_MAX_TOPICS_PER_SUBSCRIBE topics is 400 40093; a title, tags, click or icon over
     UPF_MAX_FIELD_BYTES is 413 41301 and stores nothing; at the bounds both are served."""

@@ -173,6 +173,8 @@ class HttpProtocol(asyncio.Protocol):
         "admitted",
         "paused",
         "lingered",
+        "idle",
+        "eof",
     )
 
     def __init__(self, door: FrontDoor) -> None:
@@ -193,6 +195,11 @@ class HttpProtocol(asyncio.Protocol):
         takes the connection next."""
         self.lingered = -1
         """Bytes dropped since the last reply (``_linger``); -1 while the connection serves requests."""
+        self.idle = False
+        """Waiting between requests (``IDLE_TIMEOUT``): the next head's first bytes start its own
+        ``HEAD_TIMEOUT``, as Go's server times a keep-alive connection's next head."""
+        self.eof = False
+        """The peer half-closed while its request ran (``eof_received``): reply, then close."""
 
     # --- asyncio callbacks --------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -230,6 +237,10 @@ class HttpProtocol(asyncio.Protocol):
                 self._disarm()
                 self.buf = rest
             return
+        if self.idle:  # the next request's head has begun
+            self.idle = False
+            self._arm(HEAD_TIMEOUT)
+        scanned = len(self.buf)
         self.buf += data
         if self.busy or self.paused:
             if self.lingered >= 0:
@@ -238,7 +249,18 @@ class HttpProtocol(asyncio.Protocol):
             if len(self.buf) > _MAX_PENDING:
                 self.transport.pause_reading()
             return
-        self._process()
+        self._process(scanned)
+
+    def eof_received(self) -> bool | None:
+        """The peer half-closed. A request it sent whole still runs and is answered, then the
+        connection closes, as Go's server does: a publish is stored, and a client that got no reply
+        would send it again. Between requests, mid-head, mid-body (nothing runs) or lingering: close
+        now (asyncio closes the transport when this returns a false value)."""
+        cycle = self.cycle
+        if self.busy and self.lingered < 0 and not (cycle is not None and cycle.reading_body):
+            self.eof = True
+            return True
+        return None
 
     def pause_writing(self) -> None:
         self.paused = True
@@ -282,8 +304,8 @@ class HttpProtocol(asyncio.Protocol):
         t = self.transport
         if t.is_closing():
             return
-        if self.door.closing or not t.can_write_eof():
-            t.close()
+        if self.door.closing or self.eof or not t.can_write_eof():
+            t.close()  # (the peer's side is closed already: nothing to drain)
             return
         self.busy = True  # no request is parsed any more
         self.cycle = None  # nor is a body read (a cycle still running ends in ``cycle_done``)
@@ -299,17 +321,29 @@ class HttpProtocol(asyncio.Protocol):
         if self.lingered > LINGER_BYTES:
             self.transport.close()
 
-    def _process(self) -> None:
+    def _process(self, scanned: int = 0) -> None:
+        """Serve the complete requests in ``buf``; ``scanned``: how much of it held no head's end."""
         while not self.busy and not self.paused and not self.gone and not self.transport.is_closing():
+            buf = self.buf
+            if buf[:2] == b"\r\n":  # empty lines before a request line are ignored (RFC 9112 2.2)
+                i = 2
+                while buf.startswith(b"\r\n", i):
+                    i += 2
+                buf = self.buf = buf[i:]
+                scanned = max(scanned - i, 0)
             try:
-                end = find_head_end(self.buf)
+                end = find_head_end(buf, scanned)
                 if end < 0:
+                    if self.eof:  # the peer sends nothing more: its last complete request is served
+                        self.transport.close()
                     return
-                raw, self.buf = self.buf[:end], self.buf[end:]
+                raw, self.buf = buf[:end], buf[end:]
                 head = parse_head(raw)
             except HttpError as e:
                 self._refuse(e)
                 return
+            scanned = 0
+            self.idle = False
             self._disarm()
             if not self.admitted:
                 self._refuse(TOO_MANY_CONNECTIONS)
@@ -322,7 +356,11 @@ class HttpProtocol(asyncio.Protocol):
         if not keep_alive:
             self._linger()
         else:
-            self._arm(IDLE_TIMEOUT)
+            self._wait_idle()
+
+    def _wait_idle(self) -> None:
+        self.idle = True
+        self._arm(IDLE_TIMEOUT)
 
     def _route(self, head: RequestHead) -> bool:
         """Serve one request. True when this protocol must stop parsing (handed over, or busy)."""
@@ -371,15 +409,19 @@ class HttpProtocol(asyncio.Protocol):
         self._disarm()
         self.door._http.discard(self)
 
-    def adopt(self, transport: asyncio.Transport, client: str, pipelined: bytes, paused: bool) -> None:
+    def adopt(
+        self, transport: asyncio.Transport, client: str, pipelined: bytes, paused: bool, eof: bool = False
+    ) -> None:
         """Serve the next requests of a connection another protocol gives back (a keep-alive poll's). It
         was counted against its address's cap when it was accepted, and this protocol releases that
         count. ``paused``: the previous reply is still above the write buffer's high mark, so the next
-        request waits for ``resume_writing``, which asyncio now calls on this protocol."""
+        request waits for ``resume_writing``, which asyncio now calls on this protocol. ``eof``: the
+        peer half-closed meanwhile: what it pipelined is served, then the connection closes."""
         self.transport = transport
         self.client = client
         self.buf = pipelined
         self.paused = paused
+        self.eof = eof
         transport.set_protocol(self)
         door = self.door
         door._http.add(self)
@@ -388,7 +430,7 @@ class HttpProtocol(asyncio.Protocol):
             return
         if door._sweeper is None:
             door._arm_sweeper()
-        self._arm(IDLE_TIMEOUT)
+        self._wait_idle()
         self._process()
 
     # --- cycles -------------------------------------------------------------------------------------
@@ -405,8 +447,9 @@ class HttpProtocol(asyncio.Protocol):
         if not keep_alive or self.door.closing:
             self._linger()
             return
-        self.transport.resume_reading()
-        self._arm(IDLE_TIMEOUT)
+        if not self.eof:
+            self.transport.resume_reading()
+        self._wait_idle()
         self._process()
 
 

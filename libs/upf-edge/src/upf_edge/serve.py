@@ -90,8 +90,9 @@ async def serve_handler(
                     data = await asyncio.wait_for(reader.read(_READ), head_timeout)
                     if not data:
                         return
+                    scanned = len(buf)
                     buf += data
-                    end = find_head_end(buf)
+                    end = find_head_end(buf, scanned)
                 head = parse_head(buf[:end])
                 buf = buf[end:]
                 topic = head.path[1:]

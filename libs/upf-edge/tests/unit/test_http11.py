@@ -99,6 +99,33 @@ def test_http10_is_not_keep_alive_by_default() -> None:
     assert not parse_head(head("GET / HTTP/1.1\nConnection: close")).keep_alive
 
 
+def test_connection_is_a_list_over_every_line() -> None:
+    """Connection's tokens count on any of its lines (RFC 9110 5.3, as Go's server reads it), and
+    whole: a token that merely contains "close" is not one."""
+    assert not parse_head(head("GET / HTTP/1.1\nConnection: keep-alive\nConnection: close")).keep_alive
+    assert not parse_head(head("GET / HTTP/1.1\nConnection: Upgrade, Close")).keep_alive
+    assert parse_head(head("GET / HTTP/1.1\nConnection: x-closed")).keep_alive
+    assert parse_head(head("GET / HTTP/1.0\nConnection: close\nConnection: Keep-Alive")).keep_alive
+
+
+def test_an_expectation_other_than_100_continue_is_417() -> None:
+    """RFC 9110 10.1.1, as Go's server answers it (ntfy's): refused before anything runs."""
+    with pytest.raises(HttpError) as e:
+        parse_head(head("POST /t HTTP/1.1\nExpect: foo\nContent-Length: 1"))
+    assert (e.value.http, e.value.code) == (417, 41700)
+    for ok in ("100-continue", "100-Continue", "100-continue, x", ""):
+        parse_head(head(f"POST /t HTTP/1.1\nExpect: {ok}\nContent-Length: 1"))
+
+
+def test_100_continue_is_ignored_from_http10_and_without_a_body() -> None:
+    """An HTTP/1.0 client may take a 100 for its final reply (RFC 9110 10.1.1): it gets none."""
+    expect = "Expect: 100-continue\nContent-Length: 3"
+    assert RequestBody(parse_head(head(f"POST /t HTTP/1.1\nHost: x\n{expect}")), 4096).expect_continue
+    assert not RequestBody(parse_head(head(f"POST /t HTTP/1.0\n{expect}")), 4096).expect_continue
+    no_body = "Expect: 100-continue\nContent-Length: 0"
+    assert not RequestBody(parse_head(head(f"POST /t HTTP/1.1\nHost: x\n{no_body}")), 4096).expect_continue
+
+
 def test_error_response_is_ntfy_json() -> None:
     """Errors carry ntfy's body shape, a newline and Content-Type application/json."""
     raw = error_response(Problem(40009, 400, "invalid request: topic invalid"))

@@ -132,3 +132,46 @@ def test_head_accessors_never_raise_but_400(target: bytes, fields: list[tuple[by
         head.query()
     except HttpError as e:
         assert (e.http, e.code) == (400, 40000), e
+
+
+def _scan_in_pieces(data: bytes, cuts: list[int]) -> int | str:
+    """``find_head_end`` as the front door calls it: on each arrival, told how much it already scanned."""
+    buf = b""
+    for part in pieces(data, cuts):
+        scanned = len(buf)
+        buf += part
+        try:
+            end = find_head_end(buf, scanned)
+        except HttpError as e:
+            return e.http
+        if end >= 0:
+            return end
+    return -1
+
+
+def _scan_whole_prefixes(data: bytes, cuts: list[int]) -> int | str:
+    """The same arrivals, each time scanned from the start (what the scan resumes must equal)."""
+    buf = b""
+    for part in pieces(data, cuts):
+        buf += part
+        try:
+            end = find_head_end(buf)
+        except HttpError as e:
+            return e.http
+        if end >= 0:
+            return end
+    return -1
+
+
+heads = st.lists(
+    st.sampled_from([b"GET / HTTP/1.1", b"\r\n", b"\r", b"\n", b"Host: x", b"\r\n\r\n", b"a", b": ", b"\r\r\n"]),
+    max_size=12,
+).map(b"".join)
+
+
+@SETTINGS
+@given(data=heads, cuts=st.lists(st.integers(0, 400), max_size=12))
+def test_a_resumed_head_scan_finds_what_a_scan_from_the_start_does(data: bytes, cuts: list[int]) -> None:
+    """The end of a head, a bare CR or LF, split anywhere between arrivals (a CR ending one and its LF
+    starting the next included): resuming where the last scan stopped decides as scanning it all."""
+    assert _scan_in_pieces(data, cuts) == _scan_whole_prefixes(data, cuts)

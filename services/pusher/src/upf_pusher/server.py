@@ -195,6 +195,9 @@ class PusherProtocol(HttpProtocol):
         """``_attach``'s body: (its answer, whether the hub took the subscriber)."""
         p = self.door
         keep = keeps(head)
+        if self.eof and not req.poll:  # half-closed while its limits were checked: a stream ends at once
+            self.transport.close()
+            return True, False
         session = new_session(req.topics, req.topics_raw, p.hub.config, poll=req.poll, filter=req.filter)
         sub: Subscriber
         if transport_name == "ws":
@@ -212,7 +215,7 @@ class PusherProtocol(HttpProtocol):
             sub = WsSubscriber(p.hub, session, self.transport, accept)
         else:
             sub = StreamSubscriber(p.hub, session, self.transport, transport_name, chunked=head.version == "1.1")
-            if req.poll and keep and sub.chunked:
+            if req.poll and keep and sub.chunked and not self.eof:  # (half-closed: the poll's reply is the last)
                 sub.kept = KeptAlive(functools.partial(p.take_back, self.client))
         rest, self.buf = self.buf, b""
         self._handover()
@@ -272,9 +275,9 @@ class Pusher(FrontDoor):
         self.limiter = RequestLimiter.shared(store, settings)
         """The request limit, shared with a writer in this process on the same store."""
 
-    def take_back(self, client: str, transport: asyncio.Transport, pipelined: bytes, paused: bool) -> None:
+    def take_back(self, client: str, transport: asyncio.Transport, pipelined: bytes, paused: bool, eof: bool) -> None:
         """A keep-alive poll's reply has ended: its connection is an HTTP connection again."""
-        PusherProtocol(self).adopt(transport, client, pipelined, paused)
+        PusherProtocol(self).adopt(transport, client, pipelined, paused, eof)
 
     async def _starting(self) -> None:
         self.gate = await AccessGate.acquire(self.store, self.settings.auth_default_access)

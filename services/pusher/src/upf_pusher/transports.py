@@ -132,15 +132,17 @@ _PENDING_MAX = 64 * 1024
 
 class KeptAlive:
     """A poll on a keep-alive connection: the requests pipelined behind it, whether the peer reads
-    the reply (``paused``: above the write buffer's high mark), and where the connection goes when
-    the poll's reply has ended (``take(transport, pipelined, paused)``, the front door's parser)."""
+    the reply (``paused``: above the write buffer's high mark), whether the peer has half-closed
+    (``eof``), and where the connection goes when the poll's reply has ended (``take(transport,
+    pipelined, paused, eof)``, the front door's parser)."""
 
-    __slots__ = ("take", "pipelined", "paused")
+    __slots__ = ("take", "pipelined", "paused", "eof")
 
-    def __init__(self, take: Callable[[asyncio.Transport, bytes, bool], None]) -> None:
+    def __init__(self, take: Callable[[asyncio.Transport, bytes, bool, bool], None]) -> None:
         self.take = take
         self.pipelined = b""
         self.paused = False
+        self.eof = False
 
 
 _STREAM_KINDS = {
@@ -267,6 +269,15 @@ class StreamSubscriber(Subscriber):
             self.kept.paused = False
         super().resume_writing()
 
+    def eof_received(self) -> bool:
+        """A poll's reply is finished first, as ntfy's (the client asked for every message it holds);
+        a stream ends now."""
+        if not self.session.poll:
+            return False
+        if self.kept is not None:
+            self.kept.eof = True  # its pipelined requests are served, then the connection closes
+        return True
+
     def data_received(self, data: bytes) -> None:
         kept = self.kept
         if kept is None:
@@ -304,7 +315,7 @@ class StreamSubscriber(Subscriber):
         self.hub.detach(self)
         self.peers = None  # the connection's count against its address's cap goes with it
         self.transport.resume_reading()
-        kept.take(self.transport, kept.pipelined, kept.paused)
+        kept.take(self.transport, kept.pipelined, kept.paused, kept.eof)
 
 
 def _stream_heads(*extra: tuple[bytes, bytes]) -> dict[str, bytes]:
