@@ -101,6 +101,27 @@ async def test_since_a_scheduled_id_resumes_after_its_release(store):
     assert after.stamp > cur["t"]
 
 
+async def test_since_a_scheduled_id_resumes_every_topic_of_the_subscription_after_its_release(store):
+    """The connection that got the scheduled message (the ntfy app's, one since= for all its topics)
+    got it at its release, after what its other topics had published meanwhile: those are not
+    replayed. A subscription without the message's topic resumes from the raw position (above)."""
+    now = int(time.time())
+    s = await store.schedule("t1", env("sched", t=now), now)
+    await store.publish("t2", env("t2-between"))
+    await store.release_due(now)
+    after = await store.publish("t2", env("t2-after"))
+    since = Since("stamp", stamp=s.stamp)
+    for cur in (
+        await store.subscribe(["t1", "t2"], "n1", since),
+        (await store.subscribe_live(["t2", "t1"], "n1", since))[0],
+        await store.positions(["t2", "t1"], since),
+    ):
+        assert cur["t1"] == cur["t2"] > s.stamp
+        assert [r.envelope.message for r in await store.read_after("t2", cur["t2"])] == ["t2-after"]
+        assert await store.read_after("t1", cur["t1"]) == []
+    assert after.stamp > cur["t2"]
+
+
 async def test_janitor_clears_the_released_index(store):
     """The message goes at its expiry; its SR entry at its release + the longest TTL (``Store.max_ttl_secs``,
     UPF_DEFAULT_TTL_SECS), when no message it could be resumed across is left."""

@@ -85,9 +85,7 @@ async def position(tr: Transaction, topic: str, since: Since) -> bytes | None | 
     if since.kind == "all":
         return None
     if since.kind == "stamp":
-        # The id of a released scheduled message names where it was scheduled; resume after its release.
-        released = await tr.get_range(*keys.released_range(topic, since.stamp), limit=1, snapshot=True)
-        return keys.unpack_released_key(released[0][0])[2] if released else since.stamp
+        return since.stamp  # (a released scheduled message's id: resolved by ``_released``)
     begin, end = keys.queue_range(topic)
     # "none" and "latest" are not snapshot reads: a publish committing concurrently either lands
     # before this cursor or conflicts with it and sees the affinity written in the same transaction.
@@ -132,7 +130,22 @@ async def scan_time(tr: Transaction, topic: str, second: int, after: bytes | Non
     return Resume(cursor)
 
 
+async def _released(tr: Transaction, topics: Sequence[str], since: Since) -> Since:
+    """``since`` as the position to resume every topic from. The id of a released scheduled message
+    names where it was scheduled, on its own topic; the subscriber got it at its release, after the
+    messages of its other topics published meanwhile, so every topic resumes after its release (from
+    the scheduling position, a connection's other topics would replay those: duplicates)."""
+    if since.kind != "stamp":
+        return since
+    for topic in topics:
+        released = await tr.get_range(*keys.released_range(topic, since.stamp), limit=1, snapshot=True)
+        if released:
+            return Since("stamp", keys.unpack_released_key(released[0][0])[2])
+    return since
+
+
 async def positions(tr: Transaction, topics: Sequence[str], since: Since) -> dict[str, bytes | None | Resume]:
+    since = await _released(tr, topics, since)
     return {t: await position(tr, t, since) for t in topics}
 
 
@@ -154,6 +167,7 @@ async def positions_and_marks(
     ``live_mark``."""
     cursors: dict[str, bytes | None | Resume] = {}
     marks: dict[str, bytes | None] = {}
+    since = await _released(tr, topics, since)
     for t in topics:
         cursor = cursors[t] = await position(tr, t, since)
         marks[t] = await live_mark(tr, t, since, None if isinstance(cursor, Resume) else cursor)
