@@ -38,9 +38,11 @@ Only a ``FilteredSession`` has a filter; a plain ``Session``'s ``filter`` is the
 unfiltered connection costs no more memory, and its delivery one ``is None`` test per ``Send``.
 
 Rule 3, backpressure (the overload contract): while the transport is paused no ``Read`` is issued,
-and the rows of a read that was already in flight are held in the session (at most one batch per
-topic) until the transport resumes; so the socket buffer holds at most one ``Send`` (one batch, or
-while catching up one merge round) beyond the transport's high-water mark. The store is the buffer. On resume, reading continues from the cursor. A connection paused for
+and the rows of a read that was already in flight are held in the session (at most one read's rows
+per topic) until the transport resumes; so the socket buffer holds at most one ``Send`` (one read's
+rows, or while catching up one merge round) beyond the transport's high-water mark. A read asks for
+``limit()`` rows: a batch, shared out among the topics of a connection on many, so that a merge round
+or a resume is at most a few batches (or a row per topic), whatever the topic count. The store is the buffer. On resume, reading continues from the cursor. A connection paused for
 ``slow_after`` seconds or more is closed at the next tick (``Close("slow")``); its client resumes with
 ``since=<last id>`` and loses nothing.
 """
@@ -176,6 +178,9 @@ class SessionConfig:
         """Read while catching up, for rule 2d (the only event that carries no time of its own)."""
 
 
+_SHARED_BATCHES = 4
+"""A connection's reads together ask for at most this many batches (``Session.limit``)."""
+
 _NOTHING_LIVE = b"\xff" * 12
 """The live mark of a poll: above every stamp, so nothing it reads counts as live."""
 
@@ -214,6 +219,17 @@ class Session:
     @property
     def closed(self) -> bool:
         return self.phase is _X
+
+    def limit(self) -> int:
+        """Rows a ``Read`` asks for: a batch, shared out among the topics of a connection on more than
+        ``_SHARED_BATCHES`` (at least one row each). What one merge round or one resume after a pause
+        writes is then at most ~``_SHARED_BATCHES`` batches (or a row per topic): with a batch per
+        topic, a connection on 128 topics that never read wrote 128 batches into its socket's buffer
+        (14-39 MB of 4 KB messages, held until it was closed as slow). Computed, not stored: a slot
+        would cost every idle subscriber."""
+        n = len(self.topics)
+        batch = self.config.batch
+        return batch if n <= _SHARED_BATCHES else max(1, _SHARED_BATCHES * batch // n)
 
     def cursor(self, topic: str) -> bytes | None:
         return self.topics[topic].cursor
@@ -254,7 +270,7 @@ class Session:
                 return []
             ts.reading = True
             ts.more = ts.dirty = False
-            return [Read(topic, ts.cursor, self.config.batch)]
+            return [Read(topic, ts.cursor, self.limit())]
         if not self._step("poke") or self.phase is _S:
             return []
         ts.dirty = True
@@ -274,7 +290,7 @@ class Session:
         ts.reading = False
         if self.phase is not _L and not self._step("batch_read"):  # (LIVE, batch_read) stays LIVE
             return []
-        full = len(rows) >= self.config.batch
+        full = len(rows) >= self.limit()
         cur = ts.cursor
         if cur is None or not rows or rows[0].stamp > cur:
             fresh = rows  # the usual case: shared as is with every connection that read it
@@ -379,7 +395,7 @@ class Session:
                         waiting = True
                         if not ts.reading:
                             ts.reading = True
-                            reads.append(Read(t, ts.cursor, self.config.batch))
+                            reads.append(Read(t, ts.cursor, self.limit()))
                 elif best is None or buf[0].stamp < best[1].buffer[0].stamp:  # type: ignore[index]  # best only holds a topic whose buffer is non-empty
                     best = (t, ts)
             if waiting:
@@ -443,7 +459,7 @@ class Session:
             return []
         ts.reading = True
         ts.more = ts.dirty = False
-        return [Read(topic, ts.cursor, self.config.batch)]
+        return [Read(topic, ts.cursor, self.limit())]
 
     def _live_reads(self) -> list[Command]:
         out: list[Command] = []

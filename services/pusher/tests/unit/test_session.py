@@ -292,3 +292,21 @@ def test_live_stays_live_on_a_poke_and_a_batch_read() -> None:
     """``poke`` and ``batch_read`` skip the table's look-up while LIVE: the table must agree."""
     assert RULES[Phase.LIVE, "poke"] is Phase.LIVE
     assert RULES[Phase.LIVE, "batch_read"] is Phase.LIVE
+
+
+def test_a_connection_on_many_topics_shares_a_few_batches_among_them() -> None:
+    """Each read of a connection on more than 4 topics asks for its share of 4 batches (at least a
+    row), and a full share reads again: a merge round writes a few batches, not a batch per topic (a
+    connection on 128 topics that never read held 128 batches in its socket buffer)."""
+    topics = tuple(f"t{i:02d}" for i in range(16))
+    s = Session(topics, ",".join(topics), SessionConfig(batch=8, clock=lambda: NOW))
+    assert make(("a", "b", "c", "d")).limit() == BATCH and s.limit() == 2
+    cmds = s.subscribed(dict.fromkeys(topics), NOW)
+    assert sorted((c.topic, c.limit) for c in cmds if isinstance(c, Read)) == [(t, 2) for t in topics]
+    sent: list[Send] = []
+    for i, t in enumerate(topics):  # each topic holds 3 rows: its first read returns a full share
+        sent += [c for c in s.batch_read(t, [row(100 * i + 1), row(100 * i + 2)]) if isinstance(c, Send)]
+    assert sum(len(c.rows) for c in sent) <= 4 * 8
+    again = [c.topic for c in s.batch_read("t00", [row(3)]) if isinstance(c, Read)]
+    assert "t00" not in again  # a short answer: t00 is exhausted (the others' full shares read on)
+    assert s.phase is Phase.CATCHING_UP  # the other topics' full shares are read again first
