@@ -34,7 +34,7 @@ from upf_keyspace import Settings, Since, Store, Stored, StoreError, message_fro
 from upf_keyspace import telemetry as tm
 
 from .release import release_loop
-from .session import Close, Command, Phase, Read, Send, SessionConfig
+from .session import Close, Command, Phase, Read, ReadMany, Send, SessionConfig
 from .transports import frame_refill
 
 if TYPE_CHECKING:
@@ -74,7 +74,8 @@ STORE_SILENT = Problem(50301, 503, "service unavailable: the store did not answe
 REVOKE_CHUNK = 1000
 """Subscribers an auth change's re-check looks at between yields to the loop (~1-3 ms of work)."""
 
-_Wanted = dict[tuple[str, bytes | None, int], list[tuple["Subscriber", str]]]
+_ReadKey = tuple[str, bytes | None, int]
+_Wanted = dict[_ReadKey | ReadMany, list[tuple["Subscriber", str]]]
 _Outbox = dict["Subscriber", list[tuple[Send, str]]]
 
 
@@ -468,7 +469,7 @@ class Hub:
                         out[sub] = [(cmd, trigger)]
                     else:
                         sends.append((cmd, trigger))
-            elif type(cmd) is Read:
+            elif type(cmd) is Read or type(cmd) is ReadMany:
                 self._want_read(sub, cmd, trigger)
             elif type(cmd) is Close:
                 if out is not None and sub in out:
@@ -574,10 +575,11 @@ class Hub:
         return self.telemetry.tracer.start_span("deliver", kind=SpanKind.CONSUMER, links=links, attributes=attributes)
 
     # --- read rounds --------------------------------------------------------------------------------
-    def _want_read(self, sub: Subscriber, cmd: Read, trigger: str) -> None:
+    def _want_read(self, sub: Subscriber, cmd: Read | ReadMany, trigger: str) -> None:
         """Queue ``cmd`` for the next read round, grouped with every other connection reading the
-        same topic from the same cursor (one store read serves them all)."""
-        key = (cmd.topic, cmd.after, cmd.limit)
+        same topic from the same cursor (one store read serves them all; a ``ReadMany`` is its own
+        key, shared only by an identical one)."""
+        key: _ReadKey | ReadMany = (cmd.topic, cmd.after, cmd.limit) if isinstance(cmd, Read) else cmd
         waiting = self._wanted.get(key)
         if waiting is None:
             self._wanted[key] = [(sub, trigger)]
@@ -602,33 +604,70 @@ class Hub:
         wanted, self._wanted = self._wanted, {}
         waiters, self._round_waiters = self._round_waiters, []
         try:
-            keys = list(wanted)
-            for i in range(0, len(keys), READ_GROUP):
-                await self._read_group(keys[i : i + READ_GROUP], wanted)
+            group: list[_ReadKey | ReadMany] = []
+            size = 0
+            for key in wanted:
+                n = len(key.topics) if type(key) is ReadMany else 1
+                if size and size + n > READ_GROUP:  # a ReadMany is never split: its reads share a snapshot
+                    await self._read_group(group, wanted)
+                    group, size = [], 0
+                group.append(key)
+                size += n
+            if group:
+                await self._read_group(group, wanted)
         finally:
             for w in waiters:
                 if not w.done():
                     w.set_result(None)
 
-    async def _read_group(self, keys: list[tuple[str, bytes | None, int]], wanted: _Wanted) -> None:
+    async def _read_group(self, keys: list[_ReadKey | ReadMany], wanted: _Wanted) -> None:
+        many = False
+        wants: list[_ReadKey] = []
+        for key in keys:
+            if type(key) is ReadMany:
+                many = True
+                wants += zip(key.topics, key.afters, [key.limit] * len(key.topics))  # noqa: B905
+            else:
+                wants.append(key)  # type: ignore[arg-type]  # not a ReadMany: a (topic, after, limit)
         try:
-            answers = await self.store.read_many(keys)
+            answers = await self.store.read_many(wants)
         except asyncio.CancelledError:
             raise
         except Exception:
-            log.warning("drain read failed", extra={"reads": len(keys)}, exc_info=True)
+            log.warning("drain read failed", extra={"reads": len(wants)}, exc_info=True)
             for key in keys:
+                topic = key.topics[0] if type(key) is ReadMany else key[0]  # type: ignore[index]
                 for sub, trigger in wanted[key]:
                     self.drain_errors += 1
                     self.metrics.drain_errors.add()
-                    self.run(sub, sub.session.read_failed(key[0]), trigger)
-                    if sub.session.poll:
-                        asyncio.get_running_loop().call_later(POLL_RETRY_SECS, self._retry_poll, sub, key[0])
+                    session = sub.session
+                    failed = session.read_many_failed() if type(key) is ReadMany else session.read_failed(topic)
+                    self.run(sub, failed, trigger)
+                    if session.poll:
+                        asyncio.get_running_loop().call_later(POLL_RETRY_SECS, self._retry_poll, sub, topic)
             return
         out: _Outbox = {}
         frames: _FrameCache = {}
         now_ms = time.time() * 1000.0
-        for key, rows in zip(keys, answers):  # noqa: B905  # an answer per key (strict=: see _write)
+        if many:  # each ReadMany's answers, one per topic, are a slice of the answers
+            pairs: list[tuple[_ReadKey, list[Stored]]] = []
+            i = 0
+            for key in keys:
+                if type(key) is ReadMany:
+                    n = len(key.topics)
+                    part = answers[i : i + n]
+                    for sub, trigger in wanted[key]:
+                        try:
+                            self.run(sub, sub.session.batch_read_many(part), trigger, out)
+                        except Exception:  # one broken connection must not stall the round for the others
+                            log.warning("delivery failed", exc_info=True)
+                    i += n
+                else:
+                    pairs.append((key, answers[i]))  # type: ignore[arg-type]  # not a ReadMany
+                    i += 1
+        else:
+            pairs = zip(keys, answers)  # type: ignore[assignment]  # noqa: B905  # an answer per key (strict=: see _write)
+        for key, rows in pairs:
             topic = key[0]
             for sub, trigger in wanted[key]:
                 try:
@@ -666,7 +705,7 @@ class Hub:
             return
         for sub in list(held) if isinstance(held, set) else (held,):
             cmds = sub.session.poke(topic)
-            if len(cmds) == 1 and type(cmds[0]) is Read:  # the usual answer: straight to the round
+            if len(cmds) == 1 and (type(cmds[0]) is Read or type(cmds[0]) is ReadMany):  # straight to the round
                 self._want_read(sub, cmds[0], BELL)
             elif cmds:
                 self.run(sub, cmds)

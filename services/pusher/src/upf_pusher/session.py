@@ -14,12 +14,18 @@ is ignored)::
             revoked
 
 Rule 2, delivery: a connection receives only stamps newer than its per-topic cursor, and the cursor
-moves to the last stamp handed out in a ``Send``. At most one ``Read`` per (connection, topic) is in
-flight; a poke that arrives meanwhile sets a "drain again" flag. While CATCHING_UP, the topics are
-merged in stamp order (stamps are globally ordered bytes), so a multi-topic connection replays its
-backlog in commit order; LIVE drains each topic on its own (the hub writes one read round's rows to a
-connection in stamp order, ``hub.in_stamp_order``, and rows held while paused go out merged the same
-way), so order across topics holds within a round, not across rounds.
+moves to the last stamp handed out in a ``Send``. At most one read per (connection, topic) is in
+flight; a poke that arrives meanwhile sets a "drain again" flag.
+
+Rule 2a, order: a connection receives its stamps in increasing order across all its topics (stamps
+are globally ordered bytes), in every phase, so that its client's last id is a safe ``since=`` for all
+of them (the ntfy app sends one for all). A one-topic connection reads its topic (``Read``). A
+connection on several reads all of them in one snapshot (``ReadMany``), every time any of them needs
+reading: a topic whose read ends short of its limit has nothing more up to that snapshot, so every
+row up to the lowest last row of a topic whose read was full is known, and goes out merged by stamp;
+the rest waits, buffered, for the next ``ReadMany``. (Reading only the poked topics, or each topic
+on its own, let a row of one topic committed after another topic's read go out before that topic's
+earlier row: a client cut between the two, resuming from the later id, never got the earlier one.)
 
 Rule 2b, ``X-Cache: no``: such a row is sent only if it is above the topic's live mark (the newest
 stamp when the subscription started; a poll's is above everything). Only the catch-up can meet rows at
@@ -69,6 +75,7 @@ __all__ = [
     "SessionConfig",
     "Send",
     "Read",
+    "ReadMany",
     "Close",
     "Command",
     "new_session",
@@ -121,13 +128,22 @@ class Read(msgspec.Struct, frozen=True):
     limit: int
 
 
+class ReadMany(msgspec.Struct, frozen=True):
+    """Every topic of a multi-topic connection, each after its own position, in one snapshot (rule
+    2a); answered with ``Session.batch_read_many``, one list of rows per topic, in order."""
+
+    topics: tuple[str, ...]
+    afters: tuple[bytes | None, ...]
+    limit: int
+
+
 class Close(msgspec.Struct, frozen=True):
     reason: str
     """``done`` (a poll has sent everything), ``slow`` (stayed paused too long), ``shutdown``, or
     ``denied`` (an auth change revoked the subscriber's access)."""
 
 
-Command = Send | Read | Close
+Command = Send | Read | ReadMany | Close
 
 # The code below names members through these: in 3.11 ``Phase.LIVE`` goes through the metaclass's
 # ``__getattr__`` hook (EnumType defines one), ~850 instructions, and a session checks its phase per event.
@@ -257,6 +273,10 @@ class Session:
             ts.dirty = False
             ts.buffer = deque()
         out: list[Command] = [] if self.poll else [Send([make_event("open", self.topics_raw, int(now))])]
+        if len(self.topics) > 1:
+            for ts in self.topics.values():
+                ts.more = False  # (rule 2a: "the last read was full", known once read)
+            return out + self._read_all()
         return out + self._merge()
 
     def poke(self, topic: str) -> list[Command]:
@@ -268,15 +288,21 @@ class Session:
             if self.paused or ts.reading:  # ``_live_read``, inline (dirty is set): once per delivery
                 ts.dirty = True
                 return []
+            if len(self.topics) > 1:
+                return self._read_all()
             ts.reading = True
             ts.more = ts.dirty = False
-            return [Read(topic, ts.cursor, self.limit())]
+            return [Read(topic, ts.cursor, self.config.batch)]
         if not self._step("poke") or self.phase is _S:
             return []
         ts.dirty = True
+        if len(self.topics) > 1:
+            return self._read_all()
         return self._merge()  # CATCHING_UP
 
     def poke_all(self) -> list[Command]:
+        if len(self.topics) > 1:  # one ReadMany reads them all
+            return self.poke(next(iter(self.topics)))
         out: list[Command] = []
         for t in self.topics:
             out += self.poke(t)
@@ -333,6 +359,31 @@ class Session:
             ts.dirty = True
         return []
 
+    def batch_read_many(self, answers: Sequence[Sequence[Stored]]) -> list[Command]:
+        """A ``ReadMany`` returned each topic's rows (oldest first), in the order of ``topics``."""
+        if self.phase is not _L and not self._step("batch_read"):
+            return []
+        limit = self.limit()
+        # An answer per topic; strict= would cost zip() a keyword parse on 3.11.
+        for ts, rows in zip(self.topics.values(), answers):  # noqa: B905
+            ts.reading = False
+            ts.more = len(rows) >= limit
+            if rows:
+                buf = ts.buffer
+                if buf is None:
+                    buf = ts.buffer = deque()
+                last = buf[-1].stamp if buf else ts.cursor
+                buf.extend(rows if last is None or rows[0].stamp > last else [r for r in rows if r.stamp > last])
+        return self._step_many()
+
+    def read_many_failed(self) -> list[Command]:
+        """A ``ReadMany`` failed: as ``read_failed``, for every topic (the next poke reads them all)."""
+        for ts in self.topics.values():
+            ts.reading = False
+        if self._step("read_failed"):
+            next(iter(self.topics.values())).dirty = True
+        return []
+
     def write_paused(self, now: float) -> list[Command]:
         if self._step("write_paused") and not self.paused:
             self.paused = True
@@ -343,6 +394,8 @@ class Session:
         if not self._step("write_resumed"):
             return []
         self.paused = False
+        if len(self.topics) > 1 and (self.phase is _C or self.phase is _L):
+            return self._step_many()
         if self.phase is _C:
             return self._merge()
         if self.phase is _L:
@@ -432,6 +485,79 @@ class Session:
                 out += self._live_reads()
         return out
 
+    def _read_all(self) -> list[Command]:
+        """One ``ReadMany`` of every topic, each after what it holds (rule 2a); none while paused or
+        while one is in flight (a topic is marked to read again instead)."""
+        topics = self.topics.values()
+        first = next(iter(topics))
+        if self.paused or first.reading:  # (every topic's ``reading`` is set together)
+            first.dirty = True
+            return []
+        afters: list[bytes | None] = []
+        for ts in topics:
+            ts.reading = True
+            ts.dirty = False
+            buf = ts.buffer
+            afters.append(buf[-1].stamp if buf else ts.cursor)
+        return [ReadMany(tuple(self.topics), tuple(afters), self.limit())]
+
+    def _step_many(self) -> list[Command]:
+        """Rule 2a: send, merged by stamp, every buffered row up to the lowest last row of a topic whose
+        read was full (all of them if none was); read all again if one was full or a poke came; a
+        catch-up with nothing left goes live (a poll ends)."""
+        if self.paused:
+            return []
+        cap: bytes | None = None
+        again = False
+        for ts in self.topics.values():
+            if ts.more:  # known only up to what it holds (b"": nothing yet, so nothing can go)
+                again = True
+                last = ts.buffer[-1].stamp if ts.buffer else ts.cursor or b""
+                if cap is None or last < cap:
+                    cap = last
+            elif ts.dirty:
+                again = True
+        picked: list[tuple[bytes, str, Stored]] = []
+        for t, ts in self.topics.items():
+            buf = ts.buffer
+            while buf and (cap is None or buf[0].stamp <= cap):
+                r = buf.popleft()
+                ts.cursor = r.stamp
+                picked.append((r.stamp, t, r))
+            if buf is not None and not buf:
+                ts.buffer = None  # an empty deque is ~600 bytes a topic: held only while rows wait
+        rows: list[Stored] = []
+        topics: list[str] = []
+        if picked:
+            picked.sort(key=_first)
+            now = 0.0  # read from the clock at the first replayed row
+            for _, t, r in picked:
+                live = self.topics[t].live
+                if live is not None and r.stamp <= live:  # a replay: rules 2b and 2d
+                    env = r.envelope
+                    if env.nocache:
+                        continue
+                    if not now:
+                        now = self.config.clock()
+                    if env.expires < now:
+                        continue
+                rows.append(r)
+                topics.append(t)
+            if rows and self.filter is not None:
+                rows, topics = self.filter.rows_and_topics(rows, topics)
+        out: list[Command] = [Send(rows=rows, topics=topics)] if rows else []
+        if again:
+            return out + self._read_all()
+        if self.phase is _C:
+            for ts in self.topics.values():
+                ts.buffer = None
+            if self.poll:
+                self._step("finished")
+                out.append(Close("done"))
+            else:
+                self._step("caught_up")
+        return out
+
     def _flush_held(self) -> list[Command]:
         """Send what LIVE reads returned while the connection was paused, in stamp order across topics:
         a client resumes every topic from its last id (the ntfy app sends one for all), so a later row
@@ -466,6 +592,10 @@ class Session:
         for t, ts in self.topics.items():
             out += self._live_read(t, ts)
         return out
+
+
+def _first(item: tuple[bytes, str, Stored]) -> bytes:
+    return item[0]
 
 
 class FilteredSession(Session):

@@ -11,7 +11,7 @@ from upf_edge.errors import NtfyError
 from upf_keyspace import Envelope, Stored, encode_id
 from upf_pusher.filters import Filter
 from upf_pusher.query import PRIORITY_INVALID, parse_filter, parse_subscribe
-from upf_pusher.session import FilteredSession, Send, Session, SessionConfig, new_session
+from upf_pusher.session import FilteredSession, Phase, Send, Session, SessionConfig, new_session
 
 NOW = 1_700_000_000
 
@@ -188,19 +188,27 @@ def test_only_a_filtered_subscribe_gets_a_filtered_session() -> None:
 def test_a_filtered_session_skips_rows_in_catch_up_live_and_held_and_moves_its_cursor() -> None:
     s = new_session(("a", "b"), "a,b", SessionConfig(batch=10, clock=lambda: NOW), filter=Filter(priorities=(5,)))
     s.subscribed({"a": None, "b": None}, NOW, {"a": stamp(9), "b": stamp(9)})
-    s.batch_read("a", [Stored(stamp(1), env("a1", priority=5)), Stored(stamp(3), env("a3"))])
-    cmds = s.batch_read("b", [Stored(stamp(2), env("b2")), Stored(stamp(4), env("b4", priority=5))])
+    cmds = s.batch_read_many(
+        [
+            [Stored(stamp(1), env("a1", priority=5)), Stored(stamp(3), env("a3"))],
+            [Stored(stamp(2), env("b2")), Stored(stamp(4), env("b4", priority=5))],
+        ]
+    )
     assert messages(cmds) == ["a1", "b4"]
     assert s.cursor("a") == stamp(3) and s.cursor("b") == stamp(4)
+    assert s.phase is Phase.LIVE
     s.poke("a")
-    cmds = s.batch_read("a", [Stored(stamp(10), env("a10")), Stored(stamp(11), env("clear", event="message_clear"))])
+    cmds = s.batch_read_many(
+        [[Stored(stamp(10), env("a10")), Stored(stamp(11), env("clear", event="message_clear"))], []]
+    )
     assert messages(cmds) == ["clear"] and s.cursor("a") == stamp(11)
     s.poke("a")
     s.write_paused(NOW)
-    assert s.batch_read("a", [Stored(stamp(12), env("a12")), Stored(stamp(13), env("a13", priority=5))]) == []
+    held = [[Stored(stamp(12), env("a12")), Stored(stamp(13), env("a13", priority=5))], []]
+    assert s.batch_read_many(held) == []
     assert messages(s.write_resumed()) == ["a13"] and s.cursor("a") == stamp(13)
     s.poke("a")
-    assert [c for c in s.batch_read("a", [Stored(stamp(14), env("a14"))]) if isinstance(c, Send)] == []
+    assert [c for c in s.batch_read_many([[Stored(stamp(14), env("a14"))], []]) if isinstance(c, Send)] == []
     assert s.cursor("a") == stamp(14)
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from upf_keyspace import Envelope, Stored
-from upf_pusher.session import RULES, Close, Phase, Read, Send, Session, SessionConfig
+from upf_pusher.session import RULES, Close, Phase, Read, ReadMany, Send, Session, SessionConfig
 
 BATCH = 3
 NOW = 1_700_000_000.0
@@ -27,8 +27,10 @@ def live(topics: tuple[str, ...] = ("a",), cursor: bytes | None = None) -> Sessi
     """A session that subscribed and found an empty backlog on every topic."""
     s = make(topics)
     s.subscribed({t: cursor for t in topics}, NOW)
-    for t in topics:
-        s.batch_read(t, [])
+    if len(topics) > 1:
+        s.batch_read_many([[] for _ in topics])
+    else:
+        s.batch_read(topics[0], [])
     assert s.phase is Phase.LIVE
     return s
 
@@ -40,6 +42,12 @@ def events_sent(cmds: list) -> list[str]:
 
 def texts_sent(cmds: list) -> list[str]:
     return [m.message for c in cmds if isinstance(c, Send) for m in c.messages if m.event == "message"]
+
+
+def read_many_of(cmds: list) -> list[tuple[str, bytes | None]]:
+    """The (topic, after) pairs of the one ``ReadMany`` among ``cmds``."""
+    (many,) = [c for c in cmds if isinstance(c, ReadMany)]
+    return list(zip(many.topics, many.afters, strict=True))
 
 
 def reads_of(cmds: list) -> list[tuple[str, bytes | None]]:
@@ -64,12 +72,13 @@ def assert_nothing(cmds: list) -> None:
 
 # --- tests ------------------------------------------------------------------------------------------
 def test_subscribed_sends_open_before_reading_every_topic() -> None:
-    """A stream's first output is the open event (topic = the raw list), then one read per topic from its cursor."""
+    """A stream's first output is the open event (topic = the raw list), then one read of every topic
+    from its cursor, in one snapshot."""
     s = make(("a", "b"))
     cmds = s.subscribed({"a": None, "b": stamp(5)}, NOW)
     assert isinstance(cmds[0], Send) and cmds[0].messages[0].event == "open"
     assert cmds[0].messages[0].topic == "a,b"
-    assert_reads(cmds, ("a", None), ("b", stamp(5)))
+    assert read_many_of(cmds) == [("a", None), ("b", stamp(5))] and reads_of(cmds) == []
     assert s.phase is Phase.CATCHING_UP
 
 
@@ -113,24 +122,42 @@ def test_catch_up_merges_topics_in_stamp_order() -> None:
     """The initial drain of a multi-topic connection interleaves topics by stamp."""
     s = make(("a", "b"))
     s.subscribed({"a": None, "b": None}, NOW)
-    assert_nothing(s.batch_read("a", [row(1), row(4)]))  # b's next stamp is unknown yet
-    cmds = s.batch_read("b", [row(2), row(3), row(6)])  # a full batch: b may have more
-    assert_frames_sent(cmds, "m1", "m2", "m3", "m4", "m6")  # a is exhausted, so 6 is next overall
-    assert_reads(cmds, ("b", stamp(6)))
+    cmds = s.batch_read_many([[row(1), row(4)], [row(2), row(3), row(6)]])  # b's batch is full: more may follow
+    assert_frames_sent(cmds, "m1", "m2", "m3", "m4", "m6")  # a is exhausted in that snapshot: 6 is next overall
+    assert read_many_of(cmds) == [("a", stamp(4)), ("b", stamp(6))]
     assert s.cursor("a") == stamp(4) and s.cursor("b") == stamp(6)
+    assert_nothing(s.batch_read_many([[], []]))
+    assert s.phase is Phase.LIVE
 
 
-def test_catch_up_rereads_a_topic_whose_batch_was_full() -> None:
-    """A full batch means more may follow: the merge reads that topic again before passing its last stamp."""
+def test_catch_up_rereads_while_a_topics_batch_was_full() -> None:
+    """A full batch means more may follow: nothing past its last stamp goes out, of any topic, before
+    every topic is read again."""
     s = make(("a", "b"))
     s.subscribed({"a": None, "b": None}, NOW)
-    s.batch_read("b", [row(10)])
-    cmds = s.batch_read("a", [row(1), row(2), row(3)])
-    assert_frames_sent(cmds, "m1", "m2", "m3")
-    assert_reads(cmds, ("a", stamp(3)))
-    cmds = s.batch_read("a", [row(11)])
+    cmds = s.batch_read_many([[row(1), row(2), row(3)], [row(10)]])
+    assert_frames_sent(cmds, "m1", "m2", "m3")  # m10 waits: a may hold rows before it
+    assert read_many_of(cmds) == [("a", stamp(3)), ("b", stamp(10))]
+    cmds = s.batch_read_many([[row(11)], []])
     assert_frames_sent(cmds, "m10", "m11")
     assert s.phase is Phase.LIVE
+
+
+def test_a_live_topics_later_row_never_goes_out_before_an_earlier_row_of_another() -> None:
+    """Rule 2a, live: a poke of one topic reads them all in one snapshot; a burst on another (a full
+    batch) holds back what is newer than its last row until it is read again. Reading the poked topic
+    alone sent m9 (b) before m4 (a): a client cut between the two resumed from m9 and lost m4."""
+    s = live(("a", "b"))
+    cmds = s.poke("b")
+    assert read_many_of(cmds) == [("a", None), ("b", None)]
+    assert_nothing(s.poke("a"))  # a read is in flight: one more follows it
+    cmds = s.batch_read_many([[row(1), row(2), row(3)], [row(9)]])
+    assert_frames_sent(cmds, "m1", "m2", "m3")
+    assert read_many_of(cmds) == [("a", stamp(3)), ("b", stamp(9))]
+    cmds = s.batch_read_many([[row(4)], [row(10)]])
+    assert_frames_sent(cmds, "m4", "m9", "m10")
+    assert s.cursor("a") == stamp(4) and s.cursor("b") == stamp(10)
+    assert_nothing(s.batch_read_many([[], []]))
 
 
 def test_each_connection_only_gets_stamps_after_its_cursor() -> None:
@@ -180,12 +207,12 @@ def test_rows_held_for_several_topics_are_sent_in_stamp_order() -> None:
     by topic: a client that resumes with its last id for every topic must not skip the earlier ones."""
     s = live(("a", "b"))
     s.poke("a")
-    s.poke("b")
     s.write_paused(NOW)
-    assert_nothing(s.batch_read("a", [row(1), row(4)]))
-    assert_nothing(s.batch_read("b", [row(2), row(3)]))
+    assert_nothing(s.poke("b"))
+    assert_nothing(s.batch_read_many([[row(1), row(4)], [row(2), row(3)]]))
     cmds = s.write_resumed()
     assert_frames_sent(cmds, "m1", "m2", "m3", "m4")
+    assert read_many_of(cmds) == [("a", stamp(4)), ("b", stamp(3))]  # b was poked meanwhile
 
 
 def test_paused_during_catch_up_holds_the_buffer() -> None:
@@ -233,10 +260,11 @@ def test_poke_during_catch_up_rereads_a_finished_topic_when_live() -> None:
     """A topic poked after its catch-up read ended is read again once the connection is live."""
     s = make(("a", "b"))
     s.subscribed({"a": None, "b": None}, NOW)
-    s.batch_read("a", [])
-    assert_nothing(s.poke("a"))
-    cmds = s.batch_read("b", [])
-    assert_reads(cmds, ("a", None))
+    assert_nothing(s.poke("a"))  # the catch-up's read is in flight
+    cmds = s.batch_read_many([[], []])
+    assert read_many_of(cmds) == [("a", None), ("b", None)]
+    assert s.phase is Phase.CATCHING_UP
+    assert_nothing(s.batch_read_many([[], []]))
     assert s.phase is Phase.LIVE
 
 
@@ -302,11 +330,10 @@ def test_a_connection_on_many_topics_shares_a_few_batches_among_them() -> None:
     s = Session(topics, ",".join(topics), SessionConfig(batch=8, clock=lambda: NOW))
     assert make(("a", "b", "c", "d")).limit() == BATCH and s.limit() == 2
     cmds = s.subscribed(dict.fromkeys(topics), NOW)
-    assert sorted((c.topic, c.limit) for c in cmds if isinstance(c, Read)) == [(t, 2) for t in topics]
-    sent: list[Send] = []
-    for i, t in enumerate(topics):  # each topic holds 3 rows: its first read returns a full share
-        sent += [c for c in s.batch_read(t, [row(100 * i + 1), row(100 * i + 2)]) if isinstance(c, Send)]
-    assert sum(len(c.rows) for c in sent) <= 4 * 8
-    again = [c.topic for c in s.batch_read("t00", [row(3)]) if isinstance(c, Read)]
-    assert "t00" not in again  # a short answer: t00 is exhausted (the others' full shares read on)
-    assert s.phase is Phase.CATCHING_UP  # the other topics' full shares are read again first
+    (many,) = [c for c in cmds if isinstance(c, ReadMany)]
+    assert many.topics == topics and many.limit == 2
+    cmds = s.batch_read_many([[row(100 * i + 1), row(100 * i + 2)] for i in range(16)])  # every share full
+    assert sum(len(c.rows) for c in cmds if isinstance(c, Send)) <= 4 * 8
+    assert texts_sent(cmds) == ["m1", "m2"]  # past t00's last row, t00 may hold more
+    assert read_many_of(cmds)[0] == ("t00", stamp(2))
+    assert s.phase is Phase.CATCHING_UP
