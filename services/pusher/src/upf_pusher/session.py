@@ -88,7 +88,7 @@ class Phase(enum.Enum):
     CATCHING_UP = "catching_up"
     """Replaying the backlog after the cursors, merged across topics in stamp order."""
     LIVE = "live"
-    """Caught up; each poke drains its topic from the cursor."""
+    """Caught up; each poke reads its topic from the cursor (every topic, on a multi-topic connection)."""
     CLOSED = "closed"
 
     # Members are singletons compared by identity: hash them so too, in C. Enum's own __hash__ is a
@@ -460,12 +460,9 @@ class Session:
             row = ts.buffer.popleft()  # type: ignore[union-attr]  # the same: chosen for its non-empty buffer
             ts.cursor = row.stamp
             if ts.live is not None and row.stamp <= ts.live:  # a replay: rules 2b and 2d
-                env = row.envelope
-                if env.nocache:
-                    continue
                 if not now:
                     now = self.config.clock()
-                if env.expires < now:
+                if _not_replayed(row, now):
                     continue
             rows.append(row)
             topics.append(t)
@@ -534,12 +531,9 @@ class Session:
             for _, t, r in picked:
                 live = self.topics[t].live
                 if live is not None and r.stamp <= live:  # a replay: rules 2b and 2d
-                    env = r.envelope
-                    if env.nocache:
-                        continue
                     if not now:
                         now = self.config.clock()
-                    if env.expires < now:
+                    if _not_replayed(r, now):
                         continue
                 rows.append(r)
                 topics.append(t)
@@ -596,6 +590,12 @@ class Session:
 
 def _first(item: tuple[bytes, str, Stored]) -> bytes:
     return item[0]
+
+
+def _not_replayed(row: Stored, now: float) -> bool:
+    """Rules 2b and 2d, for a row at or below its topic's live mark: ``X-Cache: no``, or past its expiry."""
+    env = row.envelope
+    return env.nocache or env.expires < now
 
 
 class FilteredSession(Session):

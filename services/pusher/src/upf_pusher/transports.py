@@ -11,10 +11,10 @@ and no timer per connection: the hub's sweep drives keepalives.
 Overload contract: the transport's write buffer has high/low water marks (``WRITE_HIGH``,
 ``WRITE_LOW``). Crossing the high mark calls ``pause_writing``, which the hub turns into a
 ``write_paused`` session event: reading from the store stops, and the store is the buffer. So a slow
-subscriber holds at most ``WRITE_HIGH`` plus one ``Send`` (one read's rows, or a catch-up's merge
-round: a few batches at most, ``Session.limit``) in its socket buffer, plus the rows of the reads in
-flight when it paused (held in the session, as many again). It is closed (aborted: a graceful close would wait on the
-peer) after ``slow_subscriber_timeout_secs`` paused, and resumes with ``since=<last id>``.
+subscriber holds at most ``WRITE_HIGH`` plus one ``Send`` (one read's rows: a few batches at most,
+``Session.limit``) in its socket buffer, plus the rows of the reads in flight when it paused (held in
+the session, as many again). It is closed (aborted: a graceful close would wait on the peer) after
+``slow_subscriber_timeout_secs`` paused, and resumes with ``since=<last id>``.
 
 Kernel memory: each subscriber socket's send buffer is fixed at ``send_buffer_bytes`` (SO_SNDBUF; the
 kernel's autotuning would otherwise grow it to several MB for a peer that does not read), and a
