@@ -636,7 +636,7 @@ class Hub:
         except Exception:
             log.warning("drain read failed", extra={"reads": len(wants)}, exc_info=True)
             for key in keys:
-                topic = key.topics[0] if type(key) is ReadMany else key[0]  # type: ignore[index]
+                topic = key.topics[0] if type(key) is ReadMany else key[0]  # type: ignore[index]  # not a ReadMany: a tuple
                 for sub, trigger in wanted[key]:
                     self.drain_errors += 1
                     self.metrics.drain_errors.add()

@@ -343,8 +343,7 @@ class _Watches(_Reads):
             keys = list(self._watches) if sets is None else _written(self._watches, sets, self._heads)
             if not keys:
                 return
-            # positional: see file.py (and no buffers=True: bytes, whatever the stubs add)
-            current: dict[bytes, bytes | None] = {key: txn.get(key, None, f.kv) for key in keys}  # type: ignore[misc]
+            current: dict[bytes, bytes | None] = {key: txn.get(key, None, f.kv) for key in keys}  # type: ignore[misc]  # positional (see file.py); bytes: no buffers=True, whatever the stubs add
             self._checked_values = (current_version, current)
         for key in keys:
             value = current[key]
