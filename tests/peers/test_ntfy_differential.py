@@ -466,6 +466,7 @@ def request_cases() -> dict[str, Callable[[], Callable[[str], Any]]]:
             "POST", f"/{T()}", content=b"x", headers={f"X-Extra-{i}": "v" for i in range(150)}
         ),
         "publish-huge-query-title": lambda: _req("POST", f"/{T()}", content=b"x", params={"title": "q" * 10000}),
+        "publish-expect-unknown": lambda: _req("POST", f"/{T()}", content=b"x", headers={"Expect": "x-unknown"}),
         "method-delete-topic": lambda: _req("DELETE", f"/{T()}"),
         "method-patch-topic": lambda: _req("PATCH", f"/{T()}", content=b"x"),
         "method-post-json-stream": lambda: _req("POST", f"/{T()}/json", content=b"x"),
