@@ -51,7 +51,8 @@ SAFETY_CHUNK = 256
 SAFETY_FULL_EVERY = 10
 """Every this many safety passes re-drain every connection even if the store's appends count stood still."""
 READ_GROUP = 64
-"""(topic, cursor) reads per store transaction in a read round, all sent in one ``get_ranges``: one
+"""(topic, cursor) reads per store transaction in a read round (a multi-topic connection's
+``ReadMany`` is never split, so a group holding one may pass it), all sent in one ``get_ranges``: one
 snapshot and one cursor pass on the embedded store, one round trip on FoundationDB, and no read checked
 against another (they share a version). Bounded so one transaction holds at most 64 x ``READ_BATCH``
 rows. It was 8 while each read was its own call: then every read after a concurrent commit was checked
@@ -590,9 +591,9 @@ class Hub:
 
     async def _read_rounds(self) -> None:
         """Run read rounds until no read is wanted. A round reads every wanted (topic, cursor) in
-        transactions of up to ``READ_GROUP`` reads, feeds each answer to every connection that
-        wanted it, then writes once per connection; the reads those answers lead to (a full batch,
-        a poke that came meanwhile) make the next round."""
+        transactions of up to ``READ_GROUP`` reads (each ``ReadMany`` whole), feeds each answer to
+        every connection that wanted it, then writes once per connection; the reads those answers
+        lead to (a full batch, a poke that came meanwhile) make the next round."""
         try:
             while self._wanted:
                 await self._read_round()
