@@ -112,40 +112,6 @@ def _frame_entry(sub: Subscriber, framed: dict[bytes, list[Any]], topic: str, ro
 SUBSCRIBE, BELL, SAFETY, RESUME = "subscribe", "bell", "safety", "resume"
 
 
-def in_stamp_order(sends: list[tuple[Send, str]]) -> list[tuple[Send, str]]:
-    """A read round's sends to one connection with their rows in stamp order across topics (each
-    topic's read is one ``Send``, in the order the reads were wanted). Why: a client resumes every
-    topic from its last id (the ntfy app sends one for all), so a later row of one topic written
-    before an earlier one of another would, were the write cut between them, make the resume skip
-    the earlier one. Sends carrying events keep their order; consecutive rows of one trigger share a
-    ``Send``, so what each trigger delivered is still counted as its own."""
-    previous = b""
-    ordered = True
-    for cmd, _ in sends:
-        if cmd.events:
-            return sends
-        for row in cmd.rows:
-            if row.stamp < previous:
-                ordered = False
-            previous = row.stamp
-    if ordered:
-        return sends
-    pairs = sorted(
-        ((row, topic, trigger) for cmd, trigger in sends for topic, row in zip(cmd.topics, cmd.rows, strict=True)),
-        key=lambda p: p[0].stamp,
-    )
-    out: list[tuple[Send, str]] = []
-    i = 0
-    while i < len(pairs):
-        trigger = pairs[i][2]
-        j = i
-        while j < len(pairs) and pairs[j][2] == trigger:
-            j += 1
-        out.append((Send(rows=[p[0] for p in pairs[i:j]], topics=[p[1] for p in pairs[i:j]]), trigger))
-        i = j
-    return out
-
-
 class _TransportCells:
     __slots__ = ("deliveries", "latency", "connections")
 
@@ -682,7 +648,9 @@ class Hub:
                     log.warning("delivery failed", exc_info=True)
         for sub, sends in out.items():
             try:
-                self._write(sub, sends if len(sends) == 1 else in_stamp_order(sends), frames, now_ms)
+                self._write(
+                    sub, sends, frames, now_ms
+                )  # one Send a connection a round: its topics' rows, in order (session rule 2a)
             except Exception:
                 log.warning("delivery failed", exc_info=True)
         _record_latency(frames, now_ms)

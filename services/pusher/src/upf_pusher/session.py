@@ -237,7 +237,8 @@ class Session:
         return self.phase is _X
 
     def limit(self) -> int:
-        """Rows a ``Read`` asks for: a batch, shared out among the topics of a connection on more than
+        """Rows a ``ReadMany`` asks for of each topic (a ``Read`` of a one-topic connection asks for a
+        batch): a batch, shared out among the topics of a connection on more than
         ``_SHARED_BATCHES`` (at least one row each). What one merge round or one resume after a pause
         writes is then at most ~``_SHARED_BATCHES`` batches (or a row per topic): with a batch per
         topic, a connection on 128 topics that never read wrote 128 batches into its socket's buffer
@@ -266,18 +267,15 @@ class Session:
         cursor stands in for it. A poll has no live part."""
         if not self._step("subscribed"):
             return []
+        one = len(self.topics) == 1
         for t, ts in self.topics.items():
             ts.cursor = cursors.get(t)
             ts.live = _NOTHING_LIVE if self.poll else (live.get(t) if live is not None else ts.cursor)
-            ts.more = True  # unknown until read
+            ts.more = one  # one topic: unknown until read; several (rule 2a): "the last read was full"
             ts.dirty = False
-            ts.buffer = deque()
+            ts.buffer = deque() if one else None
         out: list[Command] = [] if self.poll else [Send([make_event("open", self.topics_raw, int(now))])]
-        if len(self.topics) > 1:
-            for ts in self.topics.values():
-                ts.more = False  # (rule 2a: "the last read was full", known once read)
-            return out + self._read_all()
-        return out + self._merge()
+        return out + (self._merge() if one else self._read_all())
 
     def poke(self, topic: str) -> list[Command]:
         """The topic may have new messages (a bell, or the safety poll)."""
@@ -316,7 +314,7 @@ class Session:
         ts.reading = False
         if self.phase is not _L and not self._step("batch_read"):  # (LIVE, batch_read) stays LIVE
             return []
-        full = len(rows) >= self.limit()
+        full = len(rows) >= self.config.batch
         cur = ts.cursor
         if cur is None or not rows or rows[0].stamp > cur:
             fresh = rows  # the usual case: shared as is with every connection that read it
@@ -448,7 +446,7 @@ class Session:
                         waiting = True
                         if not ts.reading:
                             ts.reading = True
-                            reads.append(Read(t, ts.cursor, self.limit()))
+                            reads.append(Read(t, ts.cursor, self.config.batch))
                 elif best is None or buf[0].stamp < best[1].buffer[0].stamp:  # type: ignore[index]  # best only holds a topic whose buffer is non-empty
                     best = (t, ts)
             if waiting:
@@ -553,33 +551,26 @@ class Session:
         return out
 
     def _flush_held(self) -> list[Command]:
-        """Send what LIVE reads returned while the connection was paused, in stamp order across topics:
-        a client resumes every topic from its last id (the ntfy app sends one for all), so a later row
-        of one topic written before an earlier one of another would, were the write cut between them,
-        make the resume skip the earlier one."""
-        rows: list[Stored] = []
-        topics: list[str] = []
-        held = 0
-        for t, ts in self.topics.items():
-            if ts.buffer:
-                ts.cursor = ts.buffer[-1].stamp
-                rows += ts.buffer
-                topics += [t] * len(ts.buffer)
-                held += 1
-            ts.buffer = None
-        if held > 1:
-            order = sorted(range(len(rows)), key=lambda i: rows[i].stamp)
-            rows, topics = [rows[i] for i in order], [topics[i] for i in order]
-        if rows and self.filter is not None:
-            rows, topics = self.filter.rows_and_topics(rows, topics)
-        return [Send(rows=rows, topics=topics)] if rows else []
+        """Send what a one-topic connection's LIVE read returned while it was paused (a connection on
+        several holds its rows in ``_step_many``'s buffers)."""
+        ((t, ts),) = self.topics.items()
+        rows = ts.buffer
+        ts.buffer = None
+        if not rows:
+            return []
+        ts.cursor = rows[-1].stamp
+        kept: Sequence[Stored] = list(rows)
+        topics = [t] * len(kept)
+        if self.filter is not None:
+            kept, topics = self.filter.rows_and_topics(kept, topics)
+        return [Send(rows=kept, topics=topics)] if kept else []
 
     def _live_read(self, topic: str, ts: _Topic) -> list[Command]:
         if self.paused or ts.reading or not (ts.more or ts.dirty):
             return []
         ts.reading = True
         ts.more = ts.dirty = False
-        return [Read(topic, ts.cursor, self.limit())]
+        return [Read(topic, ts.cursor, self.config.batch)]
 
     def _live_reads(self) -> list[Command]:
         out: list[Command] = []
