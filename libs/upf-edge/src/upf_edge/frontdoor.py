@@ -237,9 +237,6 @@ class HttpProtocol(asyncio.Protocol):
                 self._disarm()
                 self.buf = rest
             return
-        if self.idle:  # the next request's head has begun
-            self.idle = False
-            self._arm(HEAD_TIMEOUT)
         scanned = len(self.buf)
         self.buf += data
         if self.busy or self.paused:
@@ -336,6 +333,9 @@ class HttpProtocol(asyncio.Protocol):
                 if end < 0:
                     if self.eof:  # the peer sends nothing more: its last complete request is served
                         self.transport.close()
+                    elif self.idle and buf:  # a head has begun after the idle wait: its own timeout
+                        self.idle = False
+                        self._arm(HEAD_TIMEOUT)
                     return
                 raw, self.buf = buf[:end], buf[end:]
                 head = parse_head(raw)

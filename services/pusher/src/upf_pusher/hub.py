@@ -209,6 +209,7 @@ class Hub:
         """(the store's appends count as the last complete safety pass began, drain errors as it ended)."""
         self._safety_skips = 0
         self._wanted: _Wanted = {}
+        self._wanted_many = False  # a ReadMany is among them (the round groups reads by their count)
         """Reads for the next round, by (topic, cursor, limit): the connections waiting on each."""
         self._reader: asyncio.Task[Any] | None = None
         """The task running read rounds: a spawned one, or the bell loop running them inline."""
@@ -546,7 +547,12 @@ class Hub:
         """Queue ``cmd`` for the next read round, grouped with every other connection reading the
         same topic from the same cursor (one store read serves them all; a ``ReadMany`` is its own
         key, shared only by an identical one)."""
-        key: _ReadKey | ReadMany = (cmd.topic, cmd.after, cmd.limit) if isinstance(cmd, Read) else cmd
+        key: _ReadKey | ReadMany
+        if type(cmd) is Read:
+            key = (cmd.topic, cmd.after, cmd.limit)
+        else:
+            key = cmd  # type: ignore[assignment]  # a ReadMany (mypy does not narrow on type() is)
+            self._wanted_many = True
         waiting = self._wanted.get(key)
         if waiting is None:
             self._wanted[key] = [(sub, trigger)]
@@ -569,33 +575,40 @@ class Hub:
 
     async def _read_round(self) -> None:
         wanted, self._wanted = self._wanted, {}
+        many, self._wanted_many = self._wanted_many, False
         waiters, self._round_waiters = self._round_waiters, []
         try:
+            keys = list(wanted)
+            if not many:  # (topic, cursor) reads only: groups of READ_GROUP
+                for i in range(0, len(keys), READ_GROUP):
+                    await self._read_group(keys[i : i + READ_GROUP], wanted, False)
+                return
             group: list[_ReadKey | ReadMany] = []
             size = 0
-            for key in wanted:
+            for key in keys:
                 n = len(key.topics) if type(key) is ReadMany else 1
                 if size and size + n > READ_GROUP:  # a ReadMany is never split: its reads share a snapshot
-                    await self._read_group(group, wanted)
+                    await self._read_group(group, wanted, True)
                     group, size = [], 0
                 group.append(key)
                 size += n
             if group:
-                await self._read_group(group, wanted)
+                await self._read_group(group, wanted, True)
         finally:
             for w in waiters:
                 if not w.done():
                     w.set_result(None)
 
-    async def _read_group(self, keys: list[_ReadKey | ReadMany], wanted: _Wanted) -> None:
-        many = False
-        wants: list[_ReadKey] = []
-        for key in keys:
-            if type(key) is ReadMany:
-                many = True
-                wants += zip(key.topics, key.afters, [key.limit] * len(key.topics))  # noqa: B905
-            else:
-                wants.append(key)  # type: ignore[arg-type]  # not a ReadMany: a (topic, after, limit)
+    async def _read_group(self, keys: list[_ReadKey | ReadMany], wanted: _Wanted, many: bool) -> None:
+        """``many``: ``keys`` may hold ``ReadMany``s, each read as its topics' reads."""
+        wants: list[_ReadKey] = keys  # type: ignore[assignment]  # without ReadManys, keys are the reads
+        if many:
+            wants = []
+            for key in keys:
+                if type(key) is ReadMany:
+                    wants += zip(key.topics, key.afters, [key.limit] * len(key.topics))  # noqa: B905
+                else:
+                    wants.append(key)  # type: ignore[arg-type]  # not a ReadMany: a (topic, after, limit)
         try:
             answers = await self.store.read_many(wants)
         except asyncio.CancelledError:
