@@ -173,3 +173,27 @@ async def test_reads_with_a_large_limit_are_not_kept(pair):
     assert (begin, end, _RANGE_CACHE_ROWS + 1, False) not in a._range_cache
     assert await a.transact(read, _RANGE_CACHE_ROWS) == []
     assert (begin, end, _RANGE_CACHE_ROWS, False) in a._range_cache
+
+
+async def test_get_ranges_with_limits_skip_the_cache(pair):
+    """A pusher's read of a connection's many topics asks for a row or two of each (a shared batch):
+    ranges with a limit start past their last answer next time, so they go to the file in one pass
+    and leave the cache to the unlimited ones (a publish's affinity reads), which it still holds."""
+    a, b = pair
+    ranges = [(b"\x01test-q%03d/" % i, b"\x01test-q%03d0" % i, 1) for i in range(8)]
+
+    async def put(tr, k, v):
+        tr.set(k, v)
+
+    await b.transact(put, ranges[3][0] + b"m1", b"1")
+    await b.transact(put, ranges[3][0] + b"m2", b"2")
+
+    async def read(tr, rs):
+        return await tr.get_ranges(rs)
+
+    got = await a.transact(read, ranges)
+    assert got == [[]] * 3 + [[(ranges[3][0] + b"m1", b"1")]] + [[]] * 4  # the limit still holds
+    assert not any((begin, end, 1, False) in a._range_cache for begin, end, _ in ranges)
+    unlimited = [(begin, end, 0) for begin, end, _ in ranges[:2]]
+    assert await a.transact(read, unlimited) == [[], []]
+    assert all((begin, end, 0, False) in a._range_cache for begin, end, _ in unlimited)
