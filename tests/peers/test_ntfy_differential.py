@@ -606,6 +606,7 @@ SINCE = {
     "unix-m2": lambda h: str(h["m2"]["time"]),
     "unix-future": lambda h: str(h["m3"]["time"] + 3600),
     "unix-zero": lambda h: "0",
+    "unix-one": lambda h: "1",  # ntfy's "none" marker is unix time 1
     "duration-1h": lambda h: "1h",
     "duration-10m": lambda h: "10m",
     "duration-30s": lambda h: "30s",

@@ -142,6 +142,8 @@ def parse_since(value: str, *, poll: bool, now: float) -> Since:
         unix = int(value)
         if not -_INT64_MAX - 1 <= unix <= _INT64_MAX:  # ntfy's ParseInt fails, and it is no duration either
             raise NtfyError(SINCE_INVALID)
+        if unix == 1:  # ntfy's "none" is the marker of unix time 1 (sinceNoMessages), so 1 means none there
+            return SINCE_NONE
         return Since("time", time=unix)
     secs = _duration_secs(value)
     if secs is None:

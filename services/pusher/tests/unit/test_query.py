@@ -44,6 +44,14 @@ def test_unix_timestamp_is_inclusive_time() -> None:
     assert since("0") == Since("time", time=0)
 
 
+@pytest.mark.parametrize("value", ["1", "+1", "01"])
+def test_unix_time_one_is_none_as_in_ntfy(value: str) -> None:
+    """ntfy's 'none' is the since-marker of unix time 1 and markers compare by value, so since=1
+    delivers nothing there, on a poll too (not every message since 1970)."""
+    assert since(value) == SINCE_NONE
+    assert since(value, poll=True) == SINCE_NONE
+
+
 def test_signed_unix_time_and_duration_as_go_parses_them() -> None:
     """ntfy's ParseInt/ParseDuration take a sign: a negative unix time is before everything (all
     messages), "+5" is 5, and "-1h" is an hour ahead (nothing cached yet)."""

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from upf_edge.errors import NtfyError
 from upf_edge.http11 import HttpError, parse_head
-from upf_keyspace import SINCE_ALL, Since, decode_id, encode_id
+from upf_keyspace import SINCE_ALL, SINCE_NONE, Since, decode_id, encode_id
 from upf_pusher.query import match_subscribe_path, parse_since, parse_subscribe
 
 NOW = 1_700_000_000.0
@@ -68,7 +68,7 @@ def test_our_ids_round_trip(stamp: bytes, poll: bool) -> None:
 
 
 @settings(max_examples=100, deadline=None)
-@given(n=st.one_of(st.integers(0, 2**64), st.integers(10**11, 10**12 - 1), st.integers(10**15, 10**16 - 1)))
+@given(n=st.one_of(st.integers(0, 2**64), st.just(1), st.integers(10**11, 10**12 - 1), st.integers(10**15, 10**16 - 1)))
 def test_unix_times_up_to_int64(n: int) -> None:
     """Digits are a unix time up to int64, except where an id matches first (ntfy's order): 16 digits are
     one of our base64url ids, 12 an ntfy-style id (all)."""
@@ -83,6 +83,8 @@ def test_unix_times_up_to_int64(n: int) -> None:
             assert e.code == 40008
         else:
             raise AssertionError("beyond int64 must be refused")
+    elif n == 1:
+        assert parse_since(str(n), poll=False, now=NOW) == SINCE_NONE
     else:
         assert parse_since(str(n), poll=False, now=NOW) == Since("time", time=n)
 
