@@ -26,8 +26,9 @@ Where UPF differs from ntfy on purpose (see ntfy-protocol.md, "Where this projec
   with the same one replaces the stored one) are kept; ntfy ignores both;
 - ``X-Attach`` (an external URL) gives the ``attachment`` object as ntfy does, but a body is never stored
   as an attachment: ``X-Filename`` without ``X-Attach`` is ignored (ntfy: an upload);
-- ``X-Email``/``email`` is 400 40001, as ntfy answers without SMTP (UPF sends no e-mail).
-Parameters ntfy has and UPF does not implement (call, firebase, template) are accepted and ignored.
+- ``X-Email``/``email`` is 400 40001 and ``X-Call``/``call`` 400 40032, as ntfy answers without SMTP
+  or Twilio (UPF sends no e-mail and makes no calls).
+``X-Firebase`` is accepted and ignored, as by ntfy without Firebase.
 ``X-Cache: no`` and scheduled delivery (``X-Delay``/``X-At``/``X-In``) are ntfy's: see
 ``_parse_cache``/``_parse_delay`` and ``futuretime``.
 
@@ -39,6 +40,7 @@ them in order with the messages.
 from __future__ import annotations
 
 import base64
+import json
 import re
 from collections.abc import Mapping
 from urllib.parse import parse_qsl, unquote, urlsplit
@@ -90,6 +92,7 @@ __all__ = [
     "MATRIX_INVALID",
     "ICON_INVALID",
     "EMAIL_DISABLED",
+    "CALLS_DISABLED",
     "MESSAGE_NOT_UTF8",
     "ATTACHMENT_URL_INVALID",
     "ACTIONS_INVALID",
@@ -119,6 +122,7 @@ __all__ = [
 EMAIL_DISABLED = Problem(
     40001, 400, "e-mail notifications are not enabled", "https://ntfy.sh/docs/config/#e-mail-notifications"
 )
+CALLS_DISABLED = Problem(40032, 400, "invalid request: calling is disabled", "https://ntfy.sh/docs/config/#phone-calls")
 PRIORITY_INVALID = Problem(40007, 400, "invalid priority parameter", "https://ntfy.sh/docs/publish/#message-priority")
 TOPIC_INVALID = Problem(40009, 400, "invalid request: topic invalid")
 TOPIC_DISALLOWED = Problem(40010, 400, "invalid request: topic name is not allowed")
@@ -163,6 +167,7 @@ PUBLIC_URL_MISSING = Problem(
 
 CATALOG: tuple[Problem, ...] = (
     EMAIL_DISABLED,
+    CALLS_DISABLED,
     PRIORITY_INVALID,
     TOPIC_INVALID,
     TOPIC_DISALLOWED,
@@ -263,6 +268,7 @@ _ACTIONS = ("x-actions", "actions", "action")
 _ATTACH = ("x-attach", "attach", "a")
 _FILENAME = ("x-filename", "filename", "file", "f")
 _EMAIL = ("x-email", "x-e-mail", "email", "e-mail", "mail", "e")
+_CALL = ("x-call", "call")
 _IDEMPOTENCY = ("idempotency-key", "x-idempotency-key")
 _SEQUENCE_ID = ("x-sequence-id", "sequence-id", "sequence_id", "sid")
 _POLL_ID = ("x-poll-id", "poll-id", "poll_id")
@@ -314,6 +320,8 @@ def _parse_ttl(headers: Mapping[str, str], default_ttl: int) -> int:
     if raw is None:
         return default_ttl
     text = go_trim(raw)
+    if not text:  # an empty header is no header, as for every other parameter
+        return default_ttl
     if _TTL_RE.fullmatch(text) is None:
         raise NtfyError(TTL_INVALID)
     if len(text) > 18:  # beyond any sane retention: don't even build the int
@@ -412,6 +420,7 @@ _PARAM_NAMES = {
     "attach": _ATTACH,
     "filename": _FILENAME,
     "email": _EMAIL,
+    "call": _CALL,
 }
 _MEANING_OF = {name: meaning for meaning, names in _PARAM_NAMES.items() for name in names}
 _ALL_NAMES = frozenset(_MEANING_OF)
@@ -459,15 +468,13 @@ def _parse_delay(headers: Mapping[str, str], query: Mapping[str, str], cache: bo
     return due
 
 
-def _with_scheduling(
-    params: Params, headers: Mapping[str, str], query: Mapping[str, str], now: int, limits: Limits
-) -> Params:
-    """``params`` with the publish's cache and due time. Read last, so a bad delay is reported after a
-    bad icon or priority, in ntfy's order; the name check keeps the usual publish at a set intersection."""
+def _scheduling(headers: Mapping[str, str], query: Mapping[str, str], now: int, limits: Limits) -> tuple[bool, int]:
+    """The publish's cache and due time. Read after the priority and before the actions, so a bad delay
+    is reported in ntfy's order; the name check keeps the usual publish at a set intersection."""
     if not _SCHEDULING_NAMES.intersection(headers) and not (query and _SCHEDULING_NAMES.intersection(query)):
-        return params
+        return True, 0
     cache = _parse_cache(headers, query)
-    return msgspec.structs.replace(params, cache=cache, due=_parse_delay(headers, query, cache, now, limits))
+    return cache, _parse_delay(headers, query, cache, now, limits)
 
 
 def _markdown_type(content_type: str) -> bool:
@@ -494,7 +501,8 @@ def parse_params(
     if not p or (len(p) == 1 and "content_type" in p and not _markdown_type(p["content_type"])):
         # No parameter, or only a Content-Type that changes nothing (what curl and most apps send):
         # the common publish skips the per-field reads below.
-        bare = Params(
+        cache, due = _scheduling(headers, query, now, limits)
+        return Params(
             unifiedpush=encrypted or webpush,
             ttl=ttl,
             idem=idem,
@@ -502,22 +510,26 @@ def parse_params(
             urgency=urgency,
             push_topic=push_topic,
             priority=vapid.URGENCY_PRIORITY[urgency] if urgency else 0,
+            cache=cache,
+            due=due,
         )
-        return _with_scheduling(bare, headers, query, now, limits)
     attach_url, attach_name = _parse_attach(p.get("attach", ""), p.get("filename", ""), limits)
     icon = p.get("icon", "")
     if icon and _URL_RE.match(icon) is None:
         raise NtfyError(ICON_INVALID)
     if "email" in p:  # ntfy without SMTP refuses it rather than drop it; UPF sends no e-mail
         raise NtfyError(EMAIL_DISABLED)
+    if "call" in p:  # ntfy without Twilio, likewise; UPF makes no calls
+        raise NtfyError(CALLS_DISABLED)
     priority = _parse_priority(p.get("priority", ""))
+    cache, due = _scheduling(headers, query, now, limits)
     actions = _parse_actions(p.get("actions", ""), limits)
     markdown = p.get("markdown", "").lower() in ("1", "yes", "true")
     if _markdown_type(p.get("content_type", "")):
         markdown = True
     if not priority and urgency:
         priority = vapid.URGENCY_PRIORITY[urgency]
-    params = Params(
+    return Params(
         unifiedpush=encrypted or webpush or p.get("unifiedpush", "").lower() in ("1", "yes", "true"),
         message=_capped(p.get("message", "").replace("\\n", "\n"), limits.max_message_bytes),
         title=_capped(p.get("title", ""), limits.max_field_bytes),
@@ -536,8 +548,9 @@ def parse_params(
         actions=actions,
         attach_url=attach_url,
         attach_name=attach_name,
+        cache=cache,
+        due=due,
     )
-    return _with_scheduling(params, headers, query, now, limits)
 
 
 def _parse_actions(text: str, limits: Limits) -> str:
@@ -748,7 +761,8 @@ _json_publish_decoder = msgspec.json.Decoder(JsonPublish)
 
 
 def json_body_limit(limits: Limits) -> int:
-    return 2 * limits.max_message_bytes
+    """The largest JSON publish body: ntfy peeks twice the message limit and refuses a body that fills it."""
+    return 2 * limits.max_message_bytes - 1
 
 
 def ingest_json(
@@ -768,13 +782,53 @@ def decode_json(body: bytes, limits: Limits) -> tuple[str, JsonPublish]:
     if len(body) > json_body_limit(limits):
         raise NtfyError(JSON_TOO_LARGE)
     try:
-        m = _json_publish_decoder.decode(body)
+        m = _json_publish_decoder.decode(_go_fields(body))
     except (msgspec.DecodeError, RecursionError):
         # RecursionError: nested deeper than msgspec follows (~1,000 levels; Go's decoder takes 10,000).
         # Refused as invalid JSON, not a 500: no publish needs such nesting.
         raise NtfyError(JSON_INVALID) from None
     _check_json_actions(m)
     return validate_topic(m.topic or ""), m
+
+
+_json_fields_decoder = msgspec.json.Decoder(dict[str, msgspec.Raw])
+_json_encoder = msgspec.json.Encoder()
+_std_json = json.JSONDecoder()
+
+
+def go_fold(key: str) -> str:
+    """The field name Go's ``encoding/json`` matches a key to: case ignored (``str.lower`` also maps the
+    Kelvin sign to k; the long s is the other non-ASCII letter Go folds to an ASCII one)."""
+    return key.lower().replace("\u017f", "s")
+
+
+def _go_fields(body: bytes) -> bytes:
+    """The body's first JSON value as ntfy's ``json.Decoder`` reads it into its struct: bytes after
+    that value ignored, keys matched to fields without case (``"Message"`` is the message), a later
+    key winning over an earlier one. Rewritten as one object of lower-case keys, each value's bytes as
+    sent (``actions`` is parsed later with its own case rules, and keeps its header and extra names)."""
+    try:
+        fields = _json_fields_decoder.decode(body)
+    except msgspec.DecodeError as e:
+        if "trailing characters" not in str(e):
+            raise
+        fields = _json_fields_decoder.decode(_first_json_value(body))
+    folded: dict[str, msgspec.Raw] = {}
+    for key, raw in fields.items():
+        folded[go_fold(key)] = raw
+    return _json_encoder.encode(folded)
+
+
+def _first_json_value(body: bytes) -> bytes:
+    """The bytes of the first JSON value in ``body``; msgspec decodes only a whole body. Its end is
+    found by the standard library's decoder, and msgspec then decodes (and checks) just that value."""
+    try:
+        text = body.decode("utf-8", "surrogateescape")  # what follows the value may be anything
+        start = len(text) - len(text.lstrip(" \t\r\n"))
+        _, end = _std_json.raw_decode(text, start)
+    except (ValueError, RecursionError):
+        raise msgspec.DecodeError("invalid JSON") from None
+    return text[:end].encode("utf-8", "surrogateescape")  # the bytes as sent: msgspec checks their UTF-8
 
 
 def ingest_decoded_json(
@@ -825,8 +879,8 @@ def _check_json_actions(m: JsonPublish) -> None:
 
 
 def _json_extras(m: JsonPublish) -> dict[str, str]:
-    """A JSON publish's ``actions`` (as :func:`_check_json_actions` left them), ``attach``, ``filename``
-    and ``email`` as the headers ntfy turns them into."""
+    """A JSON publish's ``actions`` (as :func:`_check_json_actions` left them), ``attach``, ``filename``,
+    ``email`` and ``call`` as the headers ntfy turns them into."""
     out: dict[str, str] = {}
     if m.actions:
         out["x-actions"] = bytes(m.actions).decode("utf-8", "surrogatepass").strip()
@@ -836,11 +890,20 @@ def _json_extras(m: JsonPublish) -> dict[str, str]:
         out["x-filename"] = m.filename
     if m.email:
         out["x-email"] = m.email
+    if m.call:
+        out["x-call"] = m.call
     return out
 
 
 # --- Matrix push gateway (POST /_matrix/push/v1/notify) ---------------------------------------------
-_matrix_decoder = msgspec.json.Decoder(MatrixPush)
+def _go_keys(obj: object) -> object:
+    """Every object's keys as :func:`go_fold` matches them (ntfy's ``json.Unmarshal`` into its Matrix
+    structs ignores case at every level; the gateway reads nothing keyed by the sender's names)."""
+    if type(obj) is dict:
+        return {go_fold(k): _go_keys(v) for k, v in obj.items()}
+    if type(obj) is list:
+        return [_go_keys(v) for v in obj]
+    return obj
 
 
 class MatrixOutcome(msgspec.Struct, frozen=True):
@@ -862,12 +925,13 @@ _PATH_END_RE = re.compile(r"[/?#]")
 
 def ingest_matrix(body: bytes, *, now: int, limits: Limits) -> MatrixOutcome:
     """Only ``devices[0].pushkey`` is used (as ntfy does). A pushkey under ``public_url + "/"`` names the
-    topic in its first path segment; the whole original body becomes the message, UnifiedPush mode.
+    topic in its first path segment; the whole original body becomes the message, published with the
+    pushkey's query parameters (``?up=1``: UnifiedPush mode).
     A pushkey elsewhere, or naming no valid topic, is rejected so the homeserver drops the pusher."""
     if len(body) >= limits.max_message_bytes:
         raise NtfyError(MATRIX_TOO_LARGE)
     try:
-        m = _matrix_decoder.decode(body)
+        m = msgspec.convert(_go_keys(msgspec.json.decode(body)), MatrixPush)
     except (msgspec.DecodeError, RecursionError):  # too deep for msgspec (Go takes 10,000 levels): invalid
         raise NtfyError(MATRIX_INVALID) from None
     devices = m.notification.devices if m.notification is not None else None
@@ -883,9 +947,11 @@ def ingest_matrix(body: bytes, *, now: int, limits: Limits) -> MatrixOutcome:
         validate_topic(topic)
     except NtfyError:
         return MatrixOutcome(pushkey)
-    params = Params(unifiedpush=True, ttl=limits.default_ttl_secs)
-    envelope = build_envelope(params, body, now=now, limits=limits)
     query: dict[str, str] = {}
     for name, value in parse_qsl(urlsplit(pushkey).query, keep_blank_values=True):
         query.setdefault(name, value)  # the first value wins, as Go's Query().Get
-    return MatrixOutcome(pushkey, Ingested(topic, envelope), _read_bool({}, query, _UNIFIEDPUSH))
+    # ntfy publishes the body to the pushkey's URL: its parameters (up=1, a title, a priority) are the
+    # publish's, and a pushkey without up=1 publishes the body as a plain text message.
+    params = parse_params({}, query, limits, now=now)
+    envelope = build_envelope(params, body, now=now, limits=limits)
+    return MatrixOutcome(pushkey, _ingested(topic, params, envelope), unifiedpush_mode({}, query))

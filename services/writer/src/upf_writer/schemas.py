@@ -30,8 +30,8 @@ __all__ = [
 
 # --- request bodies ---------------------------------------------------------------------------------
 class JsonPublish(msgspec.Struct):
-    """ntfy's JSON publish (``publishMessage``). Fields UPF does not implement (call, firebase) are
-    ignored; ``null`` means unset, as in Go. ``actions`` is kept as raw JSON: ntfy's rules for it (keys
+    """ntfy's JSON publish (``publishMessage``); keys match without case, as Go's decoder matches them
+    (``ingest.decode_json``). ``firebase`` is ignored; ``null`` means unset, as in Go. ``actions`` is kept as raw JSON: ntfy's rules for it (keys
     matched case-insensitively) are ``upf_writer.actions``'s."""
 
     topic: str | None = None
@@ -52,6 +52,7 @@ class JsonPublish(msgspec.Struct):
     attach: str | None = None
     filename: str | None = None
     email: str | None = None
+    call: str | None = None
 
 
 class MatrixDevice(msgspec.Struct):

@@ -261,11 +261,21 @@ def test_app_put_query_form() -> None:
 
 
 def test_unsupported_parameters_are_ignored() -> None:
-    """filename (without attach: UPF stores no uploads), call, firebase: accepted and ignored (delay and
+    """filename (without attach: UPF stores no uploads), firebase: accepted and ignored (delay and
     cache: test_scheduling.py; sequence and poll ids: test_sequence.py; actions, attach, email:
     test_ingest_ntfy_extras.py)."""
-    headers = {"x-filename": "a.jpg", "x-call": "yes", "x-firebase": "no"}  # fmt: skip
+    headers = {"x-filename": "a.jpg", "x-firebase": "no"}  # fmt: skip
     assert publish(b"hello", headers).envelope.message == "hello"
+
+
+@pytest.mark.parametrize(
+    ("headers", "query"), [({"x-call": "yes"}, {}), ({"call": "+12223334444"}, {}), ({}, {"call": "1"})]
+)
+def test_a_call_is_40032_as_ntfy_without_twilio(headers: dict[str, str], query: dict[str, str]) -> None:
+    """A phone call asked for is refused, not dropped: the publisher learns nobody will be called. An
+    empty value asks for none."""
+    rejected(ingest.CALLS_DISABLED, publish, b"hi", headers, query)
+    assert publish(b"hi", {"x-call": " "}).envelope.message == "hi"
 
 
 @pytest.mark.parametrize("auth", ["vapid t=eyJ.x.y,k=BDd3", "WebPush eyJ.x.y", "Basic dTpw", "Bearer tk_abc"])
@@ -295,9 +305,15 @@ def test_ttl_header(ttl: str, expires: int) -> None:
     assert publish(b"x", {"ttl": ttl}).envelope.expires == expires
 
 
-@pytest.mark.parametrize("ttl", ["", "-1", "1.5", "abc", "0x10", "１"])
+@pytest.mark.parametrize("ttl", ["-1", "1.5", "abc", "0x10", "１"])
 def test_invalid_ttl_is_400(ttl: str) -> None:
     rejected(ingest.TTL_INVALID, publish, b"x", {"ttl": ttl})
+
+
+@pytest.mark.parametrize("ttl", ["", " "])
+def test_empty_ttl_is_no_ttl(ttl: str) -> None:
+    """An empty header is no header, as every other parameter (ntfy ignores TTL altogether)."""
+    assert publish(b"x", {"ttl": ttl}).envelope.expires == NOW + LIMITS.default_ttl_secs
 
 
 def test_idempotency_key() -> None:
@@ -416,6 +432,37 @@ def test_json_limits() -> None:
     assert len(publish_json({"topic": "t", "message": "a" * 4096}).envelope.message) == 4096
 
 
+def test_json_limit_is_reached_at_the_limit() -> None:
+    """ntfy peeks that many bytes and refuses when it got them all: a body of exactly 2x is 41303."""
+    rejected(ingest.JSON_TOO_LARGE, publish_json, b" " * 8192)
+    assert publish_json(b'{"topic":"t"}' + b" " * (8191 - 13)).envelope.message == "triggered"
+
+
+def test_json_keys_match_fields_without_case_the_later_winning() -> None:
+    """Go's decoder matches a key to a field ignoring case (.NET and others write "Message"), and a later
+    key overwrites an earlier one; the action's own names keep their case (an HTTP header's)."""
+    got = publish_json(b'{"Topic":"t","MESSAGE":"hi","title":"a","Title":"b","Priority":4,"TAGS":["x"],'
+                       b'"Actions":[{"Action":"http","Label":"l","URL":"https://u","Headers":{"X-Key":"v"}}]}')  # fmt: skip
+    assert got.topic == "t"
+    env = got.envelope
+    assert (env.message, env.title, env.priority, list(env.tags)) == ("hi", "b", 4, ["x"])
+    assert json.loads(env.actions)[0]["headers"] == {"X-Key": "v"}
+    assert publish_json(b'{"topic":"a","TOPIC":"b"}').topic == "b"
+    assert publish_json(b'{"topic":"t","me\xc5\xbfsage":"long s"}').envelope.message == "long s"
+
+
+@pytest.mark.parametrize("tail", [b" trailing", b"}", b'{"topic":"u","message":"second"}', b"\n\xff"])
+def test_json_after_the_first_value_is_ignored(tail: bytes) -> None:
+    """ntfy's json.Decoder reads the first value and leaves the rest of the body unread."""
+    got = publish_json(b' {"topic":"t","message":"first"}' + tail)
+    assert (got.topic, got.envelope.message) == ("t", "first")
+
+
+@pytest.mark.parametrize("raw", [b'{"topic":"t","message":NaN} x', b'{"topic":"t",} x', b'{"topic":"t"'])
+def test_json_first_value_still_checked(raw: bytes) -> None:
+    rejected(ingest.JSON_INVALID, publish_json, raw)
+
+
 def test_json_publish_honours_request_up_mode() -> None:
     """With ?up=1 on the request, the JSON message is kept untrimmed."""
     assert publish_json({"topic": "t", "message": " x "}, query={"up": "1"}).envelope.message == " x "
@@ -441,6 +488,23 @@ def test_matrix_maps_pushkey_to_topic_and_keeps_body() -> None:
     assert out.ingested.envelope.message == raw.decode()
     assert out.ingested.envelope.encoding == ""
     assert out.ingested.envelope.expires == NOW + LIMITS.default_ttl_secs
+
+
+def test_matrix_publishes_with_the_pushkeys_parameters() -> None:
+    """ntfy publishes the body to the pushkey's URL, so its query is the publish's parameters; without
+    up=1 the body is a plain message (trimmed); keys match without case at every level, as Go's."""
+    raw = json.dumps(matrix_doc("https://push.example/upAbC?up=1&title=T&p=5")).encode()
+    out = ingest.ingest_matrix(raw, now=NOW, limits=LIMITS)
+    assert out.ingested is not None and out.unifiedpush
+    assert (out.ingested.envelope.title, out.ingested.envelope.priority) == ("T", 5)
+    plain = ingest.ingest_matrix(
+        b" " + json.dumps(matrix_doc("https://push.example/upAbC")).encode(), now=NOW, limits=LIMITS
+    )
+    assert plain.ingested is not None and not plain.unifiedpush
+    assert plain.ingested.envelope.message == json.dumps(matrix_doc("https://push.example/upAbC"))
+    shouting = {"Notification": {"DEVICES": [{"PushKey": "https://push.example/upAbC?up=1"}]}}
+    assert matrix(shouting).ingested.topic == "upAbC"
+    rejected(ingest.PRIORITY_INVALID, matrix, matrix_doc("https://push.example/upAbC?up=1&p=9"))
 
 
 def test_matrix_only_first_device_counts() -> None:

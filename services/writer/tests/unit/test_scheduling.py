@@ -134,6 +134,12 @@ def test_bounds_are_inclusive() -> None:
     assert publish({"x-delay": "3d"}).due == NOW + 259_200
 
 
+def test_a_bad_delay_is_reported_before_bad_actions_as_ntfy_reads_them() -> None:
+    """ntfy's parsePublishParams reads the delay after the priority and before the actions."""
+    rejected(ingest.DELAY_CANNOT_PARSE, publish, {"x-delay": "banana", "x-actions": "junk"})
+    rejected(ingest.PRIORITY_INVALID, publish, {"x-delay": "banana", "x-priority": "9"})
+
+
 def test_delay_with_cache_no_is_40002() -> None:
     rejected(ingest.DELAY_NO_CACHE, publish, {"x-delay": "1h", "x-cache": "no"})
 
