@@ -56,7 +56,9 @@ def secured(fleet):  # type: ignore[no-untyped-def]
     cli(fleet, "access", "phil", "up*", "rw")
     cli(fleet, "access", "phil", "news", "ro")
     cli(fleet, "access", "*", "public", "read-only")
-    return fleet.start("upf", node="secured", UPF_AUTH_DEFAULT_ACCESS="deny-all", UPF_WORKERS="1")
+    return fleet.start(
+        "upf", node="secured", UPF_AUTH_DEFAULT_ACCESS="deny-all", UPF_WORKERS="1", UPF_PUBLIC_URL="http://push.test"
+    )
 
 
 async def post(
@@ -138,6 +140,27 @@ async def test_admin_may_do_everything_and_vapid_is_anonymous(secured):
     }
     r = await post(secured.base, "upANON00001", "x", vapid)
     assert (r.status_code, error_body(r)["code"]) == (403, 40301)  # anonymous: denied by ACL, never 401
+
+
+async def test_the_matrix_gateway_reads_auth_from_the_query_as_every_route(secured):
+    """ntfy reads ``?auth=`` on every route; the Matrix gateway took only the header (403 for phil)."""
+    body = json.dumps({"notification": {"devices": [{"pushkey": "http://push.test/upPHIL0001?up=1"}]}})
+    path = "/_matrix/push/v1/notify"
+    phil = auth_param(basic("phil", "phil-pass"))
+    async with httpx.AsyncClient(base_url=secured.base, timeout=10) as c:
+        r = await c.post(path, content=body, params={"auth": phil})
+        assert (r.status_code, r.json()) == (200, {"rejected": []})
+        r = await c.post(path, content=body, params={"auth": "!!"})
+        assert (r.status_code, r.json()["code"]) == (400, 40094)
+        r = await c.post(path, content=body)
+        assert (r.status_code, r.json()["code"]) == (403, 40301)
+
+
+async def test_a_long_vapid_authorization_is_anonymous_not_a_failed_login(secured):
+    """Only Basic and Bearer are logins: a VAPID header of any length is anonymous (the ACL's 403)."""
+    vapid = {"Authorization": "vapid t=" + "e" * 5000 + ",k=BNcRdreALRFXTkOOUHK1EtK2wtaz5Ry4YfYCA"}
+    r = await post(secured.base, "upANON00001", "x", vapid)
+    assert (r.status_code, error_body(r)["code"]) == (403, 40301)
 
 
 async def test_tokens_work_until_they_expire(secured, fleet):

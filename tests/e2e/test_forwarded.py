@@ -29,6 +29,19 @@ def test_a_client_cannot_pick_its_address_in_a_line_of_its_own(fleet) -> None:
     assert codes.count(401) < 45 and codes[-1] == 429, codes
 
 
+def test_a_tokens_origin_is_the_forwarded_client(fleet) -> None:
+    """The account API records where a token was made: behind a trusted proxy, the client it names
+    (as ntfy records it), not the proxy."""
+    cli(fleet, "user", "add", "phil", password="phil-pass")
+    upf = fleet.start("upf", node="xfftok", UPF_AUTH_DEFAULT_ACCESS="deny-all", UPF_PROXY_TRUSTED="127.0.0.1")
+    with httpx.Client(base_url=upf.base, timeout=10) as c:
+        headers = {"Authorization": basic("phil", "phil-pass"), "X-Forwarded-For": "198.51.100.77"}
+        r = c.post("/v1/account/token", headers=headers)
+        assert r.status_code == 200 and r.json()["last_origin"] == "198.51.100.77", r.text
+        r = c.post("/v1/account/token", headers={"Authorization": basic("phil", "phil-pass")})
+        assert r.json()["last_origin"] == "127.0.0.1"  # no forwarded line: the peer
+
+
 def test_rfc_7239_forwarded_names_the_client(fleet) -> None:
     """With ``Forwarded`` as the proxy's header, each client has its own request budget; before, its
     ``for=`` was unreadable and every client was the (trusted, here not exempt) proxy itself."""

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import hashlib
 import re
 import time
@@ -197,32 +198,49 @@ def parse_credentials(header: str | None, auth_param: str | None) -> Credentials
             header = _decode_auth_param(param)
     if not header:
         return _NONE
-    if len(header) > MAX_CREDENTIAL_CHARS:
-        raise NtfyError(UNAUTHORIZED)
     header = header.strip()  # ntfy trims, then wants the scheme and a space: a bare "Bearer" is anonymous
     scheme, sep, value = header.partition(" ")
     if not sep:
         return _NONE
     scheme = scheme.lower()
+    if scheme != "bearer" and scheme != "basic":
+        return _NONE  # vapid, WebPush and anything else: anonymous, as ntfy does (never 401), of any length
+    if len(header) > MAX_CREDENTIAL_CHARS:
+        raise NtfyError(UNAUTHORIZED)
     value = value.strip()
     if scheme == "bearer":
         if not valid_token(value):
             raise NtfyError(UNAUTHORIZED)
         return Credentials(token=value)
-    if scheme == "basic":
-        try:
-            decoded = base64.b64decode(value, validate=True).decode("utf-8")
-        except (binascii.Error, ValueError):
-            raise NtfyError(UNAUTHORIZED) from None
-        user, sep, password = decoded.partition(":")
-        if not sep:
+    try:  # Basic
+        decoded = base64.b64decode(value, validate=True).decode("utf-8")
+    except (binascii.Error, ValueError):
+        raise NtfyError(UNAUTHORIZED) from None
+    user, sep, password = decoded.partition(":")
+    if not sep:
+        raise NtfyError(UNAUTHORIZED)
+    if user == "":
+        if not valid_token(password):
             raise NtfyError(UNAUTHORIZED)
-        if user == "":
-            if not valid_token(password):
-                raise NtfyError(UNAUTHORIZED)
-            return Credentials(token=password)
-        return Credentials(user=user, password=password)
-    return _NONE  # vapid, WebPush and anything else: anonymous, as ntfy does (never 401)
+        return Credentials(token=password)
+    return Credentials(user=user, password=password)
+
+
+_SLOW_DOWN_PASSWORD = b"intentional slow-down to avoid timing attacks"  # ntfy's words
+
+
+@functools.cache
+def _slow_down_hash() -> bytes:
+    return bcrypt.hashpw(_SLOW_DOWN_PASSWORD, bcrypt.gensalt(_BCRYPT_ROUNDS))
+
+
+def _slow_down(password: str) -> None:
+    """A name that is no user costs a bcrypt check as a wrong password does (ntfy checks a dummy hash
+    too): otherwise the answer's time tells which user names exist."""
+    try:
+        bcrypt.checkpw(password.encode("utf-8", "surrogatepass"), _slow_down_hash())
+    except ValueError:  # a password bcrypt refuses (over 72 bytes in newer releases): as for a user
+        pass
 
 
 class Identity(NamedTuple):
@@ -301,7 +319,10 @@ class Authorizer:
             return Identity(name, user.role == ROLE_ADMIN), token.expires
         name = creds.user or ""
         user = self.state.users.get(name)
-        if user is None or not self._password_ok(name, user, creds.password or ""):
+        if user is None:
+            _slow_down(creds.password or "")
+            raise NtfyError(UNAUTHORIZED)
+        if not self._password_ok(name, user, creds.password or ""):
             raise NtfyError(UNAUTHORIZED)
         return Identity(name, user.role == ROLE_ADMIN), 0
 

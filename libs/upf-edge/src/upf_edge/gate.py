@@ -183,7 +183,7 @@ class AccessGate:
             try:
                 version, watch = await self.store.watch_auth()
                 if version != self.authorizer.state.version or not self._loaded:
-                    self._install(await self.store.auth_state())
+                    await self.refresh()
                     log.info("auth state reloaded", extra={"auth_version": version})
                 backoff = 0.1
                 try:
@@ -198,6 +198,14 @@ class AccessGate:
                 log.warning("auth state reload failed", exc_info=True)
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 5.0)
+
+    async def refresh(self) -> None:
+        """Load the auth state now, unless this gate holds it or a later one. The account API calls it
+        after its write, so a token it revoked is refused by this process from the reply on, not from
+        the watch's wake-up a few milliseconds later (other processes still follow their watch)."""
+        state = await self.store.auth_state()
+        if not self._loaded or state.version > self.authorizer.state.version:
+            self._install(state)
 
     @property
     def open(self) -> bool:

@@ -56,6 +56,7 @@ def test_web_push_authorization_is_anonymous_never_401() -> None:
     """Mastodon and pywebpush send VAPID here: anonymous, as ntfy does."""
     assert parse_credentials("vapid t=eyJ0eXAi.eyJhdWQi.sig,k=BNc", None).anonymous
     assert parse_credentials("WebPush eyJ0eXAi.eyJhdWQi.sig", None).anonymous
+    assert parse_credentials("vapid t=" + "e" * 5000 + ",k=BNc", None).anonymous  # any length: not a login
     assert parse_credentials(None, None).anonymous and parse_credentials("", "").anonymous
 
 
@@ -143,6 +144,26 @@ def test_authenticate_passwords_tokens_and_expiry() -> None:
         with pytest.raises(NtfyError) as err:
             authz.authenticate(creds, NOW)
         assert (err.value.http, err.value.code) == (401, 40101)
+
+
+def test_an_unknown_user_costs_a_bcrypt_check_as_a_wrong_password_does(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Answering an unknown name without hashing would tell, by the time taken, which names are
+    users; ntfy checks a dummy hash for them, and so does UPF."""
+    import bcrypt
+
+    authz = Authorizer(state([]))
+    checks: list[bytes] = []
+    real = bcrypt.checkpw
+
+    def counted(password: bytes, hashed: bytes) -> bool:
+        checks.append(password)
+        return real(password, hashed)
+
+    monkeypatch.setattr(bcrypt, "checkpw", counted)
+    for creds in (Credentials(user="nobody", password="pw"), Credentials(user="phil", password="wrong")):
+        with pytest.raises(NtfyError):
+            authz.authenticate(creds, NOW)
+    assert checks == [b"pw", b"wrong"]
 
 
 def test_ntfy_precedence_own_entries_then_longer_pattern_then_write() -> None:

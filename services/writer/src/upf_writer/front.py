@@ -24,7 +24,9 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
-from upf_edge import NO_BODY, NtfyError, Problem, Reply
+import msgspec
+
+from upf_edge import NO_BODY, NtfyError, Problem, Reply, vapid
 from upf_edge.access import ANONYMOUS
 from upf_edge.gate import auth_param
 from upf_edge.http11 import decode_headers, decode_query, forwarded_of
@@ -170,6 +172,10 @@ class WriterFront:
             await ctx.admit(who.user, client, forwarded)
             gate.authorize(who, (ingest.validate_topic(topic),), write=True)  # 403 before the sequence id's 400
             ingested = ingest.ingest_action(topic, sequence_id, event, now=ctx.clock(), limits=ctx.limits)
+            if self._webpush.restrict:  # a topic bound to a VAPID key takes a clear or delete only with it
+                if vapid.is_webpush(headers.get("authorization"), None, None):
+                    ingested = msgspec.structs.replace(ingested, webpush=True)
+                await self._webpush.admit(ctx.require_store(), ingested, headers, ctx.clock())
             payload, _ = await publish_one(ctx, ingested, headers, 0, start_ns, route)
         except Exception as exc:
             return self._refused(exc, route)

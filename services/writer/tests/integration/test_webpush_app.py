@@ -1,6 +1,6 @@
 """VAPID-restricted topics at every publish route of the writer app (in-process, real embedded store):
-a topic bound to a key refuses the ntfy publish, the JSON publish and the Matrix gateway, which carry
-no VAPID key; with restriction off a binding is ignored."""
+a topic bound to a key refuses the ntfy publish, the JSON publish, the Matrix gateway and a sequence's
+clear, read and delete, which carry no VAPID key; with restriction off a binding is ignored."""
 
 from __future__ import annotations
 
@@ -34,6 +34,10 @@ async def test_bound_topic_refuses_every_route_without_its_key(restricted: httpx
         await restricted.post("/", json={"topic": "upBOUND", "message": "json"}),
         await restricted.post("/_matrix/push/v1/notify", content=matrix_body(PUBLIC_URL + "/upBOUND?up=1")),
         await restricted.post("/upBOUND", content=b"\x01", headers={"content-encoding": "aes128gcm", "ttl": "5"}),
+        await restricted.put("/upBOUND/sid1", content=b"sequence"),
+        await restricted.put("/upBOUND/sid1/clear"),
+        await restricted.get("/upBOUND/sid1/read"),
+        await restricted.delete("/upBOUND/sid1"),
     ):
         assert (r.status_code, r.json()["code"]) == (401, 40192)
     assert await store.read_after("upBOUND", None) == []

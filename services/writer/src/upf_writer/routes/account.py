@@ -22,6 +22,7 @@ from litestar.types import ControllerRouterHandler
 from upf_edge import NtfyError
 from upf_edge.access import UNAUTHORIZED, new_token, parse_credentials, valid_token
 from upf_edge.gate import auth_param
+from upf_edge.limits import client_address, parse_address
 from upf_keyspace.auth import Token, token_digest
 
 from .. import ingest
@@ -89,6 +90,17 @@ def parse_token_request(body: bytes) -> TokenRequest:
     return req
 
 
+def _origin(ctx: WriterContext, request: Request) -> str:
+    """The client's address as ntfy records a token's origin: the one a trusted proxy forwarded (as
+    the request limits read it), else the peer's."""
+    client = request.client.host if request.client else ""
+    peer = parse_address(client)
+    if peer is None or ctx.limiter is None:
+        return client
+    forwarded = header_list(request.scope["headers"], ctx.settings.proxy_forwarded_header.lower())
+    return str(client_address(peer, forwarded, ctx.limiter.config.trusted))
+
+
 def _reply(token: str, record: Token) -> Response[bytes]:
     body = TokenResponse(token, record.label, record.created, record.origin, record.expires)
     return Response(_encoder.encode(body) + b"\n", media_type=_JSON)
@@ -127,9 +139,10 @@ def build(ctx: WriterContext) -> list[ControllerRouterHandler]:
             expires=now + TOKEN_EXPIRY_SECS if req.expires is None else req.expires,
             created=now,
             hint=token[:7],
-            origin=request.client.host if request.client else "",
+            origin=_origin(ctx, request),
         )
         await ctx.require_store().create_token(user, token_digest(token), record)
+        await ctx.require_gate().refresh()
         return _reply(token, record)
 
     @route(PATH, http_method=["PATCH"], name="account_token_update", status_code=200)
@@ -147,6 +160,7 @@ def build(ctx: WriterContext) -> list[ControllerRouterHandler]:
             record = await ctx.require_store().change_token(user, token_digest(token), req.label, expires)
         if record is None:
             raise NtfyError(TOKEN_NOT_FOUND)
+        await ctx.require_gate().refresh()
         return _reply(token, record)
 
     @route(PATH, http_method=["DELETE"], name="account_token_delete", status_code=200)
@@ -159,6 +173,7 @@ def build(ctx: WriterContext) -> list[ControllerRouterHandler]:
             raise NtfyError(NO_TOKEN)
         if valid_token(token):  # ntfy answers success whether or not the token existed
             await ctx.require_store().remove_token(user, token_digest(token))
+            await ctx.require_gate().refresh()  # revoked from this reply on, in this process
         return Response(_SUCCESS, media_type=_JSON)
 
     return [create, update, delete]

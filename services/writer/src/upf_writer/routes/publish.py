@@ -19,6 +19,7 @@ from litestar.types import ControllerRouterHandler
 
 from upf_edge import NtfyError
 from upf_edge.errors import INSUFFICIENT_STORAGE
+from upf_edge.gate import auth_param
 from upf_keyspace import Published, Store, StoreError, message_from_envelope
 from upf_keyspace import telemetry as tm
 
@@ -149,7 +150,7 @@ def build(ctx: WriterContext) -> list[ControllerRouterHandler]:
             gate = ctx.require_gate()  # a homeserver sends no credentials: the topic's anonymous write access
             client = request.client.host if request.client else ""
             forwarded = header_list(request.scope["headers"], ctx.settings.proxy_forwarded_header.lower())
-            who = await ctx.identify(headers.get("authorization"), None, client, forwarded)
+            who = await ctx.identify(headers.get("authorization"), auth_param(request.query_params), client, forwarded)
             if not limits.public_url:  # ntfy's order: after the login, before the body
                 raise NtfyError(ingest.PUBLIC_URL_MISSING)
             limit = limits.max_message_bytes - 1  # ntfy: 4096 bytes or more is too large
