@@ -122,6 +122,19 @@ async def test_a_publish_sent_whole_then_half_closed_is_answered_once(upf):
     assert [m.message for m in await poll(upf.base, "fdH1")] == ["abc", "def", "g", "h"]
 
 
+async def test_an_absolute_form_target_is_routed_by_its_path(upf):
+    """A request line naming the whole URL (RFC 9112 3.2.2, as sent to a proxy) publishes and polls as
+    its path and query do; Go's server, and so ntfy, takes it."""
+    port = upf.port
+    pub = f"POST http://127.0.0.1:{port}/fdAbs1?title=T HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\nhi"
+    resp, _ = exchange(port, pub.encode(), half_close=True)
+    assert resp.startswith(b"HTTP/1.1 200 "), resp
+    got = await poll(upf.base, "fdAbs1")
+    assert [(m.message, m.title) for m in got] == [("hi", "T")]
+    resp, _ = exchange(port, b"GET HTTP://h/fdAbs1/json?poll=1 HTTP/1.1\r\nHost: x\r\n\r\n", half_close=True)
+    assert resp.startswith(b"HTTP/1.1 200 ") and b'"message":"hi"' in resp
+
+
 async def test_a_body_cut_short_by_a_half_close_is_never_stored(upf):
     resp, closed = exchange(
         upf.port, b"POST /fdH2 HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\nabc", half_close=True

@@ -65,6 +65,7 @@ and tabs around a value are in that class, so they need no pattern of their own.
 _FIELDS = re.compile(rb"(?:[!#$%&'*+\-.^_`|~0-9A-Za-z]+:[^\x00-\x08\x0a-\x1f\x7f]*\r\n)*")
 """Every field line of a head, each with its CRLF, checked in one match (as ``_FIELD`` checks one)."""
 _OWS = b" \t"
+_ABSOLUTE = re.compile(rb"[hH][tT][tT][pP][sS]?://[^/?]*")  # the scheme and authority of an absolute-form target
 _BARE_LINE_END = re.compile(rb"\r(?!\n)|(?<!\r)\n")
 _CHUNK_SIZE = re.compile(rb"([0-9A-Fa-f]{1,8})(?:;[^\x00-\x08\x0a-\x1f\x7f]*)?")
 _FRAMING = frozenset((b"content-length", b"transfer-encoding", b"host", b"expect"))
@@ -225,8 +226,12 @@ def parse_head(raw: bytes) -> RequestHead:
         raw_path, _, query_string = target.partition(b"?")
     elif target == b"*":
         raw_path, query_string = target, b""
-    else:
-        raise bad_request()
+    else:  # absolute-form (RFC 9112 3.2.2: a server must take it, as Go's does): its path and query
+        scheme = _ABSOLUTE.match(target)
+        if scheme is None:
+            raise bad_request()
+        origin = target[scheme.end() :]
+        raw_path, _, query_string = (origin if origin[:1] == b"/" else b"/" + origin).partition(b"?")
     try:
         path = (unquote_to_bytes(raw_path) if b"%" in raw_path else raw_path).decode("utf-8")
     except UnicodeDecodeError:

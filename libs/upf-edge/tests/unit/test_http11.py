@@ -45,6 +45,25 @@ def test_parses_method_path_query_and_headers() -> None:
     assert h.keep_alive
 
 
+@pytest.mark.parametrize(
+    ("target", "path", "query"),
+    [("http://push.example/upT?up=1", "/upT", b"up=1"), ("HTTPS://h:8080/a%2Fb", "/a/b", b""),
+     ("http://h", "/", b""), ("http://h?x=1", "/", b"x=1"), ("http://user@h/t/json", "/t/json", b"")],
+)  # fmt: skip
+def test_an_absolute_form_target_is_its_path_and_query(target: str, path: str, query: bytes) -> None:
+    """RFC 9112 3.2.2: a server must accept the absolute form (what a request to a proxy carries), as
+    Go's does; the route is its path and query."""
+    h = parse_head(head(f"POST {target} HTTP/1.1"))
+    assert (h.path, h.query_string) == (path, query)
+
+
+@pytest.mark.parametrize("target", ["ftp://h/t", "http:/t", "push.example/t", "h:80"])
+def test_other_targets_are_400(target: str) -> None:
+    with pytest.raises(HttpError) as e:
+        parse_head(head(f"GET {target} HTTP/1.1"))
+    assert e.value.http == 400
+
+
 def test_find_head_end_waits_for_the_blank_line() -> None:
     """Until CRLF CRLF arrives there is no head; then it ends just after it."""
     assert find_head_end(b"GET / HTTP/1.1\r\nHost: x\r\n") == -1
