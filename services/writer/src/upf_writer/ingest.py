@@ -649,7 +649,7 @@ def build_envelope(params: Params, body: bytes, *, now: int, limits: Limits) -> 
         not params.cache,  # nocache
         "",  # origin_id: set when a scheduled message is released
         params.urgency,
-        params.push_topic,
+        params.push_topic if params.cache else "",  # one kept for no offline subscriber replaces none
         params.actions,
         params.attach_url,
         params.attach_name,

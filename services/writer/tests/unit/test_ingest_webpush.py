@@ -61,6 +61,13 @@ def test_topic_kept() -> None:
     assert publish({**VAPID, "topic": "a" * 32}).envelope.push_topic == "a" * 32
 
 
+def test_a_message_not_kept_replaces_nothing() -> None:
+    """X-Cache: no (delivered to connected subscribers only) or a poll request: the stored message its
+    Topic names stays for the offline subscribers, who would otherwise get neither."""
+    assert publish({**VAPID, "topic": "t1", "x-cache": "no"}).envelope.push_topic == ""
+    assert publish({**VAPID, "topic": "t1", "x-poll-id": "p1"}).envelope.push_topic == ""
+
+
 def test_ntfy_requests_ignore_urgency_and_topic() -> None:
     """An ntfy client's stray header changes nothing (ntfy ignores both)."""
     got = publish({"topic": "not base64url!", "urgency": "whenever"}, b"hello")
