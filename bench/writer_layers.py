@@ -47,6 +47,7 @@ import shutil
 import statistics
 import sys
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -81,8 +82,8 @@ class _FixedReply:
     def wants(self, method: str, path: str) -> bool:
         return bool(self._front.wants(method, path))
 
-    def body_limit(self, method: str, topic: str) -> int:
-        return int(self._front.body_limit(method, topic))
+    def body_limit(self, method: str, topic: str, headers: Sequence[tuple[bytes, bytes]], query: bytes) -> int:
+        return int(self._front.body_limit(method, topic, headers, query))
 
     async def __call__(self, *_: object) -> Reply:
         return self._reply

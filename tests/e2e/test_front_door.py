@@ -122,6 +122,27 @@ async def test_a_publish_sent_whole_then_half_closed_is_answered_once(upf):
     assert [m.message for m in await poll(upf.base, "fdH1")] == ["abc", "def", "g", "h"]
 
 
+async def test_a_template_publish_takes_a_json_body_past_the_message_limit(upf):
+    """ntfy's template mode (X-Template or ?tpl=): the body is JSON data of up to 32 KB, the message and
+    title are rendered over it; without it a body over 4096 bytes is still 413 41301."""
+    body = json.dumps({"alert": {"name": "disk"}, "pad": "x" * 10_000})
+    async with httpx.AsyncClient(base_url=upf.base, timeout=10) as c:
+        r = await c.post("/fdTpl1", content=body, headers={"X-Template": "yes", "X-Message": "{{.alert.name}} full"})
+        assert r.status_code == 200 and r.json()["message"] == "disk full", r.text
+        r = await c.post("/fdTpl1", content=body, params={"tpl": "1", "t": "[{{.alert.name}}]"})
+        assert r.status_code == 200 and r.json()["title"] == "[disk]", r.text
+        r = await c.post("/fdTpl1", content=b"x" * 40_000, headers={"X-Template": "yes"})
+        assert (r.status_code, r.json()["code"]) == (413, 41303)
+        r = await c.post("/fdTpl1", content=body)
+        assert (r.status_code, r.json()["code"]) == (413, 41301)
+        r = await c.post("/fdTpl1", content=b"{}", headers={"X-Template": "yes", "X-Message": "{{nope}}"})
+        assert (r.status_code, r.json()["code"]) == (400, 40043)
+    assert [(m.message, m.title) for m in await poll(upf.base, "fdTpl1")] == [
+        ("disk full", ""),
+        ("triggered", "[disk]"),
+    ]
+
+
 async def test_an_absolute_form_target_is_routed_by_its_path(upf):
     """A request line naming the whole URL (RFC 9112 3.2.2, as sent to a proxy) publishes and polls as
     its path and query do; Go's server, and so ntfy, takes it."""

@@ -85,7 +85,7 @@ async def serve_asgi(handler: Handler, scope: MutableMapping[str, Any], receive:
     """One HTTP request the handler ``wants``, served from its ASGI scope."""
     method: str = scope["method"]
     topic: str = scope["path"][1:]
-    limit = handler.body_limit(method, topic)
+    limit = handler.body_limit(method, topic, scope["headers"], scope["query_string"])
     body: bytes | None = b""
     if limit != NO_BODY:
         if _declared_length(scope["headers"]) > limit:

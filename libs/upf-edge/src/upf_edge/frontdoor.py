@@ -75,7 +75,7 @@ class HandlerCycle:
         self.owner = owner
         self.head = head
         self.handler = handler
-        self.limit = handler.body_limit(head.method, head.path[1:])
+        self.limit = handler.body_limit(head.method, head.path[1:], head.headers, head.query_string)
         """The most body bytes the handler takes (``NO_BODY``: none is read)."""
         self.reader: RequestBody | None = None
         self.task: asyncio.Task[None] | None = None

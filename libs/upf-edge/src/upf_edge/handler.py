@@ -2,7 +2,7 @@
 
 A front door (the pusher's asyncio HTTP/1.1 server, or an ASGI adapter under granian) parses the
 request once, asks ``handler.wants(method, path)`` and, when it does, reads the body (at most
-``handler.body_limit(method, topic)`` bytes; ``None`` when over that limit) and awaits
+``handler.body_limit(method, topic, headers, query)`` bytes; ``None`` when over that limit) and awaits
 ``handler(method, topic, headers, query, body, client)`` for a :class:`Reply`. Why: each extra layer
 (an ASGI scope, a second parse, a framework's per-request machinery) costs a share of the CPU a
 publish takes (measurements.md: Litestar's route machinery ~3.5x a bare callable).
@@ -44,8 +44,9 @@ class Handler(Protocol):
         """Whether this request is the handler's (else the front door routes it elsewhere)."""
         ...
 
-    def body_limit(self, method: str, topic: str) -> int:
-        """The most body bytes this request may carry (:data:`NO_BODY`: none is read)."""
+    def body_limit(self, method: str, topic: str, headers: Sequence[tuple[bytes, bytes]], query: bytes) -> int:
+        """The most body bytes this request may carry (:data:`NO_BODY`: none is read); a parameter may
+        raise it (ntfy's template mode takes a body of 32 KB)."""
         ...
 
     async def __call__(

@@ -120,7 +120,7 @@ class OpsRoutes:
     def wants(self, method: str, path: str) -> bool:
         return path in PATHS
 
-    def body_limit(self, method: str, topic: str) -> int:
+    def body_limit(self, method: str, topic: str, headers: Sequence[tuple[bytes, bytes]], query: bytes) -> int:
         return NO_BODY
 
     async def __call__(

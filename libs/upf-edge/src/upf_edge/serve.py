@@ -98,7 +98,11 @@ async def serve_handler(
                 topic = head.path[1:]
                 head_only = head.method == "HEAD"
                 declares_body = head.chunked or bool(head.content_length)
-                limit = handler.body_limit(head.method, topic) if handler.wants(head.method, head.path) else None
+                limit = (
+                    handler.body_limit(head.method, topic, head.headers, head.query_string)
+                    if handler.wants(head.method, head.path)
+                    else None
+                )
                 body: bytes | None = b""
                 if limit is None or limit == NO_BODY:
                     keep_alive = head.keep_alive and not declares_body  # an unread body may follow

@@ -107,7 +107,7 @@ class Echo:
     def wants(self, method: str, path: str) -> bool:
         return path == "/echo"
 
-    def body_limit(self, method: str, topic: str) -> int:
+    def body_limit(self, method: str, topic: str, headers: object, query: bytes) -> int:
         return 4
 
     async def __call__(

@@ -545,7 +545,7 @@ class RecordingHandler:
     def wants(self, method: str, path: str) -> bool:
         return len(path) > 1 and path.rfind("/") == 0
 
-    def body_limit(self, method: str, topic: str) -> int:
+    def body_limit(self, method: str, topic: str, headers: Any, query: bytes) -> int:
         return NO_BODY if method in ("GET", "HEAD") else self.LIMIT
 
     async def __call__(

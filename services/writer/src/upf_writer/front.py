@@ -44,6 +44,7 @@ _SEQUENCE_METHODS = frozenset({"PUT", "POST", "DELETE"})
 _CLEAR_METHODS = frozenset({"PUT", "GET"})
 _CLEAR_TAILS = ("/clear", "/read")
 _GET_PUBLISH = frozenset({"/publish", "/send", "/trigger"})
+_TEMPLATE_HEADERS = frozenset({b"x-template", b"template"})
 """``GET /{topic}/publish`` (or ``/send``, ``/trigger``): ntfy's publish from query parameters, for
 webhooks that can only GET."""
 
@@ -92,11 +93,18 @@ class WriterFront:
             )
         return ok and first > 1 and path[1:first] not in ingest.DISALLOWED_TOPICS and path[:first] not in self.reserved
 
-    def body_limit(self, method: str, topic: str) -> int:
+    def body_limit(self, method: str, topic: str, headers: Sequence[tuple[bytes, bytes]], query: bytes) -> int:
         if method == "POST" or method == "PUT":
             if not topic:
                 return self._json_max
-            return NO_BODY if topic.count("/") == 2 else self._max  # a clear's body is ignored
+            if topic.count("/") == 2:
+                return NO_BODY  # a clear's body is ignored
+            if b"t" in query and (b"template" in query or b"tpl" in query):
+                return ingest.TEMPLATE_BODY_MAX  # a template publish's JSON may be larger (publish decides)
+            for name, _ in headers:
+                if name in _TEMPLATE_HEADERS:
+                    return ingest.TEMPLATE_BODY_MAX
+            return self._max
         return NO_BODY
 
     async def __call__(
@@ -181,6 +189,16 @@ class WriterFront:
             return self._refused(exc, route)
         return Reply(200, payload)
 
+    @staticmethod
+    def _template_body(headers: dict[str, str], params: dict[str, str], body: bytes | None) -> bytes:
+        """A body over the message limit (or unread, ``None``, past the front door's): 413 41301, unless
+        it is a template publish's JSON within ntfy's 32 KB (else 413 41303)."""
+        if not ingest.template_requested(headers, params):
+            raise NtfyError(ingest.MESSAGE_TOO_LARGE)
+        if body is None or len(body) > ingest.TEMPLATE_BODY_MAX:
+            raise NtfyError(ingest.JSON_TOO_LARGE)
+        return body
+
     def _refused(self, exc: Exception, route: str) -> Reply:
         """A publish, clear or delete refused: ntfy's error body (a bug is a 500 with the JSON too),
         counted by its code."""
@@ -219,9 +237,8 @@ class WriterFront:
                     headers.get("authorization"), auth_param(params), client, forwarded, topic
                 )
                 gate.authorize(who, (ingest.validate_topic(topic),), write=True)
-                ingest.check_content_length(headers, self._max, ingest.MESSAGE_TOO_LARGE)
                 if body is None or len(body) > self._max:
-                    raise NtfyError(ingest.MESSAGE_TOO_LARGE)
+                    body = self._template_body(headers, params, body)
                 ingested = ingest.ingest_publish(
                     topic, headers, params, body, now=ctx.clock(), limits=ctx.limits, sequence_id=sequence_id
                 )

@@ -28,7 +28,8 @@ Where UPF differs from ntfy on purpose (see ntfy-protocol.md, "Where this projec
   as an attachment: ``X-Filename`` without ``X-Attach`` is ignored (ntfy: an upload);
 - ``X-Email``/``email`` is 400 40001 and ``X-Call``/``call`` 400 40032, as ntfy answers without SMTP
   or Twilio (UPF sends no e-mail and makes no calls).
-``X-Firebase`` is accepted and ignored, as by ntfy without Firebase.
+``X-Firebase`` is accepted and ignored, as by ntfy without Firebase. ``X-Template`` is ntfy's template
+mode (:func:`replace_template`, :mod:`.gotemplate`).
 ``X-Cache: no`` and scheduled delivery (``X-Delay``/``X-At``/``X-In``) are ntfy's: see
 ``_parse_cache``/``_parse_delay`` and ``futuretime``.
 
@@ -41,6 +42,7 @@ from __future__ import annotations
 
 import base64
 import json
+import math
 import re
 from collections.abc import Mapping
 from urllib.parse import parse_qsl, unquote, urlsplit
@@ -52,6 +54,7 @@ from upf_edge.errors import NOT_FOUND, STORE_UNAVAILABLE
 from upf_edge.params import PRIORITIES, go_trim, read_param
 from upf_keyspace import Envelope, Settings
 
+from . import gotemplate
 from .actions import ActionsError, count_json_actions, encode_actions, parse_actions
 from .futuretime import parse_future_time
 from .schemas import JsonPublish, MatrixPush
@@ -113,6 +116,14 @@ __all__ = [
     "MATRIX_TOO_LARGE",
     "PUBLIC_URL_MISSING",
     "JSON_TOO_LARGE",
+    "TEMPLATE_TOO_LARGE",
+    "TEMPLATE_NOT_JSON",
+    "TEMPLATE_INVALID",
+    "TEMPLATE_DISALLOWED",
+    "TEMPLATE_FAILED",
+    "TEMPLATE_BODY_MAX",
+    "template_requested",
+    "replace_template",
     "INTERNAL_ERROR",
     "STORE_UNAVAILABLE",
 ]
@@ -160,6 +171,24 @@ MESSAGE_TOO_LARGE = Problem(
 )  # ntfy's "entity too large" code
 MATRIX_TOO_LARGE = Problem(41302, 413, "Matrix request is larger than the max allowed length")
 JSON_TOO_LARGE = Problem(41303, 413, "JSON body too large")
+_TEMPLATE_DOCS = "https://ntfy.sh/docs/publish/#message-templating"
+TEMPLATE_TOO_LARGE = Problem(
+    40041, 400, "invalid request: message or title is too large after replacing template", _TEMPLATE_DOCS
+)
+TEMPLATE_NOT_JSON = Problem(
+    40042, 400, "invalid request: message body must be JSON if templating is enabled", _TEMPLATE_DOCS
+)
+TEMPLATE_INVALID = Problem(40043, 400, "invalid request: could not parse template", _TEMPLATE_DOCS)
+TEMPLATE_DISALLOWED = Problem(
+    40044,
+    400,
+    "invalid request: template contains disallowed function calls, e.g. template, call, or define",
+    _TEMPLATE_DOCS,
+)
+TEMPLATE_FAILED = Problem(40045, 400, "invalid request: template execution failed", _TEMPLATE_DOCS)
+TEMPLATE_BODY_MAX = 32767
+"""The largest body of a template publish: ntfy peeks 32 KB (its ``jsonBodyBytesLimit``) and refuses
+a body that fills it (413 41303)."""
 INTERNAL_ERROR = Problem(50001, 500, "internal server error")
 PUBLIC_URL_MISSING = Problem(
     50003, 500, "internal server error: base-url must be be configured for this feature", "https://ntfy.sh/docs/config/"
@@ -193,6 +222,11 @@ CATALOG: tuple[Problem, ...] = (
     MESSAGE_TOO_LARGE,
     MATRIX_TOO_LARGE,
     JSON_TOO_LARGE,
+    TEMPLATE_TOO_LARGE,
+    TEMPLATE_NOT_JSON,
+    TEMPLATE_INVALID,
+    TEMPLATE_DISALLOWED,
+    TEMPLATE_FAILED,
     INTERNAL_ERROR,
     PUBLIC_URL_MISSING,
     STORE_UNAVAILABLE,
@@ -269,6 +303,7 @@ _ATTACH = ("x-attach", "attach", "a")
 _FILENAME = ("x-filename", "filename", "file", "f")
 _EMAIL = ("x-email", "x-e-mail", "email", "e-mail", "mail", "e")
 _CALL = ("x-call", "call")
+_TEMPLATE = ("x-template", "template", "tpl")
 _IDEMPOTENCY = ("idempotency-key", "x-idempotency-key")
 _SEQUENCE_ID = ("x-sequence-id", "sequence-id", "sequence_id", "sid")
 _POLL_ID = ("x-poll-id", "poll-id", "poll_id")
@@ -348,7 +383,9 @@ class Params(msgspec.Struct, frozen=True, kw_only=True):
 
     unifiedpush: bool = False
     message: str = ""
-    """The message given as a parameter (X-Message/m); a non-empty body overrides it."""
+    """The message given as a parameter (X-Message/m); a non-empty body overrides it (in template mode
+    the body is the data this message and the title are rendered over)."""
+    template: bool = False
     title: str = ""
     priority: int = 0
     tags: tuple[str, ...] = ()
@@ -421,6 +458,7 @@ _PARAM_NAMES = {
     "filename": _FILENAME,
     "email": _EMAIL,
     "call": _CALL,
+    "template": _TEMPLATE,
 }
 _MEANING_OF = {name: meaning for meaning, names in _PARAM_NAMES.items() for name in names}
 _ALL_NAMES = frozenset(_MEANING_OF)
@@ -531,6 +569,7 @@ def parse_params(
         priority = vapid.URGENCY_PRIORITY[urgency]
     return Params(
         unifiedpush=encrypted or webpush or p.get("unifiedpush", "").lower() in ("1", "yes", "true"),
+        template=p.get("template", "").lower() in ("1", "yes", "true"),
         message=_capped(p.get("message", "").replace("\\n", "\n"), limits.max_message_bytes),
         title=_capped(p.get("title", ""), limits.max_field_bytes),
         priority=priority,
@@ -604,18 +643,76 @@ def _as_text_or_base64(body: bytes) -> tuple[str, str]:
         return base64.b64encode(body).decode("ascii"), "base64"
 
 
+def template_requested(headers: Mapping[str, str], query: Mapping[str, str]) -> bool:
+    """``X-Template``/``template``/``tpl`` set (ntfy's ``readBoolParam``): the body may then be up to
+    ``TEMPLATE_BODY_MAX`` bytes."""
+    return _read_bool(headers, query, _TEMPLATE)
+
+
+def replace_template(template: str, body: bytes, limit: int) -> str:
+    """ntfy's ``replaceTemplate``: the template refused for ``call``/``template``/``define`` (40044),
+    the body decoded as Go's ``json.Unmarshal`` decodes into ``any`` (every number a float64; 40042),
+    then the template parsed (40043) and run (40045) by :mod:`.gotemplate`. An output past ``limit``
+    characters is 40041 (it could only be over the limit in bytes too)."""
+    if gotemplate.DISALLOWED.search(template):
+        raise NtfyError(TEMPLATE_DISALLOWED)
+    data = _go_json(body)
+    try:
+        return gotemplate.render(template, data, limit)
+    except gotemplate.TemplateError as e:
+        raise NtfyError(TEMPLATE_INVALID if e.kind == "parse" else TEMPLATE_FAILED) from None
+    except OverflowError:
+        raise NtfyError(TEMPLATE_TOO_LARGE) from None
+    except RecursionError:  # nesting deeper than Python follows: refused as a failed run
+        raise NtfyError(TEMPLATE_FAILED) from None
+
+
+def _go_json(body: bytes) -> object:
+    """The body as ntfy's template mode decodes it: trimmed, invalid UTF-8 replaced (as Go's decoder
+    replaces it in strings), numbers as float64 (out of its range: not JSON to Go)."""
+    text = go_trim(body.decode("utf-8", "replace"))
+    try:
+        return _floats(msgspec.json.decode(text.encode("utf-8", "surrogatepass")))
+    except (msgspec.DecodeError, RecursionError, OverflowError):
+        raise NtfyError(TEMPLATE_NOT_JSON) from None
+
+
+def _floats(value: object) -> object:
+    if type(value) is int:
+        return float(value)  # OverflowError past float64, as Go's ParseFloat fails
+    if type(value) is float:
+        if math.isinf(value):
+            raise OverflowError
+        return value
+    if type(value) is dict:
+        return {k: _floats(v) for k, v in value.items()}
+    if type(value) is list:
+        return [_floats(v) for v in value]
+    return value
+
+
 def build_envelope(params: Params, body: bytes, *, now: int, limits: Limits) -> Envelope:
     """The stored message. UnifiedPush mode: the body verbatim (text untrimmed, else base64), even an
     empty one overriding a message parameter (ntfy's auto-detect). Plain mode: a non-empty body
     overrides the message parameter, UTF-8 text trimmed, anything else base64. Empty -> "triggered".
     With an external attachment (plain mode) the body must be UTF-8 (400 40011, as ntfy) and an empty
-    message is "You received a file: <name>"."""
-    if len(body) > limits.max_message_bytes:
-        raise NtfyError(MESSAGE_TOO_LARGE)
+    message is "You received a file: <name>". Template mode (plain, no attachment): the body, JSON of up
+    to ``TEMPLATE_BODY_MAX`` bytes, is the data the message parameter and the title are rendered over."""
+    templated = params.template and not params.unifiedpush and not params.attach_url and not params.poll_id
+    if len(body) > (TEMPLATE_BODY_MAX if templated else limits.max_message_bytes):
+        raise NtfyError(JSON_TOO_LARGE if templated else MESSAGE_TOO_LARGE)
     if params.poll_id:
         return _poll_request(params.poll_id, now=now, ttl=params.ttl)
+    title = params.title
     if params.unifiedpush:
         message, encoding = _as_text_or_base64(body)
+    elif templated:  # ntfy's order: the message, then the title; only the message's size is ntfy's check
+        message, encoding = replace_template(params.message, body, limits.max_message_bytes), ""
+        if len(message.encode("utf-8", "surrogatepass")) > limits.max_message_bytes:
+            raise NtfyError(TEMPLATE_TOO_LARGE)
+        title = replace_template(title, body, limits.max_field_bytes)
+        if len(title.encode("utf-8", "surrogatepass")) > limits.max_field_bytes:  # UPF's cap, ntfy's code
+            raise NtfyError(TEMPLATE_TOO_LARGE)
     elif body:
         message, encoding = _as_text_or_base64(body)
         if not encoding:
@@ -635,7 +732,7 @@ def build_envelope(params: Params, body: bytes, *, now: int, limits: Limits) -> 
         expires,
         message,
         encoding,
-        params.title,
+        title,
         params.priority,
         params.tags,
         params.click,

@@ -599,9 +599,11 @@ def test_every_publish_field_lands_in_the_envelope_field_of_its_name() -> None:
         "nocache": True,
         "origin_id": "",
         "urgency": "high",
-        "push_topic": "the-push-topic",
+        "push_topic": "",  # X-Cache: no replaces nothing (with the cache on: below)
         "actions": params.actions,
         "attach_url": "https://attach.example/f",
         "attach_name": "f.txt",
         "poll_id": "",
     }
+    cached = ingest.build_envelope(msgspec.structs.replace(params, cache=True), b"x", now=NOW, limits=LIMITS)
+    assert cached.push_topic == "the-push-topic"

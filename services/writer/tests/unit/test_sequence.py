@@ -216,8 +216,8 @@ def test_front_leaves_other_paths(front: WriterFront, method: str, path: str) ->
 
 
 def test_body_limits(front: WriterFront) -> None:
-    assert front.body_limit("PUT", "t/s") == 4096
-    assert front.body_limit("PUT", "t/s/clear") < 0 and front.body_limit("DELETE", "t/s") < 0
+    assert front.body_limit("PUT", "t/s", [], b"") == 4096
+    assert front.body_limit("PUT", "t/s/clear", [], b"") < 0 and front.body_limit("DELETE", "t/s", [], b"") < 0
 
 
 @pytest.mark.parametrize("sid", [" ", "a ", " a", "a\t"])
