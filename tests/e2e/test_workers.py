@@ -287,6 +287,29 @@ async def test_kill9_a_worker_under_load_then_resume_exactly_once(fleet):
     assert role.proc.poll() is None
 
 
+async def test_a_hung_worker_is_killed_and_restarted(fleet):
+    """A worker whose loop stops (SIGSTOP: a frozen process) stops beating on its pipe: the supervisor
+    kills it after UPF_WORKER_WATCHDOG_SECS and restarts it. Before, it stayed, taking half the new
+    connections, and a hang while it held the store's write turn stopped every publish on the host."""
+    role, workers = start_workers(fleet, "wkhang", UPF_WORKER_WATCHDOG_SECS="2")
+    pids = list(workers.values())
+    victim = workers[0]
+    time.sleep(1.0)  # a beat or two seen: the watch is armed
+    os.kill(victim, signal.SIGSTOP)
+    restarted = wait_for(lambda: p if (p := worker_pids(role).get(0)) not in (None, victim) else None, 20, "restart")
+    with pytest.raises(ProcessLookupError):
+        os.kill(victim, 0)  # killed, and reaped
+    assert "unresponsive" in role.log()
+    survivors = [restarted, pids[1]]
+    wait_for(lambda: restarted in listening_pids(role.port, survivors), 30, "the restarted worker listening")
+    sub = await subscribe_on(role.port, survivors, "/afterHang/json", want=pids[1])
+    sent = await publish_on(role.port, survivors, restarted, "afterHang", "again")
+    assert (await sub.message())["id"] == sent["id"]
+    sub.close()
+    # a worker that is only idle is never killed: the survivor kept its pid through all of this
+    assert worker_pids(role)[1] == pids[1]
+
+
 def test_sigterm_to_the_supervisor_stops_every_worker(fleet):
     """SIGTERM to the parent: every worker stops, then the parent exits 0, in bounded time."""
     role, workers = start_workers(fleet, "wkstop")

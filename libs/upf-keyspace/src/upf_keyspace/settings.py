@@ -237,6 +237,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     with no users as open as before; read-only, write-only or deny-all close it."""
     workers: Annotated[int, var(_int, ge=1, le=256, unset=_cores)] = 1
     """Worker processes of the all-in-one with the pusher role, on one port (SO_REUSEPORT); default: the cores."""
+    worker_watchdog_secs: Annotated[float, var(_secs, ge=0, le=3600)] = 20.0
+    """With several workers: one whose event loop has been stuck this long is killed and restarted (0: never)."""
     writer_server: Annotated[str, var(_choice("upf", "granian"))] = "upf"
     """What serves the writer without a pusher beside it (``upf-writer``, ``upf`` with UPF_ROLES=writer):
     UPF's own front door (``upf_edge.frontdoor``, as the all-in-one's) or granian (one worker, ASGI)."""

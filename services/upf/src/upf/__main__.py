@@ -59,7 +59,7 @@ async def run_with_pusher(settings: Settings, sock: socket.socket | None = None)
         # pusher's front door calls directly; its ASGI app only for the cold routes.
         fallback = create_app(settings, store, telemetry=telemetry)
         handler = fallback.front
-    from .workers import shared_metrics
+    from .workers import shared_metrics, start_beat
 
     metrics = shared_metrics(telemetry.registry)  # a worker of several: /metrics answers for them all
     try:
@@ -82,6 +82,7 @@ async def run_with_pusher(settings: Settings, sock: socket.socket | None = None)
             return
         if metrics is not None:
             pusher.hub.on_heartbeat = metrics.leave
+        start_beat(loop, settings.worker_watchdog_secs)  # a supervisor's worker: its liveness, watched
         janitor_task = None
         if "janitor" in settings.roles:
             janitor_task = asyncio.create_task(Janitor(store, settings, telemetry).run(stop))

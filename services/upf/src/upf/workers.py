@@ -8,6 +8,12 @@ restarts a worker that dies (with backoff), forwards SIGTERM/SIGINT (each worker
 ``Pusher.stop``), and exits once the workers have stopped, killing any that outlive
 UPF_SHUTDOWN_GRACE_SECS plus a slack; it exits 70, as one process would, when a worker's stop failed.
 
+A worker that hangs (stopped, deadlocked, its event loop stuck) is killed and restarted: each worker's
+loop writes a byte to a pipe of its own every quarter of UPF_WORKER_WATCHDOG_SECS (a timer, nothing
+else), and one silent for that long is killed. Why: the workers share one store file, whose writes take turns; a
+hung worker holding the write turn stopped every publish on the host while health still answered,
+and it kept receiving half of the new connections.
+
 The parent holds the port (bound with SO_REUSEPORT, never listening) for its whole life, so a worker
 restart always finds it and a second server cannot take it; it first checks that no one else has it,
 so a busy port fails at start as it does for one process.
@@ -15,6 +21,7 @@ so a busy port fails at start as it does for one process.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import ctypes
 import logging
@@ -37,6 +44,7 @@ from upf_keyspace import telemetry as tm
 __all__ = [
     "METRICS_ENV",
     "WORKER_ENV",
+    "start_beat",
     "SharedMetrics",
     "Supervisor",
     "become_worker",
@@ -58,6 +66,10 @@ BACKOFF_FIRST_SECS = 0.2
 BACKOFF_MAX_SECS = 10.0
 STABLE_SECS = 10.0
 """A worker that ran this long before dying is restarted after the first backoff again."""
+BEAT_ENV = "UPF_WORKER_BEAT_FD"
+"""Set by the supervisor: the pipe a worker writes its liveness beat to (``start_beat``)."""
+BEATS_PER_WATCH = 4
+"""A worker beats this many times per UPF_WORKER_WATCHDOG_SECS."""
 
 _PR_SET_PDEATHSIG = 1
 
@@ -131,6 +143,28 @@ def become_worker(parent: int) -> None:
         os.kill(os.getpid(), signal.SIGTERM)
 
 
+def start_beat(loop: asyncio.AbstractEventLoop, watchdog_secs: float) -> None:
+    """Beat on the supervisor's pipe from this loop (a worker of a supervisor; else nothing): a timer,
+    so the beat stops when the loop does."""
+    raw = os.environ.get(BEAT_ENV, "")
+    if not raw.isdigit() or watchdog_secs <= 0:
+        return
+    fd = int(raw)
+    os.set_blocking(fd, False)
+    every = watchdog_secs / BEATS_PER_WATCH
+
+    def beat() -> None:
+        try:
+            os.write(fd, b".")
+        except BlockingIOError:
+            pass  # the supervisor has not read the last ones: they say the same
+        except OSError:
+            return  # the supervisor is gone (this worker follows it: become_worker)
+        loop.call_later(every, beat)
+
+    beat()
+
+
 def _reserve(host: str, port: int) -> socket.socket:
     """Fail if the port is taken (as one process would), then hold it for the workers."""
     probe = bound_socket(host, port)  # EADDRINUSE if anyone, even another group, has it
@@ -146,6 +180,10 @@ class _Worker:
         self.started = 0.0
         self.backoff = BACKOFF_FIRST_SECS
         self.restart_at = 0.0
+        self.beats = -1
+        """The read end of the worker's beat pipe (-1: none)."""
+        self.beat_at: float | None = None
+        """When it last beat (None: not yet; a starting worker is not watched)."""
 
 
 class Supervisor:
@@ -176,7 +214,16 @@ class Supervisor:
         return env
 
     def _start(self, w: _Worker) -> None:
-        w.proc = subprocess.Popen(self.argv, env=self._env(w.index))
+        self._close_beats(w)
+        rfd, wfd = os.pipe()
+        os.set_blocking(rfd, False)
+        env = self._env(w.index)
+        env[BEAT_ENV] = str(wfd)
+        try:
+            w.proc = subprocess.Popen(self.argv, env=env, pass_fds=(wfd,))
+        finally:
+            os.close(wfd)
+        w.beats, w.beat_at = rfd, None
         w.started = time.monotonic()
         log.info("worker started", extra={"worker": w.index, "pid": w.proc.pid})
         print(f"upf: worker {w.index} pid {w.proc.pid}", flush=True)
@@ -204,6 +251,48 @@ class Supervisor:
             w.restart_at = now + w.backoff
             log.warning("worker died; restarting", extra={"worker": w.index, "code": code, "delay": w.backoff})
             w.backoff = min(w.backoff * 2, BACKOFF_MAX_SECS)
+
+    @staticmethod
+    def _close_beats(w: _Worker) -> None:
+        if w.beats >= 0:
+            os.close(w.beats)
+            w.beats, w.beat_at = -1, None
+
+    def _read_beats(self, ready: list[int]) -> None:
+        now = time.monotonic()
+        for w in self.workers:
+            if w.beats in ready:
+                with contextlib.suppress(BlockingIOError):
+                    if os.read(w.beats, 512):
+                        w.beat_at = now
+                    else:  # the worker closed it (it exited): its reap follows
+                        self._close_beats(w)
+
+    def _watch(self) -> float | None:
+        """Kill a running worker that stopped beating; the seconds until the next one could be due."""
+        limit = self.settings.worker_watchdog_secs
+        if self.stopping or limit <= 0:
+            return None
+        now = time.monotonic()
+        due: float | None = None
+        for w in self.workers:
+            if w.proc is None or w.beat_at is None:
+                continue
+            left = w.beat_at + limit - now
+            if left <= 0:
+                log.warning(
+                    "worker unresponsive; killing", extra={"worker": w.index, "silent_secs": round(now - w.beat_at, 1)}
+                )
+                print(
+                    f"upf: worker {w.index} pid {w.proc.pid} unresponsive for {now - w.beat_at:.0f} s; killing it",
+                    flush=True,
+                )
+                with contextlib.suppress(ProcessLookupError):
+                    w.proc.kill()  # SIGKILL ends a stopped process too; its reap restarts it
+                w.beat_at = None
+                continue
+            due = left if due is None else min(due, left)
+        return due
 
     def _failed_stop(self) -> None:
         """Exit 70 (EX_SOFTWARE, as a process whose own watchdog ended it) unless a worse status is set."""
@@ -267,9 +356,15 @@ class Supervisor:
                         if w.restart_at <= now:
                             self._start(w)
                     waiting = [w.restart_at - now for w in self.workers if w.proc is None]
+                    watch = self._watch()
+                    if watch is not None:
+                        waiting.append(watch)
                     timeout = max(0.0, min(waiting)) if waiting else None
+                beats = [w.beats for w in self.workers if w.beats >= 0]
+                ready: list[int] = []
                 with contextlib.suppress(InterruptedError):
-                    select.select([rfd], [], [], timeout)
+                    ready = select.select([rfd, *beats], [], [], timeout)[0]
+                self._read_beats(ready)
                 with contextlib.suppress(BlockingIOError):
                     while os.read(rfd, 512):
                         pass
@@ -279,6 +374,7 @@ class Supervisor:
                 if w.proc is not None and w.proc.poll() is None:
                     w.proc.kill()
                     w.proc.wait()
+                self._close_beats(w)
             signal.set_wakeup_fd(old_wakeup)
             for s, h in previous.items():
                 signal.signal(s, h)
