@@ -22,6 +22,25 @@ def test_defaults_match_the_design():
     assert s.auth_default_access == "read-write"  # no users, no ACL: as open as before auth existed
 
 
+def test_a_pusher_on_the_embedded_store_is_the_same_node_when_started_again(tmp_path):
+    """Its default id follows the host, the bound address and the store file: a restart after a crash
+    owns the old node's records at once. A different port or store is another node; FoundationDB,
+    port 0 or a role without the pusher keep a random id; UPF_NODE_ID wins."""
+    store = str(tmp_path / "upf.db")
+    base = {"UPF_STORE_PATH": store, "UPF_BIND": "127.0.0.1:18080"}
+    first = load_settings(base).node_id
+    assert load_settings(base).node_id == first and re.fullmatch(r"h[0-9a-f]{15}", first)
+    assert load_settings({**base, "UPF_BIND": "127.0.0.1:18081"}).node_id != first
+    assert load_settings({**base, "UPF_STORE_PATH": store + "2"}).node_id != first
+    for other in ({"UPF_BIND": "127.0.0.1:0"}, {"UPF_ROLES": "writer,janitor"}):
+        assert load_settings({**base, **other}).node_id != load_settings({**base, **other}).node_id
+    cluster = tmp_path / "fdb.cluster"
+    cluster.write_text("x:y@127.0.0.1:4500\n")
+    fdb = {**base, "FDB_CLUSTER_FILE": str(cluster)}
+    assert load_settings(fdb).node_id != load_settings(fdb).node_id
+    assert load_settings({**base, "UPF_NODE_ID": "mine"}).node_id == "mine"
+
+
 def test_values_are_read():
     s = load_settings(
         {

@@ -21,6 +21,7 @@ Each setting is declared once, as one field of :class:`Settings` (type, how it i
 
 from __future__ import annotations
 
+import hashlib
 import ipaddress
 import os
 import re
@@ -175,6 +176,18 @@ def _node_id(name: str, raw: str) -> str:
 
 def _random_node_id() -> str:
     return uuid.uuid4().hex[:16]
+
+
+def _host_node_id(settings: Settings) -> str:
+    """The default node id of a pusher on the embedded store: the same for the same server on the same
+    host (host name, bound address, store file), so a restarted one is that node again and owns its
+    records at once (its subscriptions counted against visitors, its affinity); a new random id left
+    them to the janitor's sweep, and a phone that reconnected after a crash was refused its
+    subscriptions (42903) until then. Two such servers cannot run at once: the port is exclusive."""
+    key = "\0".join(
+        (socket.gethostname(), settings.bind_host, str(settings.bind_port), os.path.abspath(settings.store_path))
+    )
+    return "h" + hashlib.blake2b(key.encode(), digest_size=8).hexdigest()[:15]
 
 
 def _cores() -> int:
@@ -412,6 +425,13 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
             raise SettingsError(f"{f.name} must be between {f.ge} and {f.le}, got {value}")
         values[f.attr] = value
     settings = Settings(**values)
+    if (
+        not env.get("UPF_NODE_ID")
+        and not settings.fdb_cluster_file
+        and settings.bind_port
+        and "pusher" in settings.roles
+    ):
+        settings = msgspec.structs.replace(settings, node_id=_host_node_id(settings))
     embedded_max_bytes(env)  # the embedded driver's own variables: checked here, read where the store opens
     embedded_commit_wait_ms(env)
     embedded_wake_pace_ms(env)
