@@ -1,13 +1,16 @@
 """A full store, black box: the all-in-one process on a store file with a size quota
-(UPF_EMBEDDED_MAX_BYTES; the store then refuses writes with STORAGE_FULL, as on a full disk: a tmpfs needs
-privileges these machines do not give). Publishes fill it with short-lived messages until refused."""
+(UPF_EMBEDDED_MAX_BYTES; the store then refuses writes with STORAGE_FULL, as on a full disk), and on a
+real small filesystem where root may mount one. Publishes fill it with short-lived messages until refused."""
 
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
 import time
 
 import httpx
+import pytest
 
 from tests.clients.ntfy import error_body, poll, subscribe
 
@@ -69,6 +72,70 @@ async def test_full_store_answers_507_fast_reports_degraded_and_recovers(fleet):
     log = upf.log_path.read_text(errors="replace")  # the whole log: log() keeps only its tail
     assert "Traceback" not in log
     assert 1 <= log.count("embedded store full: writes refused") <= 2
+
+
+async def test_a_disk_filled_to_its_last_block_gives_its_reserve_back_and_recovers(fleet, tmp_path):
+    """The store on a real filesystem that fills up (a 2 MB tmpfs). On a disk full to its last block
+    even the janitor's deletions need new pages: a store without room for them never expired anything
+    again, restarts included (a reviewer's long run, 2 of 3 times). The store now keeps a reserve once
+    it is large enough to fill its disk, gives it back when the disk fills, grows no further while the
+    disk has no room, and publishes resume as the 4 s messages expire."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(disk)], capture_output=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"a small tmpfs could not be mounted (root and mount privileges needed): {mounted.stderr!r}")
+    reserve = disk / "upf.db-reserve"
+    try:
+        upf = fleet.start(
+            "upf",
+            node="diskfull",
+            UPF_STORE_PATH=str(disk / "upf.db"),
+            UPF_WORKERS="1",
+            UPF_JANITOR_INTERVAL_SECS="1",
+            UPF_LIMIT_REQUEST_BURST="1000000",
+        )
+        async with httpx.AsyncClient(timeout=30) as c:
+            while (disk / "upf.db").stat().st_size < 600 * 1024:  # past a quarter of the disk: worth a reserve
+                assert (await _publish(c, upf.base, "upDISK00", BODY, ttl=60)).status_code == 200
+            await asyncio.sleep(1.2)  # a commit a second later looks for it
+            assert (await _publish(c, upf.base, "upDISK00", "x", ttl=60)).status_code == 200
+            assert reserve.stat().st_size == 128 * 1024  # a sixteenth of the disk
+            refused = 0
+            for _ in range(200):  # 5 at a time until the disk refuses
+                replies = await asyncio.gather(*(_publish(c, upf.base, "upDISK01", BODY, ttl=4) for _ in range(5)))
+                assert all(r.status_code in (200, 507) for r in replies)
+                refused = sum(r.status_code == 507 for r in replies)
+                if refused:
+                    break
+            assert refused, "the disk never filled"
+            for i in range(400):  # then small ones, to the last block the pin leaves
+                r = await _publish(c, upf.base, "upDISK02", f"s{i}", ttl=4)
+                assert r.status_code in (200, 507), r.text
+                if r.status_code == 507:
+                    break
+            filler = os.open(disk / "filler", os.O_CREAT | os.O_WRONLY, 0o600)  # and every block of the disk
+            try:
+                while os.write(filler, b"\0" * 4096):
+                    pass
+            except OSError:
+                pass
+            finally:
+                os.close(filler)
+            assert reserve.stat().st_size == 0  # given back
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                r = await _publish(c, upf.base, "upDISK01", BODY, ttl=4)
+                if r.status_code == 200:
+                    break
+                assert r.status_code == 507, r.text
+                await asyncio.sleep(0.5)
+            assert r.status_code == 200, r.text
+            assert [f.message for f in await poll(upf.base, "upDISK01")][-1] == BODY
+        assert "reserve given back" in upf.log_path.read_text(errors="replace")
+    finally:
+        fleet.stop()
+        subprocess.run(["umount", "-l", str(disk)], capture_output=True)
 
 
 async def test_store_bytes_bound_answers_507_keeps_what_is_stored_and_recovers(fleet):

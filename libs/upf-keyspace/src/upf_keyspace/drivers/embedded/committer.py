@@ -23,7 +23,7 @@ from .._ranges import BatchWrites
 from .._wake import Doorbell
 from .file import _T, _clock_stamp, _File
 from .grouped import GROUP_MAX, CommitTransaction, _Grouped, run_sync
-from .health import _FullLog, _is_full, _OverQuota
+from .health import _FullLog, _is_full, _OverQuota, disk_full
 from .mutations import _Applier
 from .watches import _Watches
 from .writelog import _WLOG_KEEP_SECS, wlog_key
@@ -173,7 +173,9 @@ class _Committer(_Watches):
             try:
                 committed = self._commit_batch(f, batch)
             except Exception as exc:  # nothing of it committed: _apply_batch raises nothing after the commit
-                if len(batch) > 1:
+                # The disk full: its reserve given back, each again alone (deletions pass, growth stops at the pin).
+                released = disk_full(exc, f.path) and f.release_reserve()
+                if len(batch) > 1 or released:
                     if not _is_full(exc, f.path):  # a full store is logged once a minute, by _failure
                         log.warning("embedded commit failed, committing one by one", extra={"transactions": len(batch)})
                     self._commit_each(f, batch)
@@ -338,9 +340,12 @@ class _Committer(_Watches):
             f.env.reader_check()  # a killed process's reader slot would pin old pages: the file would grow
         encoded = written.encode()
         txn.put(wlog_key(new_version), _T.pack(wall) + encoded, db=f.wlog)
-        if f.quota:
+        if f.reserve_due(now):
+            f.check_reserve(now)
+        quota = f.quota_now()
+        if quota:
             after = f.live_bytes(txn)
-            if after > f.quota and after > f.committed_bytes():  # one that frees space passes, even over it
+            if after > quota and after > f.committed_bytes():  # one that frees space passes, even over it
                 raise _OverQuota
         txn.commit()
         # Nothing below may raise: the caller takes an exception for a commit that did not happen.

@@ -7,6 +7,8 @@ CPython build a dict for the call and the binding parse it, ~40% of a get (measu
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import struct
 import sys
@@ -17,6 +19,9 @@ import lmdb
 
 from ... import errors
 from ...settings import embedded_max_bytes
+from .health import _RESERVE_CHECK_SECS, has_room, make_reserve, reserve_path
+
+log = logging.getLogger("upf.store.embedded")
 
 _STAMPS_PER_SEC = 1_000_000
 """A commit's stamp is at least the wall clock in microseconds (and above the last one), as
@@ -41,7 +46,7 @@ class _File:
     """One process's environment on a store file. LMDB forbids opening one file twice in a process
     (closing either breaks the other's locks), so handles share it, counted."""
 
-    __slots__ = ("env", "kv", "meta", "wlog", "users", "path", "quota")
+    __slots__ = ("env", "kv", "meta", "wlog", "users", "path", "quota", "pinned", "reserve_checked")
 
     def __init__(self, path: str) -> None:
         self.quota = embedded_max_bytes()
@@ -63,6 +68,72 @@ class _File:
         self.wlog = self.env.open_db(b"wlog")
         self.users = 0
         self.env.reader_check()  # slots of processes that died holding a snapshot
+        self.pinned = 0
+        """While the reserve is given back: the data size this process lets commits grow to (0: none)."""
+        self.reserve_checked = 0.0
+        self.check_reserve(time.monotonic())
+
+    # --- the disk's reserve -----------------------------------------------------------------------
+    # Why: on a disk filled to the last block, even a commit that deletes needs new pages (LMDB copies
+    # the pages it changes, and each commit writes a write-log entry), so the janitor could not expire
+    # anything and the store stayed full after every message had expired, restarts included. So a
+    # store keeps ``<store>-reserve`` (``health.make_reserve``) and gives it back (truncates it to
+    # nothing) when the disk fills; while it is empty and the disk has no room for it, every process
+    # on the file lets commits grow the data no further than it was (as UPF_EMBEDDED_MAX_BYTES does):
+    # deletions pass and make room for publishes, which are refused (507) beyond that.
+
+    def quota_now(self) -> int:
+        """The size limit a commit is checked against: the configured quota, or the pinned size."""
+        if self.pinned and (not self.quota or self.pinned < self.quota):
+            return self.pinned
+        return self.quota
+
+    def check_reserve(self, now: float) -> None:
+        """The reserve whole (or made now): no pin. Given back (empty): pinned until the disk has room."""
+        self.reserve_checked = now
+        path = reserve_path(self.path)
+        try:
+            held = os.stat(path).st_size
+        except OSError:
+            held = -1  # none made yet (a small store, or a disk without room)
+        if held > 0 or make_reserve(self.path):
+            self._unpin()
+        elif held == 0:
+            if has_room(self.path):
+                with contextlib.suppress(OSError):
+                    os.unlink(path)  # made again once the store is large enough
+                self._unpin()
+            elif not self.pinned:
+                self.pinned = max(self.committed_bytes(), 1)
+
+    def _unpin(self) -> None:
+        if self.pinned:
+            log.warning("embedded store's disk has room again", extra={"path": self.path})
+            self.pinned = 0
+
+    def release_reserve(self) -> bool:
+        """The disk is full: give the reserve back and pin the data's size (see above). Returns
+        whether there was a reserve to give; an empty one is left (or made) for the other processes."""
+        path = reserve_path(self.path)
+        released = False
+        try:
+            if os.stat(path).st_size > 0:
+                os.truncate(path, 0)
+                released = True
+                log.warning("embedded store's disk full: reserve given back", extra={"path": self.path})
+        except FileNotFoundError:
+            with contextlib.suppress(OSError):
+                os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o600))
+        except OSError:
+            log.exception("embedded store's reserve could not be given back")
+        if not self.pinned:
+            with contextlib.suppress(Exception):  # a read that fails leaves the quota as it was
+                self.pinned = max(self.committed_bytes(), 1)
+        self.reserve_checked = time.monotonic()
+        return released
+
+    def reserve_due(self, now: float) -> bool:
+        return now - self.reserve_checked > _RESERVE_CHECK_SECS
 
     def begin_read(self) -> lmdb.Transaction:
         """A read-only transaction (it takes one of the file's reader slots until it ends). With every

@@ -50,6 +50,64 @@ def _free_bytes(path: str) -> int:
     return (st.f_bfree if os.geteuid() == 0 else st.f_bavail) * st.f_frsize
 
 
+_RESERVE_MAX = 1 << 20
+_RESERVE_FROM = 8 << 20
+_RESERVE_CHECK_SECS = 1.0
+"""How often, at most, a committing process looks whether the reserve is still there."""
+
+
+def reserve_path(path: str) -> str:
+    return path + "-reserve"
+
+
+def _reserve_size(path: str) -> int:
+    """A sixteenth of the filesystem, at most 1 MB (a janitor's deletions of hundreds of messages)."""
+    try:
+        st = os.statvfs(os.path.dirname(os.path.abspath(path)))
+    except OSError:
+        return 0
+    return min(_RESERVE_MAX, st.f_blocks * st.f_frsize // 16)
+
+
+def has_room(path: str) -> bool:
+    """Room for the reserve twice over: the disk is not full any more."""
+    size = _reserve_size(path)
+    return size > 0 and _free_bytes(path) >= 2 * size
+
+
+def make_reserve(path: str) -> bool:
+    """Create ``<store>-reserve``, the disk space the store gives back when the disk fills (see
+    ``_File.check_reserve``), allocated (not sparse), once the store's file is large enough to fill
+    the disk (8 MB, or a quarter of a smaller filesystem: the tests' small stores make none) and
+    the disk has room. Whole or not at all (written aside, then renamed)."""
+    size = _reserve_size(path)
+    try:
+        data = os.stat(path).st_size
+        st = os.statvfs(os.path.dirname(os.path.abspath(path)))
+    except OSError:
+        return False
+    if size <= 0 or data < min(_RESERVE_FROM, st.f_blocks * st.f_frsize // 4) or not has_room(path):
+        return False
+    tmp = f"{reserve_path(path)}.{os.getpid()}"
+    try:
+        fd = os.open(tmp, os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o600)
+        try:
+            os.posix_fallocate(fd, 0, size)
+        finally:
+            os.close(fd)
+        os.replace(tmp, reserve_path(path))
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        return False
+    return True
+
+
+def disk_full(exc: BaseException, path: str) -> bool:
+    """``_is_full`` for the disk itself (not the quota, not LMDB's map): what the reserve is for."""
+    return not isinstance(exc, (_OverQuota, lmdb.MapFullError)) and _is_full(exc, path)
+
+
 def _health_marker(path: str) -> str:
     """``<store>-full``: its mtime is the last refused write of any process on the file (see
     ``errors.StorageHealth``); created with an mtime long past, so a new one says healthy."""
