@@ -69,6 +69,9 @@ async def test_restore_repairs_split_entries_and_raises_the_version(tmp_path: Pa
     assert len(got[keys.Prefix.IDEMPOTENCY]) == 10 and all(b"upGONE" not in k for k, _ in got[keys.Prefix.IDEMPOTENCY])
     assert floor > int.from_bytes(after.stamp[:8], "big")  # above an id issued after the backup, then lost
     assert raise_stamp_floor(str(tmp_path / "c.db"), floor) >= floor  # the restore's own commits may be past it
+    dst = await open_store(Settings(store_path=str(tmp_path / "c.db")), restoring=True)
+    await bk.finish_restore(dst)  # as upf restore does once the floor is raised
+    await dst.close()
     dst = await open_store(Settings(store_path=str(tmp_path / "c.db")))
     try:
         new = await dst.publish("upT1", Envelope(time=now, expires=now + 60, message="new"))
@@ -361,3 +364,51 @@ async def test_a_backup_file_replaced_between_its_check_and_its_restore_is_refus
     os.replace(other, path)
     with pytest.raises(bk.BackupError, match="changed while it was read"):
         next(pairs)
+
+
+async def test_a_restore_stopped_half_way_is_refused_by_the_roles_and_finished_by_restoring_again(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """A restore killed between its writes left part of a backup and no stamp floor, and the server
+    then served it as the store. The store is now marked until the restore is whole: the roles refuse
+    it (one line, exit 2), and the same restore run again clears the part and finishes."""
+    from upf_keyspace import UnfinishedRestoreError
+
+    monkeypatch.setattr(bk, "PAGE", 5)
+    now = int(time.time())
+    src = await open_store(Settings(store_path=str(tmp_path / "a.db")))
+    try:
+        for i in range(30):
+            await src.publish("upHALF", Envelope(time=now, expires=now + 3600, message=f"m{i}"))
+        await bk.backup(src, str(tmp_path / "b"))
+    finally:
+        await src.close()
+    dst_settings = Settings(store_path=str(tmp_path / "c.db"))
+    dst = await open_store(dst_settings, restoring=True)
+    real = dst.db.transact
+    writes = 0
+
+    async def killed(body, *args, **kw):  # type: ignore[no-untyped-def]
+        nonlocal writes
+        writes += 1
+        if writes == 6:  # its checks, the mark, a page of the backup: then the process is gone
+            raise KeyboardInterrupt
+        return await real(body, *args, **kw)
+
+    monkeypatch.setattr(dst.db, "transact", killed)
+    with pytest.raises(KeyboardInterrupt):
+        await bk.restore(dst, str(tmp_path / "b"))
+    await dst.close()
+    with pytest.raises(UnfinishedRestoreError):
+        await open_store(dst_settings)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("UPF_", "FDB_", "OTEL_"))}
+    env.update(UPF_STORE_PATH=str(tmp_path / "c.db"), UPF_LOG_LEVEL="WARNING", UPF_BIND="127.0.0.1:0", UPF_WORKERS="1")
+    r = subprocess.run([sys.executable, "-m", "upf"], env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "unfinished restore" in r.stderr and r.stderr.count("\n") == 1, r.stderr
+    r = _upf(tmp_path / "c.db", "restore", str(tmp_path / "b"))
+    assert r.returncode == 0, r.stderr
+    dst = await open_store(dst_settings)
+    try:
+        assert [s.envelope.message for s in await dst.read_after("upHALF", None)] == [f"m{i}" for i in range(30)]
+    finally:
+        await dst.close()

@@ -6,7 +6,7 @@ modules, are internal.
 
 from .contract import Database, Transaction, Watch, WatchSet
 from .envelope import ENVELOPE_VERSION, Envelope, decode_envelope, encode_envelope
-from .errors import FormatVersionError, StoreError, StoreOpenError
+from .errors import FormatVersionError, StoreError, StoreOpenError, UnfinishedRestoreError
 from .format import CURRENT_FORMAT, FormatVersion
 from .msgid import decode_id, encode_id
 from .ops.read import SINCE_ALL, SINCE_LATEST, SINCE_NONE, Since, Stored
@@ -24,6 +24,7 @@ __all__ = [
     "Envelope",
     "FormatVersion",
     "FormatVersionError",
+    "UnfinishedRestoreError",
     "Message",
     "Pokes",
     "Published",

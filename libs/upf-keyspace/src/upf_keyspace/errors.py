@@ -31,6 +31,7 @@ __all__ = [
     "StorageHealth",
     "STORAGE",
     "FormatVersionError",
+    "UnfinishedRestoreError",
 ]
 
 NOT_COMMITTED = 1020
@@ -163,3 +164,8 @@ class StoreOpenError(RuntimeError):
 
 class FormatVersionError(StoreOpenError):
     """The store was written by a newer format than this role understands; refusing to start."""
+
+
+class UnfinishedRestoreError(StoreOpenError):
+    """``upf restore`` into this store did not finish (it was stopped): part of a backup, no stamp
+    floor. Refusing to serve it; restoring again finishes it."""

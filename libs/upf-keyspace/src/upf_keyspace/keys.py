@@ -6,6 +6,7 @@ of key can never collide::
 
     ("upf",)
     ├── "META" / "format"                              -> FormatVersion (LE i64)
+    ├── "META" / "restoring"                           -> b""                    an unfinished restore
     ├── "Q"   / topic:str / stamp:Versionstamp          -> Envelope (msgpack)     durable queue, source of truth
     ├── "QT"  / topic:str / second:int                  -> stamp (12 bytes)       time index: the topic's last message of that second
     ├── "X"   / expiry:int / topic:str / stamp:Versionstamp -> idem key (utf-8) TTL index, janitor scans it
@@ -346,6 +347,12 @@ def shard_of(topic: str, shard_count: int) -> int:
 # --- META -------------------------------------------------------------------------------------------
 def format_key() -> bytes:
     return _pack(_P.META, "format")
+
+
+def restoring_key() -> bytes:
+    """Set while ``upf restore`` writes a backup into the store, cleared once it is whole (with its
+    stamp floor raised): a store that holds it is refused by every role."""
+    return _pack(_P.META, "restoring")
 
 
 # --- Q ----------------------------------------------------------------------------------------------

@@ -47,10 +47,12 @@ async def open_database(settings: Settings) -> Database:
     return await open_embedded(settings.store_path)
 
 
-async def open_store(settings: Settings) -> Store:
+async def open_store(settings: Settings, *, restoring: bool = False) -> Store:
+    """The store, its format checked; ``restoring``: for ``upf restore``, which may find its own
+    unfinished restore (every other opener refuses it: ``UnfinishedRestoreError``)."""
     db = await open_database(settings)
     try:
-        await db.transact(ops.meta.check_format)
+        await db.transact(ops.meta.check_format, restoring)
     except BaseException:
         await db.close()
         raise

@@ -169,22 +169,28 @@ async def _restore(settings: Settings, args: argparse.Namespace) -> str:
     from upf_janitor.janitor import dead_after
     from upf_keyspace.msgid import encode_id
 
-    from .backup import restore
+    from .backup import finish_restore, restore
 
-    store = await open_store(settings)
+    store = await open_store(settings, restoring=True)
     try:
         n, top, floor = await restore(store, args.file, live_after=dead_after(settings), checked=args.checked)
     finally:
         await store.close()
     last = f"; the newest restored id is {encode_id(top)}" if top else ""
+    if not settings.fdb_cluster_file:
+        from upf_keyspace.drivers.embedded import raise_stamp_floor
+
+        raise_stamp_floor(settings.store_path, floor)  # with the store closed; then the store is whole
+    store = await open_store(settings, restoring=True)
+    try:
+        await finish_restore(store)
+    finally:
+        await store.close()
     if settings.fdb_cluster_file:
         return (
             f"restored {n} keys from {args.file}{last}; FoundationDB: new ids sort after them only once the "
             f"cluster's version exceeds {floor} (see README, Backups)"
         )
-    from upf_keyspace.drivers.embedded import raise_stamp_floor
-
-    raise_stamp_floor(settings.store_path, floor)
     return f"restored {n} keys from {args.file}{last}"
 
 

@@ -52,6 +52,7 @@ import msgspec
 from msgspec.structs import replace
 
 from upf_keyspace import Store, keys
+from upf_keyspace.contract import Transaction
 from upf_keyspace.envelope import decode_envelope
 from upf_keyspace.msgid import decode_id
 from upf_keyspace.ops.publish import LEGACY_BYTES, RELEASED_MARK, STAT_SLOTS, TALLY
@@ -392,7 +393,8 @@ async def restore(
     header, end, survey, pairs = checked if checked is not None else check_backup(path)
     if header.store_format > await store.db.transact(_format):
         raise BackupError(f"the backup's store format {header.store_format} is newer than this UPF's")
-    if not await _empty(store):
+    unfinished = await store.db.transact(_unfinished)
+    if not unfinished and not await _empty(store):
         raise BackupError("the store is not empty: restore only into a new store")
     if live_after and (live := await _live_node(store, int(time.time()), live_after)) is not None:
         node, age = live
@@ -400,6 +402,9 @@ async def restore(
             f"UPF node {node} uses this store (its heartbeat is {age} s old): stop every UPF process on it "
             f"first; if it has stopped, retry in {live_after - age + 1} s"
         )
+    # Marked before the first write, cleared by ``finish_restore`` once the store is whole: a restore
+    # stopped half way (killed) left part of the backup, which the roles then served as the store.
+    await store.db.transact(_begin, unfinished)
     batch: list[tuple[bytes, bytes]] = []
     size = written = 0
 
@@ -436,6 +441,29 @@ async def restore(
         await put(keys.stat_key(TALLY, slot), tally.to_bytes(16, "little"))
     await flush()
     return written, survey.top, version_floor(end, survey.top, time.time())
+
+
+async def _unfinished(tr: Transaction) -> bool:
+    return await tr.get(keys.restoring_key()) is not None
+
+
+async def _begin(tr: Transaction, unfinished: bool) -> None:
+    """Mark the store as being restored; an unfinished restore's part is cleared first (every prefix
+    a backup writes: restoring again starts from an empty store)."""
+    if unfinished:
+        for prefix in KEPT:
+            if prefix is not keys.Prefix.META:
+                tr.clear_range(*prefix_range(prefix))
+    tr.set(keys.restoring_key(), b"")
+
+
+async def finish_restore(store: Store) -> None:
+    """The restore is whole (and its stamp floor raised): the roles may serve the store."""
+
+    async def body(tr: Transaction) -> None:
+        tr.clear(keys.restoring_key())
+
+    await store.db.transact(body)
 
 
 def _kept(survey: _Survey, pair: Pair) -> bool:
