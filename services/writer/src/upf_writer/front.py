@@ -44,9 +44,9 @@ _SEQUENCE_METHODS = frozenset({"PUT", "POST", "DELETE"})
 _CLEAR_METHODS = frozenset({"PUT", "GET"})
 _CLEAR_TAILS = ("/clear", "/read")
 _GET_PUBLISH = frozenset({"/publish", "/send", "/trigger"})
-_TEMPLATE_HEADERS = frozenset({b"x-template", b"template"})
 """``GET /{topic}/publish`` (or ``/send``, ``/trigger``): ntfy's publish from query parameters, for
-webhooks that can only GET."""
+webhooks that can only GET (a body, if one is sent, is the message, as ntfy reads it)."""
+_TEMPLATE_HEADERS = frozenset({b"x-template", b"template"})
 
 
 def problem_reply(problem: Problem, headers: tuple[tuple[bytes, bytes], ...] = ()) -> Reply:
@@ -94,7 +94,8 @@ class WriterFront:
         return ok and first > 1 and path[1:first] not in ingest.DISALLOWED_TOPICS and path[:first] not in self.reserved
 
     def body_limit(self, method: str, topic: str, headers: Sequence[tuple[bytes, bytes]], query: bytes) -> int:
-        if method == "POST" or method == "PUT":
+        get_publish = method == "GET" and topic.count("/") == 1 and topic[topic.find("/") :] in _GET_PUBLISH
+        if method == "POST" or method == "PUT" or get_publish:
             if not topic:
                 return self._json_max
             if topic.count("/") == 2:
@@ -118,7 +119,7 @@ class WriterFront:
     ) -> Reply:
         if "/" in topic:
             if method == "GET" and topic.count("/") == 1 and topic[topic.find("/") :] in _GET_PUBLISH:
-                return await self.publish(topic.partition("/")[0], headers, query, b"", client)
+                return await self.publish(topic.partition("/")[0], headers, query, body, client)
             return await self._by_sequence(method, topic, headers, query, body, client)
         if method == "POST" or method == "PUT":
             return await self.publish(topic, headers, query, body, client)

@@ -282,6 +282,11 @@ async def test_get_publish_from_query_parameters(client: AsyncTestClient, store:
     assert (msg["topic"], msg["message"], msg["title"], msg["priority"]) == ("hook", "from a webhook", "T", 4)
     assert (await stored(store, "hook"))[-1].envelope.message == "from a webhook"
     assert (await client.get("/hook2/trigger")).json()["message"] == "triggered"
+    # a body sent with the GET is the message, as ntfy reads it (it was ignored)
+    r = await client.request("GET", f"/hook4/{verb}", content=b"from the body", params={"t": "T"})
+    assert (r.status_code, r.json()["message"], r.json()["title"]) == (200, "from the body", "T")
+    r = await client.request("GET", f"/hook4/{verb}", content=b"x" * 5000)
+    assert_ntfy_error(r, 413, 41301)
 
 
 async def test_get_publish_bad_input_stores_nothing(client: AsyncTestClient, store: Store) -> None:
