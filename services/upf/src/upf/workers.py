@@ -10,9 +10,9 @@ UPF_SHUTDOWN_GRACE_SECS plus a slack; it exits 70, as one process would, when a 
 
 A worker that hangs (stopped, deadlocked, its event loop stuck) is killed and restarted: each worker's
 loop writes a byte to a pipe of its own every quarter of UPF_WORKER_WATCHDOG_SECS (a timer, nothing
-else), and one silent for that long is killed. Why: the workers share one store file, whose writes take turns; a
-hung worker holding the write turn stopped every publish on the host while health still answered,
-and it kept receiving half of the new connections.
+else), and one silent for that long is killed. Why: the workers share one store file, whose writes
+take turns; a hung worker holding the write turn stopped every publish on the host while health still
+answered, and it kept receiving half of the new connections.
 
 The parent holds the port (bound with SO_REUSEPORT, never listening) for its whole life, so a worker
 restart always finds it and a second server cannot take it; it first checks that no one else has it,

@@ -557,18 +557,15 @@ def _truth(v: Any) -> bool:
     return True
 
 
+_BASIC = frozenset({"bool", "int", "float64", "string"})
+
+
 def _kind(v: Any) -> str:
+    """Go's basic kind for comparisons: a basic type's name, "invalid" (nil) or "other"."""
     if v is MISSING or v is None:
         return "invalid"
-    if isinstance(v, bool):
-        return "bool"
-    if isinstance(v, int):
-        return "int"
-    if isinstance(v, float):
-        return "float"
-    if isinstance(v, str):
-        return "string"
-    return "other"
+    name = _go_type(v)
+    return name if name in _BASIC else "other"
 
 
 def _eq(args: list[Any]) -> bool:
@@ -588,12 +585,15 @@ def _eq(args: list[Any]) -> bool:
     return False
 
 
+_ORDERED = frozenset({"int", "float64", "string"})
+
+
 def _ordered(op: Callable[[Any, Any], bool]) -> Callable[[list[Any]], bool]:
     def cmp(args: list[Any]) -> bool:
         if len(args) != 2:
             raise TemplateError("exec", "wrong number of args for comparison")
         k1, k2 = _kind(args[0]), _kind(args[1])
-        if k1 not in ("int", "float", "string") or k2 not in ("int", "float", "string"):
+        if k1 not in _ORDERED or k2 not in _ORDERED:
             raise TemplateError("exec", "invalid type for comparison")
         if k1 != k2:
             raise TemplateError("exec", "incompatible types for comparison")
