@@ -893,7 +893,7 @@ _json_encoder = msgspec.json.Encoder()
 _std_json = json.JSONDecoder()
 
 
-def go_fold(key: str) -> str:
+def _go_fold(key: str) -> str:
     """The field name Go's ``encoding/json`` matches a key to: case ignored (``str.lower`` also maps the
     Kelvin sign to k; the long s is the other non-ASCII letter Go folds to an ASCII one)."""
     return key.lower().replace("\u017f", "s")
@@ -912,7 +912,7 @@ def _go_fields(body: bytes) -> bytes:
         fields = _json_fields_decoder.decode(_first_json_value(body))
     folded: dict[str, msgspec.Raw] = {}
     for key, raw in fields.items():
-        folded[go_fold(key)] = raw
+        folded[_go_fold(key)] = raw
     return _json_encoder.encode(folded)
 
 
@@ -994,10 +994,10 @@ def _json_extras(m: JsonPublish) -> dict[str, str]:
 
 # --- Matrix push gateway (POST /_matrix/push/v1/notify) ---------------------------------------------
 def _go_keys(obj: object) -> object:
-    """Every object's keys as :func:`go_fold` matches them (ntfy's ``json.Unmarshal`` into its Matrix
+    """Every object's keys as :func:`_go_fold` matches them (ntfy's ``json.Unmarshal`` into its Matrix
     structs ignores case at every level; the gateway reads nothing keyed by the sender's names)."""
     if type(obj) is dict:
-        return {go_fold(k): _go_keys(v) for k, v in obj.items()}
+        return {_go_fold(k): _go_keys(v) for k, v in obj.items()}
     if type(obj) is list:
         return [_go_keys(v) for v in obj]
     return obj
