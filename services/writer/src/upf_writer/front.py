@@ -100,7 +100,7 @@ class WriterFront:
                 return self._json_max
             if topic.count("/") == 2:
                 return NO_BODY  # a clear's body is ignored
-            if b"t" in query and (b"template" in query or b"tpl" in query):
+            if query and (query.find(b"template") >= 0 or query.find(b"tpl") >= 0):  # find: see http11.parse_head
                 return ingest.TEMPLATE_BODY_MAX  # a template publish's JSON may be larger (publish decides)
             for name, _ in headers:
                 if name in _TEMPLATE_HEADERS:
