@@ -420,7 +420,7 @@ class ChunkedDecoder:
             if self._state == 0:
                 i = buf.find(b"\r\n", pos)
                 if i < 0:
-                    if len(buf) - pos > 1024 or b"\n" in buf[pos:]:
+                    if len(buf) - pos > 1024 or buf.find(b"\n", pos) >= 0:
                         raise bad_request("invalid request: bad chunk size")
                     break
                 m = _CHUNK_SIZE.fullmatch(buf, pos, i)
@@ -455,7 +455,7 @@ class ChunkedDecoder:
                 if i < 0:
                     if len(buf) - pos > MAX_HEAD:
                         raise too_large()
-                    if b"\n" in buf[pos:]:
+                    if buf.find(b"\n", pos) >= 0:
                         raise bad_request("invalid request: bad chunk trailer")
                     break
                 line = buf[pos:i]
