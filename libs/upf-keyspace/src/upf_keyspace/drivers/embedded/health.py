@@ -51,7 +51,7 @@ def _free_bytes(path: str) -> int:
 
 
 _RESERVE_MAX = 1 << 20
-_RESERVE_FROM = 8 << 20
+_RESERVE_FILE_RATIO = 4
 _RESERVE_CHECK_SECS = 1.0
 """How often, at most, a committing process looks whether the reserve is still there."""
 
@@ -77,16 +77,15 @@ def has_room(path: str) -> bool:
 
 def make_reserve(path: str) -> bool:
     """Create ``<store>-reserve``, the disk space the store gives back when the disk fills (see
-    ``_File.check_reserve``), allocated (not sparse), once the store's file is large enough to fill
-    the disk (8 MB, or a quarter of a smaller filesystem: the tests' small stores make none) and
-    the disk has room. Whole or not at all (written aside, then renamed)."""
+    ``_File.check_reserve``), allocated (not sparse), once the store's file is four times its size
+    (a quarter of a small filesystem, 4 MB on a large one: the tests' small stores make none) and the
+    disk has room. Whole or not at all (written aside, then renamed)."""
     size = _reserve_size(path)
     try:
         data = os.stat(path).st_size
-        st = os.statvfs(os.path.dirname(os.path.abspath(path)))
     except OSError:
         return False
-    if size <= 0 or data < min(_RESERVE_FROM, st.f_blocks * st.f_frsize // 4) or not has_room(path):
+    if size <= 0 or data < _RESERVE_FILE_RATIO * size or _free_bytes(path) < 2 * size:
         return False
     tmp = f"{reserve_path(path)}.{os.getpid()}"
     try:
