@@ -84,6 +84,49 @@ def test_a_token_made_through_the_api_works_changes_and_dies(server) -> None:
             assert c.get("/upTokenApi01/auth", headers=bearer(once)).status_code == 401
 
 
+def test_a_tokens_last_use_is_recorded_from_each_role(fleet) -> None:
+    """ntfy's last_access and last_origin: a token's use (a publish on the writer, a subscribe on the
+    pusher) is written in a batch, at once after a quiet spell, with the client a trusted proxy named;
+    the token API's PATCH and ``upf token list`` then show it. A use changes nobody's access: tokens
+    keep working throughout."""
+    cli(fleet, "user", "add", "phil", password="phil-pass")
+    cli(fleet, "access", "phil", "up*", "rw")
+    upf = fleet.start(
+        "upf", node="use", UPF_AUTH_DEFAULT_ACCESS="deny-all", UPF_WORKERS="1", UPF_PROXY_TRUSTED="127.0.0.1"
+    )
+    with httpx.Client(base_url=upf.base, timeout=10) as c:
+        made = [
+            c.post("/v1/account/token", json={"label": f"t{i}"}, headers=basic("phil", "phil-pass")) for i in (0, 1)
+        ]
+        publisher, subscriber = (r.json() for r in made)
+        assert "not used yet" in cli(fleet, "token", "list", "phil")
+        time.sleep(1.1)  # a use's second differs from the creation's
+        used = int(time.time())
+        r = c.post("/upLastUse", content="x", headers={**bearer(publisher["token"]), "X-Forwarded-For": "203.0.113.7"})
+        assert r.status_code == 200, r.text
+        r = c.get(
+            "/upLastUse/json",
+            params={"poll": "1"},
+            headers={**bearer(subscriber["token"]), "X-Forwarded-For": "198.51.100.9, 127.0.0.1"},
+        )
+        assert r.status_code == 200 and r.json()["message"] == "x"
+        deadline = time.monotonic() + 15  # the second use waits for the next batch (WRITE_SECS)
+        while True:
+            listing = cli(fleet, "token", "list", "phil")
+            if listing.count("last used") == 2 or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        assert "from 203.0.113.7" in listing and "from 198.51.100.9" in listing, listing
+        for token, origin in ((publisher, "203.0.113.7"), (subscriber, "198.51.100.9")):
+            r = c.patch(
+                "/v1/account/token", json={"token": token["token"], "label": "x"}, headers=basic("phil", "phil-pass")
+            )
+            assert r.status_code == 200, r.text
+            assert r.json()["last_origin"] == origin and used <= r.json()["last_access"] <= int(time.time())
+            assert r.json()["last_access"] > token["last_access"] and r.json()["expires"] == token["expires"]
+        assert c.post("/upLastUse", content="y", headers=bearer(publisher["token"])).status_code == 200
+
+
 @pytest.mark.parametrize(
     ("method", "body", "headers", "status", "code"),
     [

@@ -161,3 +161,35 @@ async def test_provision_tokens_moves_removes_and_keeps_cli_tokens(store):
     version = (await store.auth_state()).version
     assert await store.db.transact(provision_tokens, wanted) == 0
     assert (await store.auth_state()).version == version
+
+
+async def test_a_tokens_uses_are_recorded_without_a_version_bump(store):
+    """A use changes nobody's access: no bump (every process would reload the auth state at each
+    batch), an older use never overwrites a newer one, a token removed meanwhile stays removed, and a
+    provisioned token's uses survive the next start's provisioning, which then changes nothing."""
+    from upf_keyspace.ops.auth import provision_tokens
+
+    await store.add_user("alice", ALICE)
+    kept, gone = token_digest("tk_" + "u" * 29), token_digest("tk_" + "v" * 29)
+    await store.add_token("alice", kept, Token(label="l", created=5, origin="10.0.0.1"))
+    version = (await store.auth_state()).version
+    uses = {kept: ("alice", 100, "203.0.113.7"), gone: ("alice", 100, "203.0.113.8")}
+    assert await store.record_token_uses(uses) == 1
+    assert await store.list_tokens("alice") == {
+        kept: Token(label="l", created=5, origin="203.0.113.7", last_access=100)
+    }
+    assert await store.record_token_uses({kept: ("alice", 99, "198.51.100.1")}) == 0  # older: kept
+    assert await store.record_token_uses({kept: ("bob", 200, "198.51.100.1")}) == 0  # not bob's
+    assert (await store.auth_state()).version == version
+
+    declared = token_digest("tk_" + "w" * 29)
+    wanted = {declared: ("alice", Token(label="ci", provisioned=True))}
+    await store.db.transact(provision_tokens, wanted)
+    await store.record_token_uses({declared: ("alice", 300, "192.0.2.1")})
+    version = (await store.auth_state()).version
+    assert await store.db.transact(provision_tokens, wanted) == 0 and (await store.auth_state()).version == version
+    relabelled = {declared: ("alice", Token(label="ci2", provisioned=True))}
+    assert await store.db.transact(provision_tokens, relabelled) == 1
+    assert (await store.list_tokens("alice"))[declared] == Token(
+        label="ci2", provisioned=True, last_access=300, origin="192.0.2.1"
+    )

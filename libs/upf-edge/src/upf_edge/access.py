@@ -248,6 +248,8 @@ class Identity(NamedTuple):
 
     user: str | None
     admin: bool = False
+    token: str = ""
+    """The digest of the token it logged in with ("" for a password or none): its use is recorded."""
 
 
 ANONYMOUS = Identity(None)
@@ -307,7 +309,8 @@ class Authorizer:
         if creds.anonymous:
             return ANONYMOUS, 0
         if creds.token is not None:
-            found = self.state.tokens.get(token_digest(creds.token))
+            digest = token_digest(creds.token)
+            found = self.state.tokens.get(digest)
             if found is None:
                 raise NtfyError(UNAUTHORIZED)
             name, token = found
@@ -316,7 +319,7 @@ class Authorizer:
             user = self.state.users.get(name)
             if user is None:
                 raise NtfyError(UNAUTHORIZED)
-            return Identity(name, user.role == ROLE_ADMIN), token.expires
+            return Identity(name, user.role == ROLE_ADMIN, digest), token.expires
         name = creds.user or ""
         user = self.state.users.get(name)
         if user is None:

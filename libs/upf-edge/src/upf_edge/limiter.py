@@ -49,6 +49,7 @@ from .limits import (
     success_headers,
     visitor_key,
 )
+from .tokenuse import TokenUses
 
 __all__ = ["RequestLimiter", "IDLE_SECS", "presents_credentials"]
 
@@ -130,6 +131,7 @@ class RequestLimiter:
         "_topics",
         "_headers",
         "_stored",
+        "token_uses",
         "__weakref__",
     )
 
@@ -160,6 +162,8 @@ class RequestLimiter:
         self._topics: dict[str, float] = {}  # topic -> when this process last marked it active
         self._headers: dict[int, tuple[tuple[bytes, bytes], ...]] = {}  # remaining -> RateLimit headers
         self._stored: list[float] = [0.0, -math.inf]  # [the fleet's stored bytes, when read]
+        self.token_uses = TokenUses(store, config.trusted, clock)
+        """Tokens' last uses, recorded by :meth:`identify` (every role logs in through it)."""
 
     @classmethod
     def shared(cls, store: Store, settings: Settings) -> RequestLimiter:
@@ -307,11 +311,14 @@ class RequestLimiter:
         if visitor is not None:
             self.login_allowed(visitor)
         try:
-            return gate.identify(authorization, auth_param)
+            who = gate.identify(authorization, auth_param)
         except NtfyError as exc:
             if visitor is None or exc.problem != UNAUTHORIZED:
                 raise
             raise await self.login_failed(visitor) from None
+        if who.token:
+            self.token_uses.note(who.token, who.user or "", peer, forwarded)
+        return who
 
     def login_visitor(self, peer: str, forwarded: str | None) -> str | None:
         """The visitor failed logins are charged to: the address's, exempt or not (ntfy checks

@@ -133,7 +133,7 @@ def test_authenticate_passwords_tokens_and_expiry() -> None:
     assert authz.authenticate(Credentials(user="phil", password="pw"), NOW) == Identity("phil", False)
     assert authz.authenticate(Credentials(user="phil", password="pw"), NOW) == Identity("phil", False)  # cached
     assert authz.authenticate(Credentials(user="root", password="rootpw"), NOW) == Identity("root", True)
-    assert authz.authenticate(Credentials(token=TOKEN), NOW) == Identity("phil", False)
+    assert authz.authenticate(Credentials(token=TOKEN), NOW) == Identity("phil", False, token_digest(TOKEN))
     assert authz.authenticate(Credentials(), NOW) is ANONYMOUS
     for creds in (
         Credentials(user="phil", password="wrong"),
@@ -253,9 +253,9 @@ def test_a_remembered_token_stops_at_its_expiry() -> None:
     authz = Authorizer(expiring)
     clock = Clock(NOW)
     header = "Bearer " + token
-    assert authz.identify(header, None, clock) == Identity("phil", False)
+    assert authz.identify(header, None, clock) == Identity("phil", False, token_digest(token))
     clock.now = NOW + 9.5
-    assert authz.identify(header, None, clock) == Identity("phil", False)  # from the cache
+    assert authz.identify(header, None, clock) == Identity("phil", False, token_digest(token))  # from the cache
     clock.now = NOW + 10
     for _ in range(2):
         with pytest.raises(NtfyError) as err:

@@ -88,7 +88,9 @@ async def test_a_token_moved_to_another_user_leaves_the_first(store) -> None:
     for _ in range(2):  # the next starts give it to alice
         await apply_provisioning(store, load_provisioning(env(users, tokens=f"alice:{TOKEN}")))
     assert await store.list_tokens("bob") == {} and set(await store.list_tokens("alice")) == {token_digest(TOKEN)}
-    assert Authorizer(await store.auth_state()).identify(f"Bearer {TOKEN}", None) == Identity("alice")
+    assert Authorizer(await store.auth_state()).identify(f"Bearer {TOKEN}", None) == Identity(
+        "alice", token=token_digest(TOKEN)
+    )
     await apply_provisioning(store, load_provisioning(env(users)))
     assert await store.list_tokens("alice") == {} and await store.list_tokens("bob") == {}
 

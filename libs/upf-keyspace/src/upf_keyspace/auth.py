@@ -77,7 +77,10 @@ class Token(msgspec.Struct, frozen=True, kw_only=True):
     """The token's first characters, so a listing can tell tokens apart without holding them."""
     provisioned: bool = False
     origin: str = ""
-    """The address it was created from through the token API (ntfy's last_origin)."""
+    """The address it was last used from, else created from through the token API (ntfy's last_origin)."""
+    last_access: int = 0
+    """Unix seconds of its last use as a process recorded it (``ops.auth.record_token_uses``); 0: none
+    since it was made (ntfy's last_access, which starts at its creation)."""
 
 
 class Access(msgspec.Struct, frozen=True, kw_only=True):

@@ -386,6 +386,10 @@ class Store:
     async def change_token(self, name: str, digest: str, label: str | None, expires: int | None) -> Token | None:
         return await self.db.transact(ops.auth.change_token, name, digest, label, expires)
 
+    async def record_token_uses(self, uses: Mapping[str, tuple[str, int, str]]) -> int:
+        """Tokens' last uses, digest -> (owner, unix seconds, origin) (see ``ops.auth.record_token_uses``)."""
+        return await self.db.transact(ops.auth.record_token_uses, uses)
+
     async def list_tokens(self, name: str) -> dict[str, Token]:
         return await self.db.transact(ops.auth.list_tokens, name)
 

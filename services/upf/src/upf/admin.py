@@ -101,6 +101,14 @@ def _expires(expires: int, now: float) -> str:
         return f"expires at unix time {expires}"
 
 
+def _last_use(token: Token) -> str:
+    """When and where a token was last used (the token API's ``last_access``/``last_origin``)."""
+    if not token.last_access:
+        return ", not used yet"
+    origin = f" from {token.origin}" if token.origin.isprintable() and token.origin else ""
+    return f", last used {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime(token.last_access))}{origin}"
+
+
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="upf",
@@ -285,7 +293,7 @@ async def _token(store: Store, args: argparse.Namespace) -> str:
             label = record.label or "(no label)"
             if not label.isprintable():  # a line break from the token API must not forge a line of the listing
                 label = label.encode("unicode_escape").decode("ascii")
-            lines.append(f"{name}: {record.hint}... {label}, {_expires(record.expires, now)}")
+            lines.append(f"{name}: {record.hint}... {label}, {_expires(record.expires, now)}{_last_use(record)}")
     return "\n".join(lines) or "no tokens"
 
 

@@ -1,4 +1,5 @@
-"""Users, tokens and ACL entries: one transaction each, every change bumping the auth version.
+"""Users, tokens and ACL entries: one transaction each, every change bumping the auth version (but
+a token's last use, which changes nobody's access).
 
 Roles cache an :class:`~upf_keyspace.auth.AuthState` and watch the version key, so the bump in the
 same transaction as the change is what makes a running fleet see it. Ordering rules (ntfy's
@@ -7,6 +8,8 @@ a user's tokens and ACL entries go with the user, and names must exist before th
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
 
 import msgspec
 
@@ -40,6 +43,7 @@ __all__ = [
     "remove_token",
     "provision_tokens",
     "change_token",
+    "record_token_uses",
     "MAX_TOKENS",
     "load_state",
     "version",
@@ -174,6 +178,30 @@ async def remove_token(tr: Transaction, name: str, digest: str) -> bool:
     return True
 
 
+async def record_token_uses(tr: Transaction, uses: Mapping[str, tuple[str, int, str]]) -> int:
+    """Set each token's last use (digest -> (owner, unix seconds, origin)), as ntfy's batched token
+    update does; a token removed meanwhile is skipped. No version bump: a use changes nobody's access,
+    and a bump would make every process reload the auth state at each batch. Returns how many changed."""
+    changed = 0
+    for digest, (name, at, origin) in uses.items():
+        key = keys.token_key(name, digest)
+        raw = await tr.get(key)
+        if raw is None:
+            continue
+        token = decode_token(raw)
+        if at > token.last_access or (at == token.last_access and origin != token.origin):
+            tr.set(key, encode_record(msgspec.structs.replace(token, last_access=at, origin=origin)))
+            changed += 1
+    return changed
+
+
+def _unused(token: Token) -> Token:
+    """``token`` without what its uses wrote (``record_token_uses``): what provisioning declares."""
+    if token.last_access or token.origin:
+        return msgspec.structs.replace(token, last_access=0, origin="")
+    return token
+
+
 async def _clear_other_owners(tr: Transaction, name: str, digest: str) -> None:
     """Clear every record of ``digest`` held by a user other than ``name``."""
     for k, _ in await tr.get_range(*keys.token_range()):
@@ -201,7 +229,10 @@ async def provision_tokens(tr: Transaction, wanted: dict[str, tuple[str, Token]]
         elif declared is not None:
             have[digest] = token
     for digest, (owner, token) in wanted.items():
-        if have.get(digest) != token:
+        held = have.get(digest)
+        if held is None or _unused(held) != token:
+            if held is not None:  # its uses stay: a restart re-declares the token, it does not renew it
+                token = msgspec.structs.replace(token, last_access=held.last_access, origin=held.origin)
             await _require_user(tr, owner)
             tr.set(keys.token_key(owner, digest), encode_record(token))
             changed += 1

@@ -22,7 +22,7 @@ from litestar.types import ControllerRouterHandler
 from upf_edge import NtfyError
 from upf_edge.access import UNAUTHORIZED, new_token, parse_credentials, valid_token
 from upf_edge.gate import auth_param
-from upf_edge.limits import client_address, parse_address
+from upf_edge.tokenuse import origin_of
 from upf_keyspace.auth import Token, token_digest
 
 from .. import ingest
@@ -91,18 +91,15 @@ def parse_token_request(body: bytes) -> TokenRequest:
 
 
 def _origin(ctx: WriterContext, request: Request) -> str:
-    """The client's address as ntfy records a token's origin: the one a trusted proxy forwarded (as
-    the request limits read it), else the peer's."""
     client = request.client.host if request.client else ""
-    peer = parse_address(client)
-    if peer is None or ctx.limiter is None:
+    if ctx.limiter is None:
         return client
     forwarded = header_list(request.scope["headers"], ctx.settings.proxy_forwarded_header.lower())
-    return str(client_address(peer, forwarded, ctx.limiter.config.trusted))
+    return origin_of(client, forwarded, ctx.limiter.config.trusted)
 
 
 def _reply(token: str, record: Token) -> Response[bytes]:
-    body = TokenResponse(token, record.label, record.created, record.origin, record.expires)
+    body = TokenResponse(token, record.label, record.last_access or record.created, record.origin, record.expires)
     return Response(_encoder.encode(body) + b"\n", media_type=_JSON)
 
 
