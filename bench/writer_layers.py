@@ -85,6 +85,9 @@ class _FixedReply:
     def body_limit(self, method: str, topic: str, headers: Sequence[tuple[bytes, bytes]], query: bytes) -> int:
         return int(self._front.body_limit(method, topic, headers, query))
 
+    async def admit(self, *_: object) -> Reply | None:
+        return None
+
     async def __call__(self, *_: object) -> Reply:
         return self._reply
 

@@ -8,6 +8,7 @@ import asyncio
 import base64
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -17,6 +18,7 @@ import pytest
 import websockets
 
 from tests.clients.ntfy import error_body
+from tests.clients.raw import exchange
 
 
 def cli(fleet, *args: str, password: str | None = None) -> str:  # type: ignore[no-untyped-def]
@@ -121,6 +123,41 @@ async def test_wrong_credentials_are_401_and_missing_access_403_on_every_route(s
     assert err.value.response.status_code == 401
     # Nothing refused was stored: phil's topic holds nothing.
     assert (await get(secured.base, "/upPHIL0001/json?poll=1", phil)).text == ""
+
+
+async def test_a_refused_publish_waiting_on_100_continue_gets_its_refusal_instead(secured):
+    """``Expect: 100-continue``: bad credentials (401) and a denied topic (403) are answered before the
+    body is asked for, as Go's server answers ntfy's, and the connection closes with the body unsent;
+    a JSON publish's 401 too (its topic is in the body). Allowed, the 100 comes and the body is stored."""
+    head = "POST /{path} HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nExpect: 100-continue\r\n{auth}\r\n"
+    phil, bad = f"Authorization: {basic('phil', 'phil-pass')}\r\n", f"Authorization: {basic('phil', 'no')}\r\n"
+    for path, auth, status, code in (
+        ("upCONT0001", bad, 401, 40101),
+        ("news", phil, 403, 40301),
+        ("upCONT0001", "", 403, 40301),
+        ("", bad, 401, 40101),
+    ):
+        resp, closed = exchange(secured.port, head.format(path=path, auth=auth).encode(), quiet_secs=3)
+        assert not resp.startswith(b"HTTP/1.1 100") and closed, resp
+        head_part, _, body = resp.partition(b"\r\n\r\n")
+        assert int(head_part.split(b" ", 2)[1]) == status and json.loads(body)["code"] == code
+    with socket.create_connection(("127.0.0.1", secured.port), timeout=5) as s:
+        s.sendall(head.format(path="upCONT0001", auth=phil).encode())
+        assert s.recv(1024) == b"HTTP/1.1 100 Continue\r\n\r\n"
+        s.sendall(b"hello")
+        assert s.recv(65536).startswith(b"HTTP/1.1 200 ")
+    # a client that sends its body (and a next request) without waiting: read once the 100 is out
+    pipelined = head.format(path="upCONT0001", auth=phil).encode() + b"world"
+    resp, closed = exchange(
+        secured.port, pipelined + b"GET /v1/health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    )
+    assert resp.startswith(b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 ") and resp.count(b" 200 OK") == 2 and closed
+    resp, closed = exchange(secured.port, head.format(path="news", auth=phil).encode() + b"never")
+    assert resp.startswith(b"HTTP/1.1 403 ") and closed
+    r = await get(secured.base, "/upCONT0001/json?poll=1", {"Authorization": basic("phil", "phil-pass")})
+    assert [json.loads(line)["message"] for line in r.text.splitlines()] == ["hello", "world"]
+    r = await get(secured.base, "/news/json?poll=1", {"Authorization": basic("phil", "phil-pass")})
+    assert r.status_code == 200 and r.text == ""
 
 
 async def test_a_denied_topic_inside_a_multi_topic_subscribe_fails_it_whole(secured):

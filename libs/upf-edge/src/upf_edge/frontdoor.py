@@ -62,6 +62,9 @@ kernel answers a close with bytes still unread by a reset, which can reach the c
 read the reply. 32 MiB covers the 15 MB attachment a client of ntfy's default limits may send."""
 
 
+_CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+
+
 class HandlerCycle:
     """One request served by the ``upf_edge`` handler: read its body, await the handler, write the reply.
 
@@ -99,8 +102,50 @@ class HandlerCycle:
         if self.reader.expect_continue:
             if limit != NO_BODY and head.content_length is not None and head.content_length > limit:
                 return self._too_large()
-            self.owner.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+            if limit != NO_BODY:  # the handler's 401 or 403 comes before the body is asked for
+                self.task = self.owner.spawn(self._admit(buf))
+                return None
+            self.owner.transport.write(_CONTINUE)
         return self.feed(buf)
+
+    async def _admit(self, buf: bytes) -> None:
+        """Ask the handler whether the body is wanted; while it decides, what arrives waits in the
+        owner's buffer (``reading_body`` is false). Refused: the reply, and the connection closes with
+        the body unread (a lingering close drops it). Else ``100 Continue`` and the body is read."""
+        head = self.head
+        owner = self.owner
+        try:
+            refusal = await self.handler.admit(
+                head.method, head.path[1:], head.headers, head.query_string, owner.client
+            )
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # the request's own call meets it again, and answers
+            log.exception("handler admit failed", extra={"method": head.method})
+            refusal = None
+        t = owner.transport
+        if owner.gone or t.is_closing() or owner.cycle is not self:
+            return
+        if refusal is not None:
+            self.keep_alive = False
+            t.write(reply_response(refusal, keep_alive=False, head_only=head.method == "HEAD"))
+            owner.cycle_done(self, False)
+            return
+        self.task = None
+        t.write(_CONTINUE)
+        pending, owner.buf = owner.buf, b""
+        try:
+            rest = self.feed(buf + pending)
+        except HttpError as e:
+            owner._refuse(e)
+            return
+        if rest is not None:
+            owner._disarm()
+            owner.buf = rest
+        elif owner.eof:  # half-closed before its body came: it never will
+            t.close()
+            return
+        t.resume_reading()
 
     def feed(self, data: bytes) -> bytes | None:
         assert self.reader is not None

@@ -49,6 +49,14 @@ class Handler(Protocol):
         raise it (ntfy's template mode takes a body of 32 KB)."""
         ...
 
+    async def admit(
+        self, method: str, topic: str, headers: Sequence[tuple[bytes, bytes]], query: bytes, client: str
+    ) -> Reply | None:
+        """For a client waiting on ``Expect: 100-continue``: the refusal its body would not change (a
+        401 or 403, as Go's server answers before the body is asked for), or None to ask for it. Nothing
+        is charged here: the request's own call does that, once."""
+        ...
+
     async def __call__(
         self,
         method: str,

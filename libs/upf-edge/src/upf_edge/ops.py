@@ -123,6 +123,11 @@ class OpsRoutes:
     def body_limit(self, method: str, topic: str, headers: Sequence[tuple[bytes, bytes]], query: bytes) -> int:
         return NO_BODY
 
+    async def admit(
+        self, method: str, topic: str, headers: Sequence[tuple[bytes, bytes]], query: bytes, client: str
+    ) -> Reply | None:
+        return None  # reads no body: never asked
+
     async def __call__(
         self,
         method: str,

@@ -49,6 +49,14 @@ webhooks that can only GET (a body, if one is sent, is the message, as ntfy read
 _TEMPLATE_HEADERS = frozenset({b"x-template", b"template"})
 
 
+def _publishable(topic: str) -> bool:
+    try:
+        ingest.validate_topic(topic)
+    except NtfyError:
+        return False
+    return True
+
+
 def problem_reply(problem: Problem, headers: tuple[tuple[bytes, bytes], ...] = ()) -> Reply:
     return Reply(problem.http, problem.body(), headers)
 
@@ -107,6 +115,27 @@ class WriterFront:
                     return ingest.TEMPLATE_BODY_MAX
             return self._max
         return NO_BODY
+
+    async def admit(
+        self, method: str, topic: str, raw_headers: Sequence[tuple[bytes, bytes]], query: bytes, client: str
+    ) -> Reply | None:
+        """A publish whose client waits on ``Expect: 100-continue``: bad credentials (401, 42909) and,
+        for a path's topic, a denied one (403) are answered before the body is sent, as ntfy's are
+        (Go asks for the body when the handler first reads it). The rest (the request limit, the
+        body's own checks) waits for the body: those the publish itself charges."""
+        gate = self.ctx.gate
+        if gate is None or gate.open:
+            return None
+        name = topic.partition("/")[0]
+        try:
+            headers, params = decode_headers(raw_headers), decode_query(query)
+            forwarded = forwarded_of(headers, raw_headers, self._forwarded)
+            who = await self.ctx.identify(headers.get("authorization"), auth_param(params), client, forwarded)
+            if _publishable(name):  # else (or "", a JSON publish's topic is in its body) the publish's 400
+                gate.authorize(who, (name,), write=True)
+        except NtfyError as exc:
+            return self._refused(exc, "topic" if topic else "json")
+        return None
 
     async def __call__(
         self,
