@@ -134,18 +134,11 @@ class HandlerCycle:
         self.task = None
         t.write(_CONTINUE)
         pending, owner.buf = owner.buf, b""
-        try:
-            rest = self.feed(buf + pending)
-        except HttpError as e:
-            owner._refuse(e)
-            return
-        if rest is not None:
-            owner._disarm()
-            owner.buf = rest
-        elif owner.eof:  # half-closed before its body came: it never will
+        owner.feed_body(self, buf + pending)
+        if self.reading_body and owner.eof:  # half-closed before its body came: it never will
             t.close()
-            return
-        t.resume_reading()
+        elif not t.is_closing():
+            t.resume_reading()
 
     def feed(self, data: bytes) -> bytes | None:
         assert self.reader is not None
@@ -273,14 +266,7 @@ class HttpProtocol(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         cycle = self.cycle
         if cycle is not None and cycle.reading_body:
-            try:
-                rest = cycle.feed(data)
-            except HttpError as e:
-                self._refuse(e)
-                return
-            if rest is not None:
-                self._disarm()
-                self.buf = rest
+            self.feed_body(cycle, data)
             return
         scanned = len(self.buf)
         self.buf += data
@@ -292,6 +278,17 @@ class HttpProtocol(asyncio.Protocol):
                 self.transport.pause_reading()
             return
         self._process(scanned)
+
+    def feed_body(self, cycle: Cycle | HandlerCycle, data: bytes) -> None:
+        """Body bytes for ``cycle``; once the body is whole, what follows it is the next request's."""
+        try:
+            rest = cycle.feed(data)
+        except HttpError as e:
+            self._refuse(e)
+            return
+        if rest is not None:
+            self._disarm()
+            self.buf = rest
 
     def eof_received(self) -> bool | None:
         """The peer half-closed. A request it sent whole still runs and is answered, then the
