@@ -8,10 +8,12 @@ import contextlib
 import time
 
 import pytest
+from msgspec.structs import replace
 
 from upf_keyspace import SINCE_ALL, SINCE_LATEST, SINCE_NONE, Envelope, Since, keys
 from upf_keyspace.envelope import encode_envelope
 from upf_keyspace.msgid import decode_id, encode_id
+from upf_keyspace.ops.publish import IDEM_KEEP_SECS
 
 
 @pytest.fixture
@@ -185,12 +187,34 @@ async def test_release_stops_pokes(store):
 
 async def test_expire_removes_due_messages_only(store):
     now = int(time.time())
-    await store.publish("t", env("due", t=now - 100, ttl=10), idem="k")
+    old = now - IDEM_KEEP_SECS - 100
+    await store.publish("t", env("due", t=old, ttl=10), idem="k")
     await store.publish("t", env("fresh", t=now, ttl=3600))
     assert await store.expire(now) == 1
     assert [m.envelope.message for m in await store.read_after("t", None)] == ["fresh"]
-    # the idempotency marker went with it: the same key publishes anew
+    # published over IDEM_KEEP_SECS ago, its idempotency marker went with it: the same key publishes anew
     assert not (await store.publish("t", env("again"), idem="k")).duplicate
+
+
+async def test_an_idempotency_key_outlives_its_message_for_a_retry(store):
+    """A TTL 0 push retried after its message expired (or was replaced by its Web Push Topic) is
+    answered as the original, with its id and times, and not stored again, until ``IDEM_KEEP_SECS``
+    after its publish; then the marker's own X entry clears it."""
+    now = int(time.time())
+    first = await store.publish("t", env("push", t=now - 10, ttl=0), idem="k0")
+    assert await store.expire(now) == 1 and await store.read_after("t", None) == []
+    retry = await store.publish("t", env("push", t=now, ttl=0), idem="k0")
+    assert retry.duplicate and retry.stamp == first.stamp
+    assert (retry.envelope.time, retry.envelope.expires) == (now - 10, now - 10)
+    assert await store.read_after("t", None) == []
+    assert await store.expire(now - 10 + IDEM_KEEP_SECS + 1) == 1  # the marker's hold
+    assert not (await store.publish("t", env("push", t=now, ttl=0), idem="k0")).duplicate
+
+    a = await store.publish("r", replace(env("A", t=now, ttl=3600), push_topic="s"), idem="kA")
+    await store.publish("r", replace(env("B", t=now, ttl=3600), push_topic="s"), idem="kB")
+    again = await store.publish("r", replace(env("A", t=now + 1, ttl=3600), push_topic="s"), idem="kA")
+    assert again.duplicate and again.stamp == a.stamp
+    assert [m.envelope.message for m in await store.read_after("r", None)] == ["B"]
 
 
 async def test_dead_node_sweep(store):
@@ -346,13 +370,17 @@ async def test_a_publish_with_a_push_topic_keeps_its_own_transaction_keyed_ones_
 @embedded_only
 async def test_keyed_publishes_in_one_group_store_each_key_once(store):
     """In one grouped transaction: a key twice stores the first and answers the second with it; a key
-    an earlier commit stored answers with that message; a key whose marker outlived its message
+    an earlier commit stored answers with that message, also once the message is gone (the marker
+    holds its times); a marker without them (written before markers held them) whose message is gone
     publishes anew. Only what was stored is counted."""
     stored = await store.publish("t", env("stored"), idem="old")
     gone = await store.publish("t", env("gone"), idem="expired")
+    held = await store.publish("t", env("held"), idem="held")
 
-    async def drop_message(tr):  # its Q entry only: the marker is left behind, stale
+    async def drop_message(tr):  # Q entries only: the markers are left behind, one as an old one
         tr.clear(keys.queue_key("t", gone.stamp))
+        tr.clear(keys.queue_key("t", held.stamp))
+        tr.set(keys.idem_key("t", "expired", gone.stamp), b"")
 
     await store.db.transact(drop_message)
     count = (await store.stats())[0]
@@ -366,10 +394,12 @@ async def test_keyed_publishes_in_one_group_store_each_key_once(store):
             store.publish("other", env("d"), idem="new"),  # a key is per topic
             store.publish("t", env("e"), idem="expired"),
             store.publish("t", env("f")),
+            store.publish("t", env("held again"), idem="held"),
         )
         await asyncio.sleep(0.05)
     await first
-    a, b, c, d, e, f = await rest
+    a, b, c, d, e, f, h = await rest
+    assert h.duplicate and (h.id, h.envelope.message, h.envelope.time) == (held.id, "held again", held.envelope.time)
     assert len({p.stamp[:10] for p in (a, d, e)}) == 1  # the keyed ones stored: one grouped transaction
     assert not a.duplicate and c.duplicate and (c.id, c.envelope.message) == (a.id, "a")
     assert b.duplicate and (b.id, b.envelope.message) == (stored.id, "stored")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 
 import pytest
+from msgspec.structs import replace
 
 from upf_keyspace import Envelope, Since, keys
 
@@ -26,8 +27,8 @@ async def rows(store, prefix: keys.Prefix) -> list:
     return await store.db.transact(body)
 
 
-async def messages(store, topic: str) -> list[str]:
-    return [r.envelope.message for r in await store.read_after(topic, None)]
+async def messages(store, topic: str, after: bytes | None = None) -> list[str]:
+    return [r.envelope.message for r in await store.read_after(topic, after)]
 
 
 @pytest.mark.parametrize("stored_first", [False, True], ids=["two Topic releases", "plain then Topic"])
@@ -64,7 +65,8 @@ async def test_a_late_release_does_not_make_since_time_skip_later_messages(store
 
 async def test_a_topic_replacement_leaves_no_time_index_nor_release_entry(store) -> None:
     """Replacing a message (Web Push Topic) cleared its Q, X and ID entries but not the QT entry naming
-    it nor, for a released scheduled message, its SR entry: both stayed for good."""
+    it nor, for a released scheduled message, its SR entry: both stayed for good. The SR entry now
+    stays as after an expiry: until the release + the longest TTL, then the janitor clears it."""
     now = int(time.time())
     await store.publish("t", env("A", now, push_topic="p"))
     await store.publish("t", env("B", now + 5, push_topic="p"))  # replaces A
@@ -72,7 +74,10 @@ async def test_a_topic_replacement_leaves_no_time_index_nor_release_entry(store)
     await store.release_due(now + 10)
     await store.publish("t", env("D", now + 11, push_topic="q"))  # replaces released C
     await store.expire(now + 10**6)
-    assert [await rows(store, p) for p in (keys.Prefix.QUEUE, keys.Prefix.TIME_INDEX, keys.Prefix.RELEASED)] == [[]] * 3
+    assert [await rows(store, p) for p in (keys.Prefix.QUEUE, keys.Prefix.TIME_INDEX)] == [[]] * 2
+    assert len(await rows(store, keys.Prefix.RELEASED)) == 1
+    await store.expire(now + 10 + store.max_ttl_secs + 1)
+    assert [await rows(store, p) for p in (keys.Prefix.RELEASED, keys.Prefix.EXPIRY)] == [[]] * 2
 
 
 async def test_a_ttl_0_message_outlives_its_own_second(store) -> None:
@@ -129,3 +134,17 @@ async def test_a_node_holding_topics_without_a_liveness_record_is_swept(store) -
     assert await store.sweep_node("ghost", now, 30) == 2
     assert (await store.publish("t", env("x", now))).poked == 1  # only the live holder
     assert await store.dead_nodes(now, 30) == []
+
+
+async def test_a_released_messages_id_still_resumes_after_its_web_push_topic_replaced_it(store) -> None:
+    """The same when a newer message with its Web Push ``Topic`` replaced it: the replacement cleared
+    its SR entry, so its id resumed from where it was scheduled and B came again. The replacement now
+    holds SR as the janitor's expiry does."""
+    now = int(time.time())
+    a = await store.schedule("t", replace(env("A", now + 10, ttl=60), push_topic="s"), now + 10)
+    await store.publish("t", env("B", now + 5))
+    await store.release_due(now + 10)
+    await store.publish("t", replace(env("C", now + 11), push_topic="s"))
+    assert await messages(store, "t") == ["B", "C"]
+    cursor = (await store.positions(["t"], Since("stamp", stamp=a.stamp)))["t"]
+    assert await messages(store, "t", cursor) == ["C"]

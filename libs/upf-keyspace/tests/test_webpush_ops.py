@@ -9,6 +9,7 @@ import msgspec
 import pytest
 
 from upf_keyspace import Envelope, keys
+from upf_keyspace.ops.publish import IDEM_KEEP_SECS
 
 
 @pytest.fixture
@@ -30,17 +31,19 @@ async def rows(store, begin: bytes, end: bytes) -> list[tuple[bytes, bytes]]:
 
 async def test_same_push_topic_replaces_in_the_queue(store):
     """Two publishes with one Topic leave the newer only (its own id); other Topics and plain
-    messages stay; X, ID and marker entries of the replaced one are gone."""
+    messages stay; the replaced one's X entry and Topic marker are gone, and its idempotency marker
+    is held as after an expiry, under an X entry of its own (``IDEM_KEEP_SECS`` after its publish)."""
     await store.publish("t", env("plain"))
-    first = await store.publish("t", env("old", "news", idem="k1"))
+    first = await store.publish("t", env("old", "news", idem="k1", ttl=7200), idem="k1")
     await store.publish("t", env("other", "sport"))
     second = await store.publish("t", env("new", "news"))
     assert second.id != first.id and second.stamp > first.stamp
     assert [m.envelope.message for m in await store.read_after("t", None)] == ["plain", "other", "new"]
     expiries = await rows(store, *keys.expiry_range(2**40))
     assert keys.expiry_key(first.envelope.expires, "t", first.stamp) not in [k for k, _ in expiries]
-    assert len(expiries) == 3
-    assert await rows(store, *keys.idem_range("t", "k1")) == []
+    hold = keys.expiry_key(first.envelope.time + IDEM_KEEP_SECS, "t", first.stamp)
+    assert len(expiries) == 4 and (hold, b"k1") in expiries
+    assert [k for k, _ in await rows(store, *keys.idem_range("t", "k1"))] == [keys.idem_key("t", "k1", first.stamp)]
     markers = await rows(store, *keys.push_topic_range("t", "news"))
     assert [keys.unpack_push_topic_key(k)[2] for k, _ in markers] == [second.stamp]
 

@@ -18,7 +18,7 @@ from upf import backup as bk
 from upf_keyspace import Envelope, Settings, keys, open_store
 from upf_keyspace.drivers.embedded import raise_stamp_floor
 from upf_keyspace.msgid import encode_id
-from upf_keyspace.ops.publish import RELEASED_MARK
+from upf_keyspace.ops.publish import IDEM_KEEP_SECS, RELEASED_MARK
 
 
 async def test_restore_repairs_split_entries_and_raises_the_version(tmp_path: Path, monkeypatch) -> None:
@@ -410,5 +410,28 @@ async def test_a_restore_stopped_half_way_is_refused_by_the_roles_and_finished_b
     dst = await open_store(dst_settings)
     try:
         assert [s.envelope.message for s in await dst.read_after("upHALF", None)] == [f"m{i}" for i in range(30)]
+    finally:
+        await dst.close()
+
+
+async def test_an_idempotency_marker_held_past_its_message_is_restored_with_its_hold(tmp_path: Path) -> None:
+    """A TTL 0 push's marker outlives its message (``IDEM_KEEP_SECS``) under an X entry of its own: a
+    restore keeps both, so a retry after the restore is still answered, not stored, and the janitor
+    still clears the marker in time."""
+    now = int(time.time())
+    src = await open_store(Settings(store_path=str(tmp_path / "a.db")))
+    try:
+        first = await src.publish("upI", Envelope(time=now, expires=now, message="p", idem="k-0"), idem="k-0")
+        assert await src.expire(now + 1) == 1
+        await bk.backup(src, str(tmp_path / "b"))
+    finally:
+        await src.close()
+    dst = await open_store(Settings(store_path=str(tmp_path / "c.db")))
+    try:
+        await bk.restore(dst, str(tmp_path / "b"))
+        retry = await dst.publish("upI", Envelope(time=now + 2, expires=now + 2, message="p", idem="k-0"), idem="k-0")
+        assert retry.duplicate and retry.stamp == first.stamp and await dst.read_after("upI", None) == []
+        assert await dst.expire(now + IDEM_KEEP_SECS + 1) == 1
+        assert await _ranges(dst, keys.Prefix.EXPIRY, keys.Prefix.IDEMPOTENCY) == [[], []]
     finally:
         await dst.close()

@@ -96,7 +96,12 @@ class Store:
             return _published(await pending.commit_stamp, pending)
         if envelope.push_topic:
             pending = await self.db.transact(
-                ops.publish.publish, topic, envelope, shard_count=self.shard_count, idem=idem
+                ops.publish.publish,
+                topic,
+                envelope,
+                shard_count=self.shard_count,
+                idem=idem,
+                keep_released_secs=self.max_ttl_secs,
             )
         else:
             pending = await self.db.transact_grouped(
@@ -184,7 +189,12 @@ class Store:
     async def release_due(self, now: float, limit: int = 100) -> int:
         """Move scheduled messages due at ``now`` (unix secs) into Q (exactly once, whichever node runs it)."""
         return await self.db.transact(
-            ops.schedule.release_due, int(now), limit, shard_count=self.shard_count, now_ms=int(now * 1000)
+            ops.schedule.release_due,
+            int(now),
+            limit,
+            shard_count=self.shard_count,
+            now_ms=int(now * 1000),
+            keep_released_secs=self.max_ttl_secs,
         )
 
     async def stats(self) -> tuple[int, float]:

@@ -216,6 +216,10 @@ class _Survey:
     """(topic, publish id, Q stamp) of every SR entry in the file."""
     kept_maps: set[tuple[str, bytes, bytes]] = field(default_factory=set)
     """The same, of every X entry that clears an SR entry (``RELEASED_MARK``)."""
+    markers: set[tuple[str, str, bytes]] = field(default_factory=set)
+    """(topic, key, Q stamp) of every idempotency marker in the file."""
+    kept_markers: set[tuple[str, str, bytes]] = field(default_factory=set)
+    """The same, of every X entry that clears one (its value is the key)."""
     top: bytes = b""
     """The largest message stamp or scheduled publish id."""
     stored: Counter[int] = field(default_factory=Counter)
@@ -313,8 +317,10 @@ def _survey(survey: _Survey, pair: Pair) -> None:
             survey.indexed.add(pair.key)
             if (origin := _released_origin(pair.value)) is not None:
                 survey.kept_maps.add((topic, origin, stamp))
+            elif pair.value:
+                survey.kept_markers.add((topic, pair.value.decode(), stamp))
         elif prefix is keys.Prefix.IDEMPOTENCY:
-            keys.unpack_idem_key(pair.key)
+            survey.markers.add(keys.unpack_idem_key(pair.key))
         elif prefix is keys.Prefix.SCHEDULED:
             _, origin, _ = keys.unpack_scheduled_key(pair.key)
             decode_envelope(pair.value)  # the releaser's
@@ -475,13 +481,16 @@ def _kept(survey: _Survey, pair: Pair) -> bool:
         _, topic, stamp = keys.unpack_expiry_key(pair.key)
         if (topic, stamp) in survey.messages:
             return True
-        # Its message is gone (expired, or not yet published when the Q pages were read); kept only
-        # where it is the janitor's hold on a released message's SR entry, which it clears in time.
+        # Its message is gone (expired, replaced, or not yet published when the Q pages were read);
+        # kept only where it is the janitor's hold on what outlives it (a released message's SR
+        # entry, an idempotency marker), which it clears in time.
         origin = _released_origin(pair.value)
-        return origin is not None and (topic, origin, stamp) in survey.mapped
+        if origin is not None:
+            return (topic, origin, stamp) in survey.mapped
+        return bool(pair.value) and (topic, pair.value.decode(), stamp) in survey.markers
     if prefix is keys.Prefix.IDEMPOTENCY:
-        topic, _, stamp = keys.unpack_idem_key(pair.key)
-        return (topic, stamp) in survey.messages
+        topic, idem, stamp = keys.unpack_idem_key(pair.key)
+        return (topic, stamp) in survey.messages or (topic, idem, stamp) in survey.kept_markers
     if prefix is keys.Prefix.TIME_INDEX:  # the janitor would never clear one whose message is gone
         topic, _ = keys.unpack_time_index_key(pair.key)
         return (topic, pair.value) in survey.messages

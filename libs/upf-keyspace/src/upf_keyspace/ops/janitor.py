@@ -3,9 +3,8 @@ from __future__ import annotations
 from .. import keys
 from ..contract import Transaction
 from ..envelope import decode_envelope
-from ..msgid import decode_id
 from .inbox import SWEPT
-from .publish import RELEASED_MARK, add_tally, unindex_time
+from .publish import add_tally, hold_until, retire, unindex_time
 
 MARKER_KEEP_SECS = 60
 """How long a FoundationDB commit marker (keys: TX) is kept. Only its own ``transact`` call reads it,
@@ -14,41 +13,33 @@ for clock skew between the writer's host and the janitor's."""
 
 
 async def expire(tr: Transaction, now: int, limit: int, keep_released_secs: int = 0) -> int:
-    """Delete up to ``limit`` messages whose expiry is before ``now``, with their X and ID (or SR)
-    entries, the time-index entry that names them and their Web Push Topic marker (else one marker per
-    (topic, Topic) never reused would stay for good). Not at ``now``: a message's expiry second is its
-    own (TTL 0 expires at its publish second, and a pass within that second would take it from a
+    """Delete up to ``limit`` messages whose expiry is before ``now``, with their X entries, the
+    time-index entry that names them and their Web Push Topic marker (else one marker per (topic,
+    Topic) never reused would stay for good). Not at ``now``: a message's expiry second is its own
+    (TTL 0 expires at its publish second, and a pass within that second would take it from a
     subscriber who is being poked for it; RFC 8030 delivers it to a connected user agent).
 
-    A released scheduled message's SR entry (its publish id -> its Q stamp, what ``since=<that id>``
-    resumes from) outlives it by up to ``keep_released_secs`` after its release (the longest TTL):
-    without it that id resumes from where it was scheduled, and messages published between its
-    scheduling and its release, which the subscriber got before it, would come again. An X entry
-    of its own at that time (a plain key, the stamp is known) clears it."""
+    What its X entry names outlives it (``publish.hold_until``), under an X entry of its own that a
+    later pass clears: a released scheduled message's SR entry by up to ``keep_released_secs`` after
+    its release (the longest TTL), else its id would resume from where it was scheduled and messages
+    published between its scheduling and its release, which the subscriber got before it, would come
+    again; an idempotency marker for ``IDEM_KEEP_SECS`` after its publish, else a retry of a TTL 0
+    push would be delivered twice."""
     rows = await tr.get_range(*keys.expiry_range(now), limit=limit)
-    for key, idem in rows:
+    for key, x_value in rows:
         expiry, topic, stamp = keys.unpack_expiry_key(key)
         raw = await tr.get(keys.queue_key(topic, stamp), snapshot=True)
-        keep_until = 0
+        until = 0
         if raw is not None:
             add_tally(tr, topic, 0, -len(raw))
             env = decode_envelope(raw)
             await unindex_time(tr, topic, stamp, env.time)
             if env.push_topic:
                 tr.clear(keys.push_topic_key(topic, env.push_topic, stamp))
-            if keep_released_secs and idem.startswith(RELEASED_MARK):
-                keep_until = env.published_ms // 1000 + keep_released_secs
+            until = hold_until(env, x_value, keep_released_secs)
         tr.clear(keys.queue_key(topic, stamp))
         tr.clear(key)
-        if keep_until > max(now, expiry):
-            tr.set(keys.expiry_key(keep_until, topic, stamp), idem)  # the SR entry's own expiry
-            continue
-        if idem.startswith(RELEASED_MARK):
-            origin = decode_id(idem[1:].decode("ascii", "replace"))
-            if origin is not None:
-                tr.clear(keys.released_key(topic, origin, stamp))
-        elif idem:
-            tr.clear(keys.idem_key(topic, idem.decode(), stamp))
+        retire(tr, topic, stamp, x_value, until, max(now, expiry))
     return len(rows)
 
 

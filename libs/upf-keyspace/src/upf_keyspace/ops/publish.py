@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import struct
 from collections.abc import Awaitable, Sequence
 
 import msgspec
@@ -49,6 +50,15 @@ message, not an idempotency key (those are printable ASCII): the janitor then cl
 
 _TALLY_BITS = 1 << 128
 
+IDEM_KEEP_SECS = 3600
+"""How long after its publish an idempotency key still answers a retry when its message leaves sooner
+(TTL 0, ``X-Cache: no``, a Web Push ``Topic`` replacement): a retry after a lost answer comes within
+seconds or minutes, and it must not deliver the message twice."""
+
+_MARKER = struct.Struct("<qq")
+"""An idempotency marker's value: its message's time and expiry, so a retry is answered as the
+original was once the message is gone."""
+
 
 def add_tally(tr: Transaction, topic: str, messages: int, stored_bytes: int, *, appended: bool = False) -> None:
     """Add to ``/v1/stats``' message count and to the fleet's stored message bytes (for
@@ -76,24 +86,26 @@ async def publish(
     origin: bytes = b"",
     count: bool = True,
     index: bool = True,
+    keep_released_secs: int = 0,
 ) -> Pending:
     """Append to Q, index in X, poke every node holding the topic: one stamp for all of it.
 
     ``origin`` is set by a scheduled release: the stamp the publisher was given, remembered in the X
     entry so the janitor can clear the SR entry that maps it to this Q stamp. ``count``: add to the
     stats' message count (a release was counted when it was scheduled). ``index``: point the time
-    index (QT) at it (a late release is not: its second is in the past)."""
+    index (QT) at it (a late release is not: its second is in the past). ``keep_released_secs``: how
+    long a released message's SR entry outlives it (the janitor's, for a Topic replacement's)."""
     if idem:
-        original = await _original(tr, topic, await tr.get_range(*keys.idem_range(topic, idem), limit=1))
+        original = await _original(tr, topic, await tr.get_range(*keys.idem_range(topic, idem), limit=1), env)
         if isinstance(original, Pending):
             return original
         if original is not None:
-            tr.clear(original)  # the original expired: publish anew
+            tr.clear(original)  # a marker without its times, its message gone: publish anew
     # Read before writing: a read that none of the transaction's own writes can touch needs no merge
     # with them (the embedded driver then reads its snapshot directly: 4% of a publish's instructions).
     holders = await tr.get_range(*keys.affinity_range(topic))
     if env.push_topic:
-        await replace_push_topic(tr, topic, env.push_topic)
+        await replace_push_topic(tr, topic, env.push_topic, env.time, keep_released_secs)
     tallies: dict[int, list[int]] = {}
     pending = _append(
         tr,
@@ -138,7 +150,7 @@ async def publish_keyed(
     groups plain ones (a group of their own: plain publishes pay nothing for keys). Each key's
     marker is read with the affinity ranges, before any write. A key an earlier commit stored
     answers with that message (``duplicate_of``); a key twice in the group, its later items with the
-    first's (``repeat``); a marker whose message is gone is cleared and the publish stored anew."""
+    first's (``repeat``), also once the message is gone (see ``IDEM_KEEP_SECS``)."""
     n = len(items)
     found = await tr.get_ranges(
         [(*keys.affinity_range(topic), 0) for topic, _, _ in items]
@@ -146,8 +158,8 @@ async def publish_keyed(
     )
     stored: dict[int, Pending] = {}
     stale: list[bytes] = []
-    for i, (topic, _, _) in enumerate(items):
-        original = await _original(tr, topic, found[n + i])
+    for i, (topic, env, _) in enumerate(items):
+        original = await _original(tr, topic, found[n + i], env)
         if isinstance(original, Pending):
             stored[i] = original
         elif original is not None:
@@ -172,17 +184,25 @@ async def publish_keyed(
     return out
 
 
-async def _original(tr: Transaction, topic: str, marker: Sequence[tuple[bytes, bytes]]) -> Pending | bytes | None:
-    """What an idempotency key's marker (its range, read with limit 1) means: the earlier publish's
-    answer while its message is stored, else the marker's key, stale, for the caller to clear (None:
-    no marker)."""
+async def _original(
+    tr: Transaction, topic: str, marker: Sequence[tuple[bytes, bytes]], env: Envelope
+) -> Pending | bytes | None:
+    """What an idempotency key's marker (its range, read with limit 1) means for the retry ``env``:
+    the earlier publish's answer, from its message while stored, else from the retry's own content
+    with the original's id and times (the marker outlives it, ``IDEM_KEEP_SECS``); the marker's key,
+    stale, for the caller to clear when it holds no times (written before markers did); None: no
+    marker."""
     if not marker:
         return None
-    _, _, stamp = keys.unpack_idem_key(marker[0][0])
+    key, value = marker[0]
+    _, _, stamp = keys.unpack_idem_key(key)
     raw = await tr.get(keys.queue_key(topic, stamp))
-    if raw is None:
-        return marker[0][0]
-    return Pending(envelope=decode_envelope(raw), duplicate_of=stamp)
+    if raw is not None:
+        return Pending(envelope=decode_envelope(raw), duplicate_of=stamp)
+    if len(value) != _MARKER.size:
+        return key
+    time, expires = _MARKER.unpack(value)
+    return Pending(envelope=replace(env, time=time, expires=expires), duplicate_of=stamp)
 
 
 def _add_tallies(tr: Transaction, tallies: dict[int, list[int]]) -> None:
@@ -221,7 +241,7 @@ def _append(
     if index:
         index_time(tr, topic, env.time, uv)
     if idem:
-        tr.set_versionstamped_key(keys.idem_key_incomplete(topic, idem, uv), b"")
+        tr.set_versionstamped_key(keys.idem_key_incomplete(topic, idem, uv), _MARKER.pack(env.time, env.expires))
     if holders:
         shard = keys.shard_of(topic, shard_count)
         payload = topic.encode()
@@ -232,10 +252,14 @@ def _append(
     return Pending(envelope=env, user_version=uv, commit_stamp=stamp, poked=len(holders))
 
 
-async def replace_push_topic(tr: Transaction, topic: str, push_topic: str) -> int:
+async def replace_push_topic(
+    tr: Transaction, topic: str, push_topic: str, now: int, keep_released_secs: int = 0
+) -> int:
     """RFC 8030 section 5.4: the message this Web Push ``Topic`` last named on ``topic``, if it is
-    still stored, leaves the queue (its Q, X and ID entries) with its marker, in the transaction that
-    stores its replacement. Returns how many messages were replaced (0 or 1)."""
+    still stored, leaves the queue with its marker, in the transaction that stores its replacement
+    (``now``: its time), as the janitor's expiry takes a message: its idempotency marker or SR entry
+    is held as long (``hold_until``), so a retry of it is not stored again, nor does its id resume from
+    before it. Returns how many messages were replaced (0 or 1)."""
     replaced = 0
     for marker, _ in await tr.get_range(*keys.push_topic_range(topic, push_topic)):
         _, _, stamp = keys.unpack_push_topic_key(marker)
@@ -246,15 +270,35 @@ async def replace_push_topic(tr: Transaction, topic: str, push_topic: str) -> in
             tr.clear(qkey)
             add_tally(tr, topic, 0, -len(raw))
             tr.clear(keys.expiry_key(old.expires, topic, stamp))
-            if old.idem:
-                tr.clear(keys.idem_key(topic, old.idem, stamp))
-            origin = decode_id(old.origin_id) if old.origin_id else None
-            if origin is not None:  # a released scheduled message: its publish id's map to Q goes too
-                tr.clear(keys.released_key(topic, origin, stamp))
+            x_value = RELEASED_MARK + old.origin_id.encode() if old.origin_id else old.idem.encode()
+            retire(tr, topic, stamp, x_value, hold_until(old, x_value, keep_released_secs), now)
             await unindex_time(tr, topic, stamp, old.time)  # as the janitor's expiry does
             replaced += 1
         tr.clear(marker)
     return replaced
+
+
+def hold_until(env: Envelope, x_value: bytes, keep_released_secs: int) -> int:
+    """Until when what a message's X entry names (``x_value``) outlives the message: a released
+    scheduled message's SR entry (its publish id -> its Q stamp, what ``since=<that id>`` resumes
+    from) until ``keep_released_secs`` after its release; an idempotency marker until
+    ``IDEM_KEEP_SECS`` after its publish; 0: nothing to hold."""
+    if x_value.startswith(RELEASED_MARK):
+        return env.published_ms // 1000 + keep_released_secs if keep_released_secs else 0
+    return env.time + IDEM_KEEP_SECS if x_value else 0
+
+
+def retire(tr: Transaction, topic: str, stamp: bytes, x_value: bytes, until: int, now: int) -> None:
+    """What the X entry of a message that left Q named: held under an X entry of its own at ``until``
+    (a plain key: the stamp is known) while that is after ``now``, else cleared."""
+    if until > now:
+        tr.set(keys.expiry_key(until, topic, stamp), x_value)
+    elif x_value.startswith(RELEASED_MARK):
+        origin = decode_id(x_value[1:].decode("ascii", "replace"))
+        if origin is not None:
+            tr.clear(keys.released_key(topic, origin, stamp))
+    elif x_value:
+        tr.clear(keys.idem_key(topic, x_value.decode(), stamp))
 
 
 async def unindex_time(tr: Transaction, topic: str, stamp: bytes, second: int) -> None:

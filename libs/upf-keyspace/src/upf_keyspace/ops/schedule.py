@@ -47,7 +47,9 @@ async def watch_due(tr: Transaction) -> tuple[int | None, Watch]:
     return await next_due(tr), tr.watch(keys.schedule_bell_key())
 
 
-async def release_due(tr: Transaction, now: int, limit: int, *, shard_count: int, now_ms: int = 0) -> int:
+async def release_due(
+    tr: Transaction, now: int, limit: int, *, shard_count: int, now_ms: int = 0, keep_released_secs: int = 0
+) -> int:
     """Move up to ``limit`` messages due at or before ``now`` from S into Q, poking their topics' holders
     as a publish does. Returns how many were released. ``now_ms`` becomes their ``published_ms``, so a
     pusher's delivery latency counts from the release, not from the scheduling."""
@@ -67,7 +69,14 @@ async def release_due(tr: Transaction, now: int, limit: int, *, shard_count: int
         # Released late (a releaser down, say), its due second is not indexed: that entry would name a
         # stamp newer than later seconds' messages, and since=<a later second> would skip them.
         pending = await publish(
-            tr, topic, env, shard_count=shard_count, origin=origin, count=False, index=env.time >= now
+            tr,
+            topic,
+            env,
+            shard_count=shard_count,
+            origin=origin,
+            count=False,
+            index=env.time >= now,
+            keep_released_secs=keep_released_secs,
         )
         tr.set_versionstamped_key(keys.released_key_incomplete(topic, origin, pending.user_version), b"")
         written.add(topic)
