@@ -2,7 +2,7 @@
 
 No I/O: the writer decodes the request into lower-case header values and calls these functions. A
 VAPID token is checked as RFC 8292 asks: an ES256 JWT signed by the P-256 key the request names,
-with ``exp`` in the future and at most 24 h ahead, and ``aud`` the push service's origin. The costly
+with ``exp`` in the future and at most 24 h ahead (give or take ``CLOCK_LEEWAY``), and ``aud`` the push service's origin. The costly
 part (decoding and the signature check) depends only on (key, token), so :class:`VapidVerifier`
 memoizes it; the time and audience checks run on every call.
 """
@@ -25,6 +25,7 @@ __all__ = [
     "URGENCY_PRIORITY",
     "MAX_PUSH_TOPIC",
     "MAX_EXP_AHEAD",
+    "CLOCK_LEEWAY",
     "OUTCOMES",
     "Credentials",
     "VapidVerifier",
@@ -41,6 +42,10 @@ URGENCY_PRIORITY = {"very-low": 1, "low": 2, "normal": 3, "high": 5}
 MAX_PUSH_TOPIC = 32
 MAX_EXP_AHEAD = 86_400
 """RFC 8292 section 2: ``exp`` no more than 24 hours after the request."""
+CLOCK_LEEWAY = 300
+"""Seconds an app server's clock may be off either way (RFC 7519 4.1.4's "small leeway"): Mastodon
+signs every push with ``exp`` exactly 24 hours ahead by its own clock, so a clock a second ahead of
+ours would fail the 24 hours without it."""
 
 _B64URL_RE = re.compile(r"[A-Za-z0-9_-]+")
 _TOKEN_RE = re.compile(r"[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+")
@@ -227,9 +232,9 @@ class VapidVerifier:
             self._cache[cache_key] = checked
         if checked.reason:
             return checked.reason
-        if checked.exp <= now:
+        if checked.exp <= now - CLOCK_LEEWAY:
             return "expired"
-        if checked.exp > now + MAX_EXP_AHEAD:
+        if checked.exp > now + MAX_EXP_AHEAD + CLOCK_LEEWAY:
             return "exp_too_far"
         if checked.aud != self.origin or not self.origin:
             return "aud_mismatch"

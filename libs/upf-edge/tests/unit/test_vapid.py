@@ -14,6 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from upf_edge.vapid import (
+    CLOCK_LEEWAY,
     MAX_EXP_AHEAD,
     OUTCOMES,
     Credentials,
@@ -71,10 +72,13 @@ def test_a_valid_token_verifies_from_both_header_forms(signer):
 
 def test_exp_window_and_audience(signer):
     v = VapidVerifier(ORIGIN)
-    assert v.verify(good(signer, exp=NOW - 1), NOW) == "expired"
-    assert v.verify(good(signer, exp=NOW), NOW) == "expired"
-    assert v.verify(good(signer, exp=NOW + MAX_EXP_AHEAD), NOW) == "ok"
-    assert v.verify(good(signer, exp=NOW + MAX_EXP_AHEAD + 1), NOW) == "exp_too_far"
+    assert v.verify(good(signer, exp=NOW - CLOCK_LEEWAY - 1), NOW) == "expired"
+    assert v.verify(good(signer, exp=NOW - CLOCK_LEEWAY), NOW) == "expired"
+    assert v.verify(good(signer, exp=NOW - CLOCK_LEEWAY + 1), NOW) == "ok"  # a clock behind ours
+    assert (
+        v.verify(good(signer, exp=NOW + MAX_EXP_AHEAD + CLOCK_LEEWAY), NOW) == "ok"
+    )  # Mastodon's 24 h, its clock ahead
+    assert v.verify(good(signer, exp=NOW + MAX_EXP_AHEAD + CLOCK_LEEWAY + 1), NOW) == "exp_too_far"
     assert v.verify(good(signer, aud="https://other.example.com"), NOW) == "aud_mismatch"
     assert v.verify(good(signer, aud="http://push.example.com"), NOW) == "aud_mismatch"
     assert v.verify(good(signer, aud=ORIGIN + "/some/path"), NOW) == "aud_mismatch"
@@ -126,7 +130,7 @@ def test_cache_keeps_time_checks_live_and_is_bounded(signer):
     v = VapidVerifier(ORIGIN, size=2)
     creds = good(signer, exp=NOW + 10)
     assert v.verify(creds, NOW) == "ok"
-    assert v.verify(creds, NOW + 11) == "expired"
+    assert v.verify(creds, NOW + 10 + CLOCK_LEEWAY) == "expired"
     for i in range(5):
         v.verify(good(signer, exp=NOW + 100 + i), NOW)
     assert len(v._cache) == 2

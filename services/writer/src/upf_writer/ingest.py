@@ -702,7 +702,7 @@ def build_envelope(params: Params, body: bytes, *, now: int, limits: Limits) -> 
     if len(body) > (TEMPLATE_BODY_MAX if templated else limits.max_message_bytes):
         raise NtfyError(JSON_TOO_LARGE if templated else MESSAGE_TOO_LARGE)
     if params.poll_id:
-        return _poll_request(params.poll_id, now=now, ttl=params.ttl)
+        return _poll_request(params.poll_id, now=now, ttl=min(params.ttl, limits.nocache_keep_secs))
     title = params.title
     if params.unifiedpush:
         message, encoding = _as_text_or_base64(body)
@@ -771,7 +771,7 @@ def validate_sequence_id(sid: str) -> str:
 def _poll_request(poll_id: str, *, now: int, ttl: int) -> Envelope:
     """ntfy's ``newPollRequestMessage``: a fresh event (title, tags... and the body dropped), not cached
     (``nocache``: delivered to subscribers connected now, never replayed; its reply has no ``expires``).
-    ``expires`` is still set, for the janitor."""
+    ``expires`` is still set, for the janitor: ``ttl`` is capped as an ``X-Cache: no`` message's is."""
     return Envelope(
         time=now,
         expires=now + ttl,

@@ -70,20 +70,25 @@ class WebPushPolicy:
             raise NtfyError(VAPID_INVALID if invalid else VAPID_KEY_REFUSED)
 
 
-class _Id(msgspec.Struct):
+class _Kept(msgspec.Struct):
+    """What the reply's ``Location`` and ``TTL`` are read from: the message as stored (a replay's is
+    the original's), ``expires`` absent when it is never kept (``X-Cache: no``)."""
+
     id: str = ""
+    time: int = 0
+    expires: int = 0
 
 
-_id_decoder = msgspec.json.Decoder(_Id)
+_kept_decoder = msgspec.json.Decoder(_Kept)
 
 
 def webpush_reply(public_url: str, ingested: Ingested, payload: bytes, extra: tuple[tuple[bytes, bytes], ...]) -> Reply:
-    """RFC 8030 section 5: 201 Created, ``Location`` naming the message, ``TTL`` the retention kept."""
-    msg_id = _id_decoder.decode(payload).id
-    env = ingested.envelope
-    ttl = max(env.expires - env.time, 0)
+    """RFC 8030 section 5: 201 Created, ``Location`` naming the message, ``TTL`` the retention kept
+    (0 for a message kept for no one offline, ``X-Cache: no``)."""
+    kept = _kept_decoder.decode(payload)
+    ttl = max(kept.expires - kept.time, 0)
     headers = (
-        (b"location", f"{public_url}/{ingested.topic}/m/{msg_id}".encode()),
+        (b"location", f"{public_url}/{ingested.topic}/m/{kept.id}".encode()),
         (b"ttl", str(ttl).encode()),
         *extra,
     )

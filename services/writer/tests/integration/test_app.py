@@ -80,6 +80,21 @@ async def test_unifiedpush_binary_round_trips(client: AsyncTestClient, store: St
     assert base64.b64decode(env.message) == body and env.encoding == "base64"
 
 
+async def test_a_web_push_replys_ttl_is_the_retention_kept(client: AsyncTestClient, store: Store) -> None:
+    """RFC 8030 5.2: a replay's ``TTL`` is the original's (the retry asked for another); ``X-Cache: no``
+    keeps the message for no one offline: 0."""
+    headers = {"content-encoding": "aes128gcm", "ttl": "60", "idempotency-key": "wp-1"}
+    first = await client.post("/upTtlReply", content=b"\x00\x01", headers=headers)
+    again = await client.post("/upTtlReply", content=b"\x00\x01", headers={**headers, "ttl": "3600"})
+    assert (first.status_code, first.headers["ttl"]) == (201, "60")
+    assert (again.status_code, again.headers["ttl"], again.headers["idempotent-replayed"]) == (201, "60", "true")
+    assert again.json()["expires"] == again.json()["time"] + 60 and again.json()["id"] == first.json()["id"]
+    r = await client.post(
+        "/upTtlReply", content=b"\x00", headers={**headers, "idempotency-key": "wp-2", "x-cache": "no"}
+    )
+    assert (r.status_code, r.headers["ttl"]) == (201, "0") and "expires" not in r.json()
+
+
 async def test_unifiedpush_text_is_verbatim(client: AsyncTestClient, store: Store) -> None:
     r = await client.post("/upX?up=1", content=b'  {"a": 1}\n')
     assert r.json()["message"] == '  {"a": 1}\n'

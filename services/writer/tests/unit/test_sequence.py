@@ -122,7 +122,7 @@ def test_poll_request(headers: dict[str, str], query: dict[str, str]) -> None:
     got = publish(b"the real secret", {**headers, "x-title": "t", "x-priority": "5", "x-sequence-id": "s"}, query)
     env = got.envelope
     assert (env.event, env.poll_id, env.message, env.nocache) == ("poll_request", "abc123", "New message", True)
-    assert env.expires > NOW  # kept for the janitor; the wire has none
+    assert env.expires == NOW + LIMITS.nocache_keep_secs  # as an X-Cache: no message, for the janitor; not on the wire
     msg = wire(got)
     assert msg == {
         "id": msg["id"],
