@@ -59,6 +59,19 @@ async def test_unknown_id_means_all(upf):
     assert [f.message for f in frames] == ["x"]
 
 
+@pytest.mark.parametrize("transport", ["json", "ws"])
+async def test_an_id_from_the_future_still_gets_what_comes_next(upf, transport):
+    """A 16-character id past every stamp the store has made (a foreign one, a microsecond time, one
+    from before a FoundationDB cluster was wiped): no backlog, and the next messages come live; they
+    were held back until the store's stamps passed it."""
+    topic = f"futureId{transport}"
+    await publish(upf.base, topic, "before")
+    async with subscribe(upf.base, topic, transport, "since=1796688900000000") as s:
+        assert await s.no_message_within(0.3)
+        await publish(upf.base, topic, "after")
+        assert (await s.next_message()).message == "after"
+
+
 async def test_multi_topic_connection(upf):
     """One connection for several topics (as the app opens it): each message carries its own topic,
     cached ones come merged in publish order."""

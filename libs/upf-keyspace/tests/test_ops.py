@@ -77,6 +77,18 @@ async def test_subscribe_positions(store):
     assert (await store.subscribe(["t"], "n1", Since("stamp", stamp=a.stamp)))["t"] == a.stamp
 
 
+async def test_latest_skips_a_newest_message_past_its_expiry(store):
+    """A TTL 0 push on top: until the janitor takes it, latest still meant it, and the subscriber,
+    which replays nothing past its expiry, got nothing. Asked at ``time``, latest is the newest one
+    not expired."""
+    now = int(time.time())
+    keep = await store.publish("t", env("keep", t=now - 5))
+    await store.publish("t", env("gone", t=now - 2, ttl=1))
+    cursor = (await store.positions(["t"], Since("latest", time=now)))["t"]
+    assert [m.envelope.message for m in await store.read_after("t", cursor)] == ["keep", "gone"]
+    assert keep.stamp > (cursor or b"")
+
+
 async def test_since_time_is_inclusive(store):
     await store.publish("t", env("old", t=1000))
     mid = await store.publish("t", env("mid", t=2000))
@@ -461,3 +473,19 @@ async def test_a_cancelled_publish_still_commits_with_its_group(store):
             await gone
     await asyncio.wait_for(asyncio.gather(first, stays), 5)
     assert [m.envelope.message for m in await store.read_after("c", None)] == ["in flight", "gone", "stays"]
+
+
+async def test_an_id_past_a_topics_newest_resumes_from_it(store):
+    """since=<an id from the future> (foreign, or from before a FoundationDB cluster was wiped): no
+    backlog, and the cursor is the topic's newest, so what comes next is delivered; the cursor was the
+    id, and every message below it was held back. An id of another topic newer than this one's
+    newest message means the same."""
+    old = await store.publish("t", env("old"))
+    future = Since("stamp", stamp=b"\xd7" + b"\x00" * 11)
+    cursors, live = await store.subscribe_live(["t", "empty"], "n1", future)
+    assert cursors == {"t": old.stamp, "empty": None} and live == {"t": old.stamp, "empty": None}
+    new = await store.publish("t", env("new"))
+    assert [m.stamp for m in await store.read_after("t", cursors["t"])] == [new.stamp]
+    other = await store.publish("u", env("other"))
+    cursors, _ = await store.subscribe_live(["t"], "n1", Since("stamp", stamp=other.stamp))
+    assert cursors == {"t": new.stamp}

@@ -8,12 +8,13 @@ other 12-alphanumeric string, means "all" (ntfy's answer for an unknown id); dur
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable, Mapping
 
 from upf_edge.errors import NtfyError, Problem
 from upf_edge.params import PRIORITIES, go_trim, read_param
-from upf_keyspace import SINCE_ALL, SINCE_LATEST, SINCE_NONE, Since, decode_id
+from upf_keyspace import SINCE_ALL, SINCE_NONE, Since, decode_id
 
 from .filters import Filter
 
@@ -129,8 +130,8 @@ def parse_since(value: str, *, poll: bool, now: float) -> Since:
         return SINCE_ALL
     if value == "none":
         return SINCE_NONE
-    if value == "latest":
-        return SINCE_LATEST
+    if value == "latest":  # the newest message a subscriber is sent: one not yet past its expiry
+        return Since("latest", time=math.ceil(now))
     if len(value) > _MAX_SINCE_CHARS:
         raise NtfyError(SINCE_INVALID)
     stamp = decode_id(value)

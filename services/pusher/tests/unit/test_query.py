@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from upf_edge.errors import NtfyError
-from upf_keyspace import SINCE_ALL, SINCE_LATEST, SINCE_NONE, Since, encode_id
+from upf_keyspace import SINCE_ALL, SINCE_NONE, Since, encode_id
 from upf_pusher.query import match_subscribe_path, parse_since, parse_subscribe, parse_topics
 
 NOW = 1_700_000_000.0
@@ -23,8 +25,10 @@ def test_empty_since_is_none_for_streams_and_all_for_polls() -> None:
 
 
 def test_keywords() -> None:
-    """all, none and latest are keywords."""
-    assert (since("all"), since("none"), since("latest")) == (SINCE_ALL, SINCE_NONE, SINCE_LATEST)
+    """all, none and latest are keywords; latest carries when it was asked (whole seconds, rounded up:
+    a message expiring before it is no subscriber's newest)."""
+    assert (since("all"), since("none")) == (SINCE_ALL, SINCE_NONE)
+    assert since("latest") == Since("latest", time=math.ceil(NOW))
 
 
 def test_our_message_id_is_a_stamp() -> None:

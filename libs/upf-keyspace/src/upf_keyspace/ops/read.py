@@ -15,7 +15,9 @@ class Stored(msgspec.Struct, frozen=True):
 
 
 class Since(msgspec.Struct, frozen=True):
-    """A resolved ``since=``: kind is all, none, latest, stamp (a message id) or time (unix secs, inclusive)."""
+    """A resolved ``since=``: kind is all, none, latest, stamp (a message id) or time (unix secs,
+    inclusive). For latest, ``time`` is when it was asked (0: not known): a message expiring before it
+    is no subscriber's newest."""
 
     kind: str
     stamp: bytes = b""
@@ -93,10 +95,12 @@ async def position(tr: Transaction, topic: str, since: Since) -> bytes | None | 
         newest = await tr.get_range(begin, end, limit=1, reverse=True)
         return keys.unpack_queue_key(newest[0][0])[1] if newest else None
     if since.kind == "latest":
-        # Just before the newest row a subscriber is sent from the backlog: the newest cached one.
+        # Just before the newest row a subscriber is sent from the backlog: the newest cached one
+        # not past its expiry (the janitor may not have taken it yet).
         newest = await tr.get_range(begin, end, limit=_LATEST_SCAN + 1, reverse=True)
         for i, (_, value) in enumerate(newest[:_LATEST_SCAN]):
-            if not decode_envelope(value).nocache:
+            env = decode_envelope(value)
+            if not env.nocache and not env.expires < since.time:
                 return keys.unpack_queue_key(newest[i + 1][0])[1] if i + 1 < len(newest) else None
         return keys.unpack_queue_key(newest[0][0])[1] if newest else None  # none cached near the top
     if since.kind == "time":
@@ -164,11 +168,17 @@ async def positions_and_marks(
     tr: Transaction, topics: Sequence[str], since: Since
 ) -> tuple[dict[str, bytes | None | Resume], dict[str, bytes | None]]:
     """``positions`` (a ``Resume`` for the caller to finish, as ``positions``) and, per topic, its
-    ``live_mark``."""
+    ``live_mark``. An id past a topic's newest message resumes from that message: the same backlog
+    (none), and a live subscription is then sent what comes next. Why: an id from the future (a
+    foreign one, or one from before a FoundationDB cluster was wiped, whose versions start again
+    near 0) held back every message of the topic until the store's stamps passed it."""
     cursors: dict[str, bytes | None | Resume] = {}
     marks: dict[str, bytes | None] = {}
     since = await _released(tr, topics, since)
     for t in topics:
-        cursor = cursors[t] = await position(tr, t, since)
-        marks[t] = await live_mark(tr, t, since, None if isinstance(cursor, Resume) else cursor)
+        cursor = await position(tr, t, since)
+        mark = marks[t] = await live_mark(tr, t, since, None if isinstance(cursor, Resume) else cursor)
+        if since.kind == "stamp" and isinstance(cursor, bytes) and (mark is None or cursor > mark):
+            cursor = mark
+        cursors[t] = cursor
     return cursors, marks
