@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import os
 import subprocess
+import sys
 import time
 
 import httpx
@@ -165,3 +166,36 @@ async def test_store_bytes_bound_answers_507_keeps_what_is_stored_and_recovers(f
             await asyncio.sleep(0.5)
         assert r.status_code == 200, r.text
         assert [f.id for f in await poll(upf.base, "upBOUND01")] == kept
+
+
+def test_a_cli_write_on_a_full_disk_is_one_line_not_a_traceback(tmp_path):
+    """``upf user add`` and the other writing commands on a store whose disk is full: exit 1 with the
+    store's refusal on one line (they printed a 40-line traceback), and the store still opens."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(disk)], capture_output=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"a small tmpfs could not be mounted (root and mount privileges needed): {mounted.stderr!r}")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("UPF_", "FDB_"))}
+    env.update(UPF_STORE_PATH=str(disk / "upf.db"), UPF_PASSWORD="pw", UPF_LOG_LEVEL="CRITICAL")
+
+    def upf(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "upf", *args], env=env, capture_output=True, text=True, timeout=60)
+
+    try:
+        assert upf("user", "add", "bob").returncode == 0
+        filler = os.open(disk / "filler", os.O_CREAT | os.O_WRONLY, 0o600)
+        try:
+            while os.write(filler, b"\0" * 4096):
+                pass
+        except OSError:
+            pass
+        finally:
+            os.close(filler)
+        for args in (("user", "add", "carl"), ("access", "bob", "up*", "rw"), ("token", "add", "bob")):
+            r = upf(*args)
+            assert (r.returncode, r.stderr) == (1, "upf: storage is full: the write was refused\n"), (args, r.stderr)
+        (disk / "filler").unlink()
+        assert upf("user", "list").stdout.startswith("user bob (user)")
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], capture_output=True)

@@ -96,6 +96,8 @@ def test_values_are_read():
         ("UPF_PROXY_FORWARDED_HEADER", "X Forwarded"),
         ("UPF_VAPID_VERIFY", "yes"),
         ("UPF_VAPID_RESTRICT", "2"),
+        ("UPF_WORKER_WATCHDOG_SECS", "0.5"),  # no worker beats that often: all killed in a loop
+        ("UPF_WORKER_WATCHDOG_SECS", "-1"),
     ],
 )
 def test_bad_values_name_the_variable(name, value):

@@ -3,9 +3,11 @@ stay, the commit version is raised past the fence, and pages are bounded (more k
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import os
 import re
+import stat
 import subprocess
 import sys
 import time
@@ -435,3 +437,25 @@ async def test_an_idempotency_marker_held_past_its_message_is_restored_with_its_
         assert await _ranges(dst, keys.Prefix.EXPIRY, keys.Prefix.IDEMPOTENCY) == [[], []]
     finally:
         await dst.close()
+
+
+async def test_a_backup_writes_into_a_pipe_and_through_a_link_never_over_them(tmp_path: Path) -> None:
+    """``upf backup FILE`` renamed its temporary file over FILE: a symbolic link became a file (its
+    target never written), a pipe a file (its reader got nothing), ``/dev/full`` a file. A link's
+    target is now replaced atomically and the link kept; a pipe is written into."""
+    src = await open_store(Settings(store_path=str(tmp_path / "a.db")))
+    try:
+        await src.publish("upP", Envelope(time=int(time.time()), expires=int(time.time()) + 60, message="m"))
+        target, link = tmp_path / "real.upfb", tmp_path / "link.upfb"
+        link.symlink_to(target)
+        n = await bk.backup(src, str(link))
+        assert link.is_symlink() and bk.read_backup(str(target))[1].pairs == n
+        pipe = tmp_path / "pipe.upfb"
+        os.mkfifo(pipe)
+        got = asyncio.get_running_loop().run_in_executor(None, pipe.read_bytes)
+        assert await bk.backup(src, str(pipe)) == n
+        (tmp_path / "from-pipe.upfb").write_bytes(await got)
+        assert bk.read_backup(str(tmp_path / "from-pipe.upfb"))[1].pairs == n
+    finally:
+        await src.close()
+    assert stat.S_ISFIFO(os.stat(pipe).st_mode) and [p.name for p in tmp_path.glob("*.tmp*")] == []

@@ -79,6 +79,15 @@ def _secs(name: str, raw: str) -> float:
         raise SettingsError(f"{name} must be a number of seconds, got {raw!r}") from None
 
 
+def _watchdog_secs(name: str, raw: str) -> float:
+    """0 (off) or at least a second: below that no worker could beat in time (a collection, a large
+    read), and the supervisor killed them all in a loop while the process looked up."""
+    secs = _secs(name, raw)
+    if 0 < secs < 1:
+        raise SettingsError(f"{name} must be 0 (off) or at least 1 second, got {raw!r}")
+    return secs
+
+
 def _choice(*choices: str) -> Converter:
     def convert(name: str, raw: str) -> str:
         if raw not in choices:
@@ -250,7 +259,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     with no users as open as before; read-only, write-only or deny-all close it."""
     workers: Annotated[int, var(_int, ge=1, le=256, unset=_cores)] = 1
     """Worker processes of the all-in-one with the pusher role, on one port (SO_REUSEPORT); default: the cores."""
-    worker_watchdog_secs: Annotated[float, var(_secs, ge=0, le=3600)] = 20.0
+    worker_watchdog_secs: Annotated[float, var(_watchdog_secs, ge=0, le=3600)] = 20.0
     """With several workers: one whose event loop has been stuck this long is killed and restarted (0: never)."""
     writer_server: Annotated[str, var(_choice("upf", "granian"))] = "upf"
     """What serves the writer without a pusher beside it (``upf-writer``, ``upf`` with UPF_ROLES=writer):

@@ -87,17 +87,18 @@ async def run_with_pusher(settings: Settings, sock: socket.socket | None = None)
         if "janitor" in settings.roles:
             janitor_task = asyncio.create_task(Janitor(store, settings, telemetry).run(stop))
         settle_gc()
+        port = pusher.port  # the port bound (UPF_BIND's, or the kernel's pick for port 0)
         log.info(
             "upf started",
             extra={
                 "roles": ",".join(settings.roles),
-                "bind": f"{settings.bind_host}:{settings.bind_port}",
+                "bind": f"{settings.bind_host}:{port}",
                 "store": store.db.name,
                 "node": settings.node_id,
             },
         )
         print(
-            f"upf: {','.join(settings.roles)} on {base_url(settings.bind_host, settings.bind_port)} "
+            f"upf: {','.join(settings.roles)} on {base_url(settings.bind_host, port)} "
             f"(store: {settings.fdb_cluster_file or settings.store_path})",
             flush=True,
         )

@@ -20,7 +20,7 @@ import time
 from collections.abc import Sequence
 
 from upf_edge.access import hash_password, new_token, parse_permission, valid_pattern, valid_token, valid_user_name
-from upf_keyspace import Settings, SettingsError, Store, StoreOpenError, load_settings, open_store
+from upf_keyspace import Settings, SettingsError, Store, StoreError, StoreOpenError, load_settings, open_store
 from upf_keyspace.auth import EVERYONE, ROLES, Permission, Token, User, token_digest
 from upf_keyspace.ops.auth import NoSuchUser, UserExists
 
@@ -391,5 +391,8 @@ def run(argv: Sequence[str]) -> int:
         print(f"upf: {exc}", file=sys.stderr)
         return 1
     except (BackupError, OSError) as exc:
+        print(f"upf: {exc}", file=sys.stderr)
+        return 1
+    except StoreError as exc:  # a full disk, a store that timed out: one line, as every refusal
         print(f"upf: {exc}", file=sys.stderr)
         return 1

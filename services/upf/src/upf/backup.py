@@ -34,13 +34,15 @@ File: ``MAGIC``, then length-prefixed msgpack frames: a ``Header``, the ``Pair``
 SHA-256 of every frame before it. Restore reads the whole file before writing anything, and refuses a
 truncated or damaged one (a checksum that does not match), a key of a kind this release does not know
 and a message that does not decode. Version 1 files (no checksum) are still read.
-Written to a temporary file, fsynced, renamed; mode 0600 (topics are capabilities).
+Written to a temporary file, fsynced, renamed; mode 0600 (topics are capabilities). A path that is a
+pipe or a device (``upf backup /dev/stdout | …``) is written into instead.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import stat
 import struct
 import time
 from collections import Counter
@@ -135,35 +137,52 @@ async def _page(store: Store, begin: bytes, end: bytes) -> list[tuple[bytes, byt
 
 
 async def backup(store: Store, path: str) -> int:
-    """Write the store's durable keys to ``path`` (atomically); returns the number of keys written."""
-    tmp = f"{path}.tmp{os.getpid()}"
+    """Write the store's durable keys to ``path``; returns the number of keys written. A regular file
+    (or a new one, or one a symbolic link names) is written atomically: a temporary file beside it,
+    fsynced, renamed over it. Anything else that exists (a pipe, ``/dev/stdout``) is written into as
+    it is: renaming over it would replace the device or pipe with a file and lose the backup."""
+    target = os.path.realpath(path)
+    try:
+        streamed = not stat.S_ISREG(os.stat(target).st_mode)
+    except FileNotFoundError:
+        streamed = False
+    if streamed:
+        with open(target, "wb") as f:
+            return await _write(store, f)
+    tmp = f"{target}.tmp{os.getpid()}"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    count = 0
-    digest = hashlib.sha256()
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(MAGIC)
-            fmt = await store.db.transact(_format)
-            _put(f, Header(version=VERSION, created=int(time.time()), store_format=fmt), digest)
-            for prefix in KEPT:
-                begin, end = prefix_range(prefix)
-                while True:
-                    rows = await _page(store, begin, end)
-                    for k, v in rows:
-                        _put(f, Pair(k, v), digest)
-                    count += len(rows)
-                    if len(rows) < PAGE:
-                        break
-                    begin = rows[-1][0] + b"\x00"
-            fence = await _fence(store)
-            _put(f, _sealed(End(count, fence, time.time()), digest))
-            f.flush()
+            count = await _write(store, f)
             os.fsync(f.fileno())
-        os.replace(tmp, path)
+        os.replace(tmp, target)
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+    return count
+
+
+async def _write(store: Store, f: BinaryIO) -> int:
+    """The backup's bytes, flushed; the number of keys."""
+    count = 0
+    digest = hashlib.sha256()
+    f.write(MAGIC)
+    fmt = await store.db.transact(_format)
+    _put(f, Header(version=VERSION, created=int(time.time()), store_format=fmt), digest)
+    for prefix in KEPT:
+        begin, end = prefix_range(prefix)
+        while True:
+            rows = await _page(store, begin, end)
+            for k, v in rows:
+                _put(f, Pair(k, v), digest)
+            count += len(rows)
+            if len(rows) < PAGE:
+                break
+            begin = rows[-1][0] + b"\x00"
+    fence = await _fence(store)
+    _put(f, _sealed(End(count, fence, time.time()), digest))
+    f.flush()
     return count
 
 
