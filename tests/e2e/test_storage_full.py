@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -75,6 +76,18 @@ async def test_full_store_answers_507_fast_reports_degraded_and_recovers(fleet):
     assert 1 <= log.count("embedded store full: writes refused") <= 2
 
 
+def _fill(path: Path) -> None:
+    """Write ``path`` until its disk has no block left."""
+    fd = os.open(path, os.O_CREAT | os.O_WRONLY, 0o600)
+    try:
+        while os.write(fd, b"\0" * 4096):
+            pass
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
 async def test_a_disk_filled_to_its_last_block_gives_its_reserve_back_and_recovers(fleet, tmp_path):
     """The store on a real filesystem that fills up (a 2 MB tmpfs). On a disk full to its last block
     even the janitor's deletions need new pages: a store without room for them never expired anything
@@ -115,14 +128,7 @@ async def test_a_disk_filled_to_its_last_block_gives_its_reserve_back_and_recove
                 assert r.status_code in (200, 507), r.text
                 if r.status_code == 507:
                     break
-            filler = os.open(disk / "filler", os.O_CREAT | os.O_WRONLY, 0o600)  # and every block of the disk
-            try:
-                while os.write(filler, b"\0" * 4096):
-                    pass
-            except OSError:
-                pass
-            finally:
-                os.close(filler)
+            _fill(disk / "filler")  # and every block of the disk
             assert reserve.stat().st_size == 0  # given back
             deadline = time.monotonic() + 60
             while time.monotonic() < deadline:
@@ -184,14 +190,7 @@ def test_a_cli_write_on_a_full_disk_is_one_line_not_a_traceback(tmp_path):
 
     try:
         assert upf("user", "add", "bob").returncode == 0
-        filler = os.open(disk / "filler", os.O_CREAT | os.O_WRONLY, 0o600)
-        try:
-            while os.write(filler, b"\0" * 4096):
-                pass
-        except OSError:
-            pass
-        finally:
-            os.close(filler)
+        _fill(disk / "filler")
         for args in (("user", "add", "carl"), ("access", "bob", "up*", "rw"), ("token", "add", "bob")):
             r = upf(*args)
             assert (r.returncode, r.stderr) == (1, "upf: storage is full: the write was refused\n"), (args, r.stderr)
