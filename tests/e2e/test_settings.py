@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import os
+import re
+import signal
 import subprocess
 import sys
+import urllib.request
 
 import pytest
 
@@ -85,3 +88,23 @@ def test_a_busy_port_stops_the_janitor_and_the_writer_in_one_line(module, roles,
         out = subprocess.run([sys.executable, "-m", module], env=env, capture_output=True, text=True, timeout=60)
     assert out.returncode == 1, out.stderr
     assert f"cannot bind UPF_BIND 127.0.0.1:{port}" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_port_0_is_named_as_the_port_bound(tmp_path):
+    """``UPF_BIND=…:0`` (the kernel picks a port): one worker printed ``:0`` as its address. The start
+    line names the port bound, and it answers there."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("UPF_", "FDB_"))}
+    env.update(UPF_BIND="127.0.0.1:0", UPF_WORKERS="1", UPF_STORE_PATH=str(tmp_path / "upf.db"))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "upf"], env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        found = re.search(r" on http://127\.0\.0\.1:(\d+) ", line)
+        assert found and found.group(1) != "0", line
+        with urllib.request.urlopen(f"http://127.0.0.1:{found.group(1)}/v1/health", timeout=10) as r:
+            assert r.status == 200
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
